@@ -1,0 +1,33 @@
+# The task runner. Every target creates/uses .venv, so a fresh clone needs nothing else.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)  ## start the bundled fake deployment, collect the example dataset, print the summary
+	$(BIN)/trollout demo
+
+test: $(STAMP)  ## the whole suite, slow tests included, with the coverage gate
+	$(BIN)/pytest -q -p no:cacheprovider --cov --cov-report=term
+
+test-fast: $(STAMP)  ## skip the suites marked slow
+	$(BIN)/pytest -q -p no:cacheprovider -m 'not slow'
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+bench: $(STAMP)  ## print the benchmark figures (never part of make test)
+	$(BIN)/python bench/throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage

@@ -1,0 +1,38 @@
+"""What the engine writes outcomes to: the `OutcomeSink` protocol.
+
+The collector never imports recovery (design.md): the engine's single writer task hands each
+batch of settled outcomes to a sink it was given. `recovery.store.RunStore` is the sink the CLI
+uses; an embedding driver may pass its own (a list, a channel, a database).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..records import Outcome
+
+__all__ = ["ListSink", "OutcomeSink"]
+
+
+class OutcomeSink(Protocol):
+    """Receives settled outcomes, in settlement order, from the engine's single writer task."""
+
+    async def write(self, outcomes: Sequence[Outcome]) -> None:
+        """Record a batch of outcomes durably (per the sink's own policy).
+
+        Cancellation: the engine calls this inside a shielded scope, so an implementation is
+        never cancelled halfway through a batch by the run's cancellation.
+        """
+        ...
+
+
+class ListSink:
+    """A sink that keeps outcomes in memory (tests and small embedding drivers)."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[Outcome] = []
+
+    async def write(self, outcomes: Sequence[Outcome]) -> None:
+        """Append the batch to `outcomes`."""
+        self.outcomes.extend(outcomes)

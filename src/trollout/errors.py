@@ -1,0 +1,83 @@
+"""The exceptions trollout raises, one tree under `TrolloutError`.
+
+A failed rollout is data (`records.Failed`), never an exception. Only run-level conditions raise::
+
+    TrolloutError
+    ├── ConfigError(ValueError)          a bad option, config key or override; exit 2
+    │   └── InputError                   bad input rows (file, line, key), all reported together
+    ├── DeploymentError                  the deployment cannot serve this run; exit 2
+    │   └── UnknownAgentError(KeyError)  rows route to agents the deployment does not have
+    ├── RunFolderError(OSError)          the run folder cannot be used (locked, changed, unreadable)
+    │   └── RunFolderLockedError         another collector owns the folder
+    └── RunStoppedError(RuntimeError)    a run-level stop no retry can fix (exit 1)
+
+Every message names the thing, shows the bad value with ``!r``, says what was expected and ends
+with the remedy. `InputError` and `UnknownAgentError` carry every problem found, so a user fixes
+the whole input in one go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "ConfigError",
+    "DeploymentError",
+    "InputError",
+    "RunFolderError",
+    "RunFolderLockedError",
+    "RunStoppedError",
+    "TrolloutError",
+    "UnknownAgentError",
+]
+
+
+class TrolloutError(Exception):
+    """Base class of every error trollout raises on purpose."""
+
+
+class ConfigError(TrolloutError, ValueError):
+    """A setting is missing, malformed or out of range."""
+
+
+class InputError(ConfigError):
+    """One or more input rows cannot be dispatched.
+
+    Attributes:
+        problems: one line per problem, each naming file and line or key.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        head = self.problems[0] if self.problems else "invalid input"
+        more = len(self.problems) - 1
+        suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more > 0 else ""
+        super().__init__(head + suffix)
+
+
+class DeploymentError(TrolloutError):
+    """The deployment cannot be found, parsed or does not serve this run."""
+
+
+class UnknownAgentError(DeploymentError, KeyError):
+    """Rows route to agents the deployment does not serve."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would quote the message; we want it as written.
+        return self.message
+
+
+class RunFolderError(TrolloutError, OSError):
+    """The run folder cannot be used as asked."""
+
+
+class RunFolderLockedError(RunFolderError):
+    """Another collector holds the run folder's lock."""
+
+
+class RunStoppedError(TrolloutError, RuntimeError):
+    """A run-level condition stopped the run; its files are kept."""
