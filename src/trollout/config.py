@@ -166,6 +166,15 @@ FIELD_NAMES = frozenset(a.name for a in attrs.fields(RunConfig))
 converter = cattrs.Converter(forbid_extra_keys=True)
 
 
+def _structure_repeats(value: Any, _: Any) -> Any:
+    # cattrs has no hook for `int | dict[str, int]`; values pass through and `_check_repeats`
+    # refuses bad ones, naming the key.
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+converter.register_structure_hook(int | dict[str, int], _structure_repeats)
+
+
 def _check_repeats(value: int | dict[str, int]) -> None:
     counts = value.items() if isinstance(value, dict) else [("num_repeats", value)]
     for key, count in counts:
@@ -211,7 +220,9 @@ def build_config(values: Mapping[str, Any]) -> RunConfig:
     except ConfigError:
         raise
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
-        raise ConfigError(_structure_message(exc)) from exc
+        # A validator's ConfigError arrives wrapped by cattrs; its own message is the best one.
+        inner = _wrapped_config_error(exc)
+        raise ConfigError(str(inner) if inner else _structure_message(exc)) from exc
     config.validate()
     return config
 
@@ -220,6 +231,16 @@ def _unknown_key_message(key: str) -> str:
     close = difflib.get_close_matches(key, FIELD_NAMES, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else "; see trollout collect --help"
     return f"unknown setting {key!r}{hint}"
+
+
+def _wrapped_config_error(exc: BaseException) -> ConfigError | None:
+    if isinstance(exc, ConfigError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _wrapped_config_error(inner)
+        if found is not None:
+            return found
+    return None
 
 
 def _structure_message(exc: Exception) -> str:
@@ -260,7 +281,7 @@ def parse_override(token: str) -> tuple[str, Any]:
     """
     body = token.lstrip("+")
     key, sep, raw = body.partition("=")
-    if not token.startswith("+") or not sep or not key:
+    if len(token) - len(body) not in (1, 2) or not sep or not key:
         raise ConfigError(f"override {token!r} must look like +key=value")
     return key.strip(), parse_value(raw)
 
@@ -287,7 +308,7 @@ class _ValueParser:
             return self._mapping()
         if ch == "[":
             return self._list()
-        if ch in "'\"":
+        if ch and ch in "'\"":
             return self._quoted()
         return _scalar(self._bare())
 

@@ -25,7 +25,17 @@ import orjson
 
 from .errors import InputError
 
-__all__ = ["dumps", "iter_rows", "loads", "read_rows", "repair_tail", "write_rows"]
+__all__ = [
+    "dumps",
+    "iter_lines",
+    "iter_rows",
+    "loads",
+    "parse_line",
+    "read_rows",
+    "repair_tail",
+    "try_parse_line",
+    "write_rows",
+]
 
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
@@ -54,17 +64,36 @@ def iter_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any
             yield number, parse_line(path, number, line)
 
 
-def parse_line(path: str | os.PathLike[str], number: int, line: bytes) -> dict[str, Any]:
-    """Parse one JSONL line into an object, or raise `InputError` naming file and line."""
+def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(line_number, line)`` for every non-blank line, surrounding whitespace stripped.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+    """
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            text = line.strip()
+            if text:
+                yield number, text
+
+
+def try_parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """Parse one JSONL line into ``(row, None)``, or return ``(None, problem)`` (collect mode)."""
     try:
         row = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise InputError([f"{os.fspath(path)}:{number}: not valid JSON ({exc}); fix or remove the line"]) from exc
+        return None, f"not valid JSON ({exc}); fix or remove the line"
     if not isinstance(row, dict):
-        raise InputError(
-            [f"{os.fspath(path)}:{number}: expected a JSON object, got {type(row).__name__}; "
-             "each line must be one object"]
-        )
+        kind = type(row).__name__
+        return None, f"expected a JSON object, got {kind}; each line must be one object"
+    return row, None
+
+
+def parse_line(path: str | os.PathLike[str], number: int, line: bytes) -> dict[str, Any]:
+    """Parse one JSONL line into an object, or raise `InputError` naming file and line."""
+    row, problem = try_parse_line(line)
+    if row is None:
+        raise InputError([f"{os.fspath(path)}:{number}: {problem}"])
     return row
 
 

@@ -283,6 +283,8 @@ class Failed:
         no_persist: the reply carried ``_ng_no_persist``: the row is written nowhere.
         elapsed_seconds: wall time of the attempt, or None.
         extra: the producer's own reply fields when the failure came inside a 200 (kept as sent).
+        retry_after_s: the reply's ``Retry-After`` in seconds, for the retry policy (not
+            written to the run folder), or None.
     """
 
     identity: Identity
@@ -299,6 +301,7 @@ class Failed:
     no_persist: bool = False
     elapsed_seconds: float | None = None
     extra: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+    retry_after_s: float | None = attrs.field(default=None, eq=False)
 
     @property
     def spends_attempt(self) -> bool:

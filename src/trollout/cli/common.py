@@ -1,0 +1,152 @@
+"""Helpers shared by the commands: options, config assembly, exit codes, summaries.
+
+Exit codes (style.md): 0 done; 1 a failed or stopped run; 2 a usage error (bad option, bad input
+row, unknown agent: one line on stderr, nothing dispatched, nothing written); 130 SIGINT;
+143 SIGTERM. A user mistake never prints a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import click
+import trio
+from rich.console import Console
+
+from ..config import RunConfig, load_config
+from ..errors import ConfigError, DeploymentError, RunFolderError, RunStoppedError, TrolloutError
+from .progress import summary_table
+
+__all__ = [
+    "build_run_config",
+    "collect_options",
+    "fail",
+    "live_mode",
+    "print_summary",
+    "run_trio",
+    "split_args",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    click.echo(f"trollout: error: {message}", err=True)
+    sys.exit(code)
+
+
+def run_trio(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run an async function under Trio, turning trollout's errors into exit codes."""
+    try:
+        return trio.run(fn, *args)
+    except (ConfigError, DeploymentError) as exc:
+        fail(str(exc))
+    except RunFolderError as exc:
+        fail(str(exc))
+    except RunStoppedError as exc:
+        fail(f"run stopped: {exc}", EXIT_FAILED)
+    except TrolloutError as exc:
+        fail(str(exc), EXIT_FAILED)
+
+
+def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split extra arguments into positionals and ``+key=value`` overrides."""
+    overrides = [a for a in args if a.startswith("+")]
+    positionals = [a for a in args if not a.startswith("+")]
+    return positionals, overrides
+
+
+def collect_options(f: F) -> F:
+    """Attach the options of a collection run (shared by collect and demo)."""
+    options = [
+        click.option("-o", "--output", "output_jsonl_fpath", type=click.Path(dir_okay=False),
+                     help="Rollouts file to write; its siblings hold failures, inputs, status."),
+        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+                     help="YAML file of settings (NeMo Gym key names)."),
+        click.option("--head-server", help="Head server URL (default http://127.0.0.1:11000)."),
+        click.option("--agent-url", "agent_urls", multiple=True, metavar="NAME=URL",
+                     help="Send agent NAME's rollouts to URL; no head server needed. Repeatable."),
+        click.option("--agent", "agent_name", help="Route every row to this agent."),
+        click.option("--limit", type=int, help="Keep the rows of the first N tasks."),
+        click.option("--num-repeats", type=int, help="Rollouts per task row (default 1)."),
+        click.option("--concurrency", "num_samples_in_parallel", type=int,
+                     help="Requests in flight at most (num_samples_in_parallel, default 64)."),
+        click.option("--max-resident", "max_resident_rollout_tasks", type=int,
+                     help="Rollout tasks alive at once (default: the concurrency)."),
+        click.option("--add-seed/--no-add-seed", "num_repeats_add_seed", default=None,
+                     help="Put a seed in responses_create_params.metadata.extra_body."),
+        click.option("--seed", type=int, help="Run seed for seeding rollouts (default 0)."),
+        click.option("--seed-mode", type=click.Choice(["hash", "rollout-index"]),
+                     help="hash(run seed, task, rollout) (default) or NeMo Gym's rollout index."),
+        click.option("--interleave-repeats/--no-interleave-repeats", default=None,
+                     help="Dispatch abcabc instead of aabbcc."),
+        click.option("--connect-timeout", "connect_timeout_s", type=float,
+                     help="Seconds to establish a connection (default 10)."),
+        click.option("--read-timeout", "read_timeout_s", type=float,
+                     help="Seconds of silence allowed while waiting for a reply (default 3600)."),
+        click.option("--fsync", type=click.Choice(["row", "batch", "never"]),
+                     help="When appended rows are fsynced (default batch)."),
+        click.option("--fail-fast/--no-fail-fast", default=None,
+                     help="Stop the run at the first failed rollout (NeMo Gym's old default)."),
+        click.option("--progress", "live", type=click.Choice(["auto", "live", "plain"]),
+                     default="auto", show_default=True,
+                     help="Live display on a terminal, periodic lines otherwise."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def build_run_config(
+    args: Sequence[str], options: dict[str, Any], *, input_required: bool = True
+) -> RunConfig:
+    """Merge positionals, options and overrides into a `RunConfig` (ConfigError on bad input)."""
+    positionals, overrides = split_args(args)
+    if len(positionals) > 1:
+        raise ConfigError(
+            f"expected one INPUT file, got {len(positionals)}: {positionals!r}; "
+            "settings go as +key=value"
+        )
+    config_file = options.pop("config_file", None)
+    options.pop("live", None)
+    if positionals:
+        options["input_jsonl_fpath"] = positionals[0]
+    if options.get("agent_urls"):
+        options["agent_urls"] = _parse_agent_urls(options["agent_urls"])
+    else:
+        options.pop("agent_urls", None)
+    return load_config(config_file=config_file, options=options, overrides=overrides)
+
+
+def _parse_agent_urls(values: Sequence[str]) -> dict[str, str]:
+    urls: dict[str, str] = {}
+    for value in values:
+        name, sep, url = value.partition("=")
+        if not sep or not name or not url:
+            raise ConfigError(f"--agent-url {value!r} must look like NAME=http://host:port")
+        urls[name] = url
+    return urls
+
+
+def print_summary(result: Any, *, title: str) -> None:
+    """Print the final summary table of a run on stdout."""
+    console = Console()
+    console.print(
+        summary_table(result.progress, total=result.expected, elapsed_s=result.elapsed_s,
+                      title=title)
+    )
+    console.print(f"rollouts: {result.layout.rollouts}")
+    console.print(f"failures: {result.layout.failures}")
+
+
+def live_mode(value: str) -> bool | None:
+    """Map ``--progress`` to the reporter's ``live`` flag (None: decide by terminal)."""
+    return {"auto": None, "live": True, "plain": False}[value]
+
+

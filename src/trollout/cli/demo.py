@@ -1,0 +1,67 @@
+"""`trollout demo`: a whole run against the bundled fake deployment, on loopback.
+
+It starts `trollout.testing`'s fake NeMo Gym deployment (a head server, agents behind
+environment servers, a few scripted faults) inside this process, collects the example dataset
+through the head server exactly as `trollout collect` would, and prints the summary. It is what
+``make run`` runs, and the quickest way to see every file a run writes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import click
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..testing import DeploymentSpec, open_fake_deployment
+from .collect import RunResult, collect_run
+from .common import build_run_config, collect_options, fail, live_mode, print_summary, run_trio
+
+__all__ = ["demo"]
+
+DEFAULT_INPUT = "fixtures/example_tasks.jsonl"
+DEFAULT_SPEC = "fixtures/demo_deployment.yaml"
+DEFAULT_OUTPUT = "runs/demo/rollouts.jsonl"
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[INPUT] [+key=value ...]")
+@click.option("--spec", "spec_path", default=DEFAULT_SPEC, show_default=True,
+              type=click.Path(dir_okay=False), help="Fake deployment to start (YAML spec).")
+@collect_options
+def demo(args: tuple[str, ...], spec_path: str, live: str, **options: Any) -> None:
+    """Start the bundled fake deployment, collect INPUT from it, print the summary.
+
+    INPUT defaults to fixtures/example_tasks.jsonl, the output to runs/demo/rollouts.jsonl,
+    and the run to 4 seeded repeats per task.
+    """
+    options = {k: v for k, v in options.items() if v is not None and v != ()}
+    options.setdefault("output_jsonl_fpath", DEFAULT_OUTPUT)
+    options.setdefault("num_repeats", 4)
+    options.setdefault("num_repeats_add_seed", True)
+    if not any(not a.startswith("+") for a in args):
+        args = (DEFAULT_INPUT, *args)
+    try:
+        config = build_run_config(args, options)
+        spec = _load_spec(spec_path)
+    except ConfigError as exc:
+        fail(str(exc))
+    result: RunResult = run_trio(_demo, spec, config, live_mode(live))
+    print_summary(result, title="trollout demo")
+
+
+def _load_spec(path: str) -> DeploymentSpec:
+    if not Path(path).is_file():
+        raise ConfigError(
+            f"fake deployment spec {path!r} not found; run from the repository root or pass --spec"
+        )
+    return DeploymentSpec.from_yaml(path)
+
+
+async def _demo(spec: DeploymentSpec, config: RunConfig, live: bool | None) -> RunResult:
+    async with open_fake_deployment(spec) as fake:
+        config = attrs.evolve(config, head_server=fake.head_url)
+        return await collect_run(config, live=live)

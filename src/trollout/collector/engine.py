@@ -1,0 +1,362 @@
+"""The engine: one nursery per run, a feeder, N workers and one writer.
+
+Shape (design.md, Concurrency)::
+
+    submit()/collect() ──rows (zero-buffer)──▶ N workers ──outcomes──▶ writer ──▶ sink
+                                              │ CapacityLimiter(num_samples_in_parallel)
+                                              ▼ dispatch(): one POST /run → Landed | Failed
+
+- **Workers bound memory.** N = ``max_resident_rollout_tasks`` (default: the concurrency)
+  workers each hold at most one rollout, so memory is O(N), never O(rows). The rows channel has
+  no buffer, so the feeder blocks until a worker is free (back-pressure all the way to the input
+  file, which is read lazily).
+- **The limiter bounds requests in flight.** Workers take a token of a `trio.CapacityLimiter`
+  around the request only; with more workers than tokens, the extra workers wait holding their
+  row, ready to go.
+- **One writer.** Workers send outcomes to a single writer task that batches what is ready and
+  hands it to the sink; the sink therefore needs no lock. The outcomes channel buffers one
+  outcome per worker, so a slow fsync back-pressures workers instead of growing memory.
+- **Cancellation is a scope exit.** Leaving ``open_collector``'s block early (an exception, a
+  signal handler cancelling the scope) cancels the workers; each in-flight rollout turns into an
+  `Omitted` (interrupted) outcome that is handed to the writer under a shield, and the writer
+  drains everything already settled under a shield before the nursery exits. Nothing settled is
+  lost to a cancellation; rows never taken by a worker were never started.
+
+Rejected alternative: a task per rollout (``nursery.start_soon`` for every row, gated by a
+semaphore), which is NeMo Gym's shape (`as_completed` over all rows). It makes memory grow with
+the input (every pending task holds its row and a coroutine frame) and makes back-pressure
+impossible; a fixed pool of workers reading a channel is both bounded and cheaper per rollout.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from ..config import RunConfig
+from ..errors import RunStoppedError
+from ..records import Failed, Identity, Landed, MaterializedRow, OmitReason, Omitted, Outcome
+from .dispatch import DispatchPolicy, dispatch
+from .sink import OutcomeSink
+from .transport import H11Transport
+
+__all__ = ["Collector", "Progress", "open_collector", "url_resolver"]
+
+UrlResolver = Callable[[Identity], str]
+_WRITER_BATCH = 512  # outcomes handed to the sink in one call, at most
+_SHIELDED_FLUSH_S = 30.0  # how long a cancelled run may spend flushing settled outcomes
+
+
+@attrs.define
+class Progress:
+    """Live counters of a run, updated by the writer (read them, never write them).
+
+    Attributes:
+        submitted: rollouts handed to the workers.
+        landed: outcomes that landed.
+        failed: written failures, by class.
+        no_persist: kill-shaped replies (written nowhere).
+        omitted: attempts interrupted or drained.
+        reward_sum: sum of rewards over landed, scored rollouts.
+        scored: landed rollouts that carried a reward.
+        started_at: trio time the collector opened.
+    """
+
+    submitted: int = 0
+    landed: int = 0
+    failed: Counter[str] = attrs.field(factory=Counter)
+    no_persist: int = 0
+    omitted: int = 0
+    reward_sum: float = 0.0
+    scored: int = 0
+    started_at: float = 0.0
+
+    @property
+    def settled(self) -> int:
+        """Outcomes the writer has handled."""
+        return self.landed + sum(self.failed.values()) + self.no_persist + self.omitted
+
+    @property
+    def mean_reward(self) -> float:
+        """Mean reward over landed, scored rollouts (NaN before the first)."""
+        return self.reward_sum / self.scored if self.scored else math.nan
+
+    def record(self, outcome: Outcome) -> None:
+        """Count one settled outcome."""
+        if type(outcome) is Landed:
+            self.landed += 1
+            reward = outcome.reward
+            if reward is not None:
+                self.reward_sum += reward
+                self.scored += 1
+        elif type(outcome) is Failed:
+            if outcome.no_persist:
+                self.no_persist += 1
+            else:
+                self.failed[outcome.failure_class] += 1
+        else:
+            self.omitted += 1
+
+
+def url_resolver(urls: Mapping[str, str]) -> UrlResolver:
+    """Return a resolver sending each rollout to ``urls[environment server or agent] + /run``."""
+    run_urls = {name: url.rstrip("/") + "/run" for name, url in urls.items()}
+
+    def resolve(identity: Identity) -> str:
+        name = identity.environment_server or identity.agent_name
+        return run_urls[name or ""]
+
+    return resolve
+
+
+class Collector:
+    """A running collection engine; obtain one from `open_collector`.
+
+    Drivers either call `collect` once with every row (the CLI does), or `submit` rows one at a
+    time and read settled outcomes with `next_outcome` / `drain_nowait` (an RL loop does).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: RunConfig,
+        resolve: UrlResolver,
+        transport: H11Transport,
+        sink: OutcomeSink | None,
+        retain_outcomes: bool,
+        rng: random.Random,
+    ) -> None:
+        self.config = config
+        self.progress = Progress(started_at=trio.current_time())
+        self.limiter = trio.CapacityLimiter(config.num_samples_in_parallel)
+        self._resolve = resolve
+        self._transport = transport
+        self._sink = sink
+        self._policy = DispatchPolicy.from_config(config)
+        self._rng = rng
+        self._rows_tx, self._rows_rx = trio.open_memory_channel[tuple[MaterializedRow, int]](0)
+        self._out_tx, self._out_rx = trio.open_memory_channel[Outcome](config.resident_rollouts)
+        self._retain = retain_outcomes
+        self._unconsumed: deque[Outcome] = deque()
+        self._settled_event = trio.Event()
+        self._writer_done = trio.Event()
+        self._resident = 0
+        self.max_resident = 0
+        self.stop_reason: str | None = None
+        self._run_scope: trio.CancelScope | None = None
+        self._writer_scope = trio.CancelScope(shield=True)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in flight now (tokens borrowed from the limiter)."""
+        return self.limiter.borrowed_tokens
+
+    async def submit(self, row: MaterializedRow, attempt_index: int = 0) -> None:
+        """Hand one rollout attempt to the workers, waiting until a worker takes it.
+
+        Cancellation: a checkpoint; if cancelled, the row was not taken and nothing was sent.
+        """
+        await self._rows_tx.send((row, attempt_index))
+        self.progress.submitted += 1
+
+    async def collect(
+        self, rows: Iterable[tuple[MaterializedRow, int] | MaterializedRow]
+    ) -> Progress:
+        """Submit every row (or ``(row, attempt)``), then wait until each has settled.
+
+        Returns the run's `Progress`. Closes the input: `submit` cannot be called afterwards.
+
+        Cancellation: a checkpoint between rows; rows not yet submitted were never started, and
+        every rollout in flight settles as `Omitted` through the writer.
+        """
+        async with self._rows_tx:
+            for item in rows:
+                if isinstance(item, MaterializedRow):
+                    await self.submit(item)
+                else:
+                    await self.submit(*item)
+        await self._writer_done.wait()
+        return self.progress
+
+    async def next_outcome(self) -> Outcome:
+        """Wait for and return the oldest settled outcome not yet consumed.
+
+        Only available with ``retain_outcomes=True``.
+
+        Cancellation: a checkpoint; a cancelled wait consumes nothing.
+        """
+        while not self._unconsumed:
+            if self._writer_done.is_set():
+                raise trio.EndOfChannel("the collector has settled every outcome")
+            await self._settled_event.wait()
+        return self._unconsumed.popleft()
+
+    def drain_nowait(self) -> list[Outcome]:
+        """Return (and consume) every settled outcome not yet consumed."""
+        out = list(self._unconsumed)
+        self._unconsumed.clear()
+        return out
+
+    def stop(self, reason: str) -> None:
+        """Stop the run at once: cancel every rollout in flight (they settle as omitted)."""
+        self.stop_reason = reason
+        if self._run_scope is not None:
+            self._run_scope.cancel(reason=reason)
+
+    # --- tasks ------------------------------------------------------------------------------
+
+    async def _worker(
+        self,
+        rows: trio.MemoryReceiveChannel[tuple[MaterializedRow, int]],
+        outcomes: trio.MemorySendChannel[Outcome],
+    ) -> None:
+        async with rows, outcomes:
+            async for row, attempt in rows:
+                self._resident += 1
+                self.max_resident = max(self.max_resident, self._resident)
+                try:
+                    outcome = await self._attempt(row, attempt, outcomes)
+                finally:
+                    self._resident -= 1
+                await outcomes.send(outcome)
+
+    async def _attempt(
+        self, row: MaterializedRow, attempt: int, outcomes: trio.MemorySendChannel[Outcome]
+    ) -> Outcome:
+        start = trio.current_time()
+        try:
+            async with self.limiter:
+                url = self._resolve(row.identity)
+                return await dispatch(
+                    self._transport, url, row, attempt, self._policy, rng=self._rng
+                )
+        except trio.Cancelled:
+            elapsed = trio.current_time() - start
+            omitted = Omitted(row.identity, attempt, OmitReason.INTERRUPTED, elapsed)
+            # The writer is shielded and alive until every worker has exited, so this send
+            # completes; the bound only guards against a sink that hangs.
+            with trio.CancelScope(shield=True), trio.move_on_after(_SHIELDED_FLUSH_S):
+                await outcomes.send(omitted)
+            raise
+
+    async def _writer(self) -> None:
+        # Shielded: the writer outlives a cancellation until every worker has exited (they close
+        # the channel), so each settled outcome, including the omitted ones, reaches the sink.
+        # open_collector bounds the shield with a deadline when the run is being torn down.
+        with self._writer_scope:
+            async with self._out_rx:
+                async for first in self._out_rx:
+                    batch = [first]
+                    while len(batch) < _WRITER_BATCH:
+                        try:
+                            batch.append(self._out_rx.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    await self._settle(batch)
+        self._writer_done.set()
+        self._wake_consumers()
+
+    async def _settle(self, batch: list[Outcome]) -> None:
+        for outcome in batch:
+            self.progress.record(outcome)
+        if self._sink is not None:
+            await self._sink.write(batch)
+        if self._retain:
+            self._unconsumed.extend(batch)
+            self._wake_consumers()
+        if self.config.fail_fast and self.stop_reason is None:
+            failed = next((o for o in batch if type(o) is Failed and not o.no_persist), None)
+            if failed is not None:
+                self.stop(
+                    f"--fail-fast: rollout {failed.identity.key} failed "
+                    f"({failed.failure_class}: {failed.message})"
+                )
+
+    def _wake_consumers(self) -> None:
+        self._settled_event.set()
+        self._settled_event = trio.Event()
+
+
+@asynccontextmanager
+async def open_collector(
+    *,
+    config: RunConfig | None = None,
+    urls: Mapping[str, str] | None = None,
+    resolve: UrlResolver | None = None,
+    sink: OutcomeSink | None = None,
+    transport: H11Transport | None = None,
+    retain_outcomes: bool = False,
+    seed: int | None = None,
+) -> AsyncIterator[Collector]:
+    """Open a collection engine: workers and a writer inside one nursery.
+
+    Args:
+        config: run settings (concurrency, timeouts, retries); defaults when None.
+        urls: ``{agent or environment server name: base URL}``; each rollout goes to
+            ``urls[identity.environment_server or identity.agent_name] + "/run"``.
+        resolve: instead of `urls`, a function from a rollout's `Identity` to its full URL.
+        sink: where the writer hands settled outcomes (`recovery.store.RunStore` for a run
+            folder); None keeps nothing unless `retain_outcomes`.
+        transport: the `/run` transport; one is opened (and closed on exit) when None.
+        retain_outcomes: keep settled outcomes for `Collector.next_outcome` / `drain_nowait`.
+        seed: seeds the retry jitter (tests); None draws from the OS.
+
+    On a normal exit the block waits for every submitted rollout to settle. On an exception, or
+    when the surrounding scope is cancelled, rollouts in flight are cancelled and settle as
+    `Omitted`; the writer flushes every settled outcome to the sink before the block exits.
+
+    Cancellation: entering is not a checkpoint that loses anything; see above for exit.
+    """
+    config = config or RunConfig()
+    if resolve is None:
+        if urls is None:
+            raise TypeError("open_collector needs urls= or resolve=")
+        resolve = url_resolver(urls)
+    own_transport = transport is None
+    if transport is None:
+        transport = H11Transport(
+            connect_timeout_s=config.connect_timeout_s, read_timeout_s=config.read_timeout_s
+        )
+    collector = Collector(
+        config=config,
+        resolve=resolve,
+        transport=transport,
+        sink=sink,
+        retain_outcomes=retain_outcomes,
+        rng=random.Random(seed),
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collector._writer)
+            try:
+                async with trio.open_nursery() as workers:
+                    collector._run_scope = workers.cancel_scope
+                    _start_workers(collector, workers)
+                    yield collector
+                    collector._rows_tx.close()
+            except BaseException:
+                # An error or a cancellation: bound the writer's final, shielded flush.
+                collector._writer_scope.deadline = trio.current_time() + _SHIELDED_FLUSH_S
+                raise
+            finally:
+                with trio.CancelScope(shield=True):
+                    await collector._writer_done.wait()
+    finally:
+        if own_transport:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await transport.aclose()
+    if collector.stop_reason is not None:
+        raise RunStoppedError(collector.stop_reason)
+
+
+def _start_workers(collector: Collector, workers: trio.Nursery) -> None:
+    rows_rx = collector._rows_rx
+    with rows_rx, collector._out_tx as out_tx:
+        for _ in range(collector.config.resident_rollouts):
+            workers.start_soon(collector._worker, rows_rx.clone(), out_tx.clone())

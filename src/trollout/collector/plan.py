@@ -1,0 +1,280 @@
+"""Preprocessing: input rows to materialized rows, streaming (protocol.md section 5).
+
+`plan_rollouts` (a JSONL file) and `plan_rows` (in-memory rows, for embedding drivers) check the
+whole input and return a `Plan`: ``tasks``, ``expected`` rollouts, and ``rows()``, a re-iterable
+stream of `MaterializedRow` records in dispatch order. The rules live in three helpers:
+`plan_input` (reading, row checks, task identity, `limit`/`task_ids`), `plan_routing` (agents,
+fan-out, environment servers, repeats; the `Router` protocol) and `seeds` (stale keys,
+overrides, seeds, stamps).
+
+Passes. Planning reads the input twice: pass 1 checks every row and records task identity, and
+every problem (bad lines, unknown or refused agents, missing routes, bad settings) is raised
+together as one `InputError` before anything can be dispatched; pass 2 walks the kept rows to
+count rollouts and find the round-robin groups. Each ``rows()`` call reads the input again:
+
+- default ("aabbcc": every rollout of a row, then the next row): one pass;
+- ``interleave_repeats`` ("abcabc": repeat 0 of every row, then repeat 1, ...): one pass per
+  round, as many rounds as the largest ``num_repeats``;
+- ``round_robin_agents``: one reader per group, a group being an (agent, environment server)
+  pair in order of first appearance, each reader keeping only its group's rollouts (each reader
+  follows the order above); the merge takes one rollout from each group in turn.
+
+Numbering. Task and rollout indices and seeds are fixed by the walk in file order, whatever the
+dispatch order, so every ordering is a permutation of the same rows. Rollout indices count per
+task: lines of a task in file order, within a line its agents in fan-out order, within an agent
+its repeats (fan-out ``{x: [a, b]}`` with 2 repeats: a gets 0, 1; b gets 2, 3).
+
+Memory follows tasks, not rows: the task table (a 16-byte digest per distinct unstamped row,
+the set of stamped indices, the set of tasks found on more than one line), the kept tasks under
+`limit`/`task_ids`, a rollout counter per multi-line task during a pass, and one parsed row per
+open reader.
+
+Design note: the rejected alternative materialized every row in memory (or a temporary file)
+and sorted it. It is simpler, but memory grows with rows times repeats (100,000 long prompts
+times 16 repeats is gigabytes), and a temporary file doubles the disk writes the store already
+makes for the materialized-inputs file. Re-reading costs one parse per line per pass, which is
+small next to a rollout.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import attrs
+from attrs import frozen
+
+from ..config import RunConfig
+from ..errors import InputError
+from ..records import MaterializedRow
+from .plan_input import FileSource, Problems, RowsSource, Selection, TaskTable, check_row
+from .plan_routing import Copy, Resolver, Router
+from .seeds import Materializer, Prepared, rollout_seed
+
+__all__ = ["Plan", "Router", "plan_rollouts", "plan_rows", "rollout_seed"]
+
+_Source = FileSource | RowsSource
+_Group = tuple[str | None, str | None]
+
+
+def plan_rollouts(input_path: str | os.PathLike[str], config: RunConfig, router: Router) -> Plan:
+    """Check a JSONL input and plan its rollouts.
+
+    Args:
+        input_path: the input JSONL file; it is read again by every ``rows()`` pass and must
+            not change meanwhile.
+        config: the run's settings (the preprocessing group of `RunConfig`).
+        router: the deployment, as `plan_routing.Router`.
+
+    Raises:
+        InputError: every problem of the input and the preprocessing settings, together.
+    """
+    return _plan(FileSource(input_path), config, router)
+
+
+def plan_rows(rows: Sequence[Mapping[str, Any]], config: RunConfig, router: Router) -> Plan:
+    """Check in-memory rows and plan their rollouts (`plan_rollouts` for embedding drivers).
+
+    The sequence is read again by every ``rows()`` pass and never mutated; problems name rows
+    as ``rows[i]`` (0-based). Identical rows (equal as JSON with sorted keys) are one task.
+
+    Raises:
+        InputError: every problem of the rows and the preprocessing settings, together.
+    """
+    return _plan(RowsSource(rows), config, router)
+
+
+class _Entry(NamedTuple):
+    """A kept input row with its task, first rollout index and copies."""
+
+    row: Mapping[str, Any]
+    task: int
+    base: int
+    copies: tuple[Copy, ...]
+
+
+class _Walker:
+    """Walks the kept rows in file order, numbering rollouts (one input pass per walk)."""
+
+    def __init__(
+        self, source: _Source, table: TaskTable, selection: Selection, resolver: Resolver
+    ) -> None:
+        self._source = source
+        self._table = table
+        self._selection = selection
+        self._resolver = resolver
+
+    def entries(self) -> Iterator[_Entry]:
+        """Yield every kept row with its task and its first rollout index."""
+        counters: dict[int, int] = {}  # next rollout index, for tasks on several lines only
+        repeated = self._table.repeated
+        for line in self._source.lines():
+            label = self._source.label(line.number)
+            if line.row is None:
+                raise InputError([f"{label}: this line changed after planning; plan again"])
+            task = self._table.index_of(line, label)
+            if not self._selection.includes(task):
+                continue
+            copies = self._resolver.resolve(line.row).copies
+            base = 0
+            if task in repeated:
+                if self._selection.each_once and task in counters:
+                    continue
+                base = counters.get(task, 0)
+                counters[task] = base + sum(copy.repeats for copy in copies)
+            yield _Entry(line.row, task, base, copies)
+
+
+class _Orders:
+    """Turns walks into the dispatch order the settings ask for (module docstring)."""
+
+    def __init__(
+        self,
+        walker: _Walker,
+        materializer: Materializer,
+        *,
+        rounds: int,
+        groups: Sequence[_Group],
+        interleave: bool,
+        round_robin: bool,
+    ) -> None:
+        self._walker = walker
+        self._materializer = materializer
+        self._rounds = rounds
+        self._groups = groups
+        self._interleave = interleave
+        self._round_robin = round_robin
+
+    def rows(self) -> Iterator[MaterializedRow]:
+        """Return a fresh stream of every materialized row, in dispatch order."""
+        if self._round_robin and len(self._groups) > 1:
+            return self._round_robin_rows()
+        return self._base(None)
+
+    def _base(self, group: _Group | None) -> Iterator[MaterializedRow]:
+        if self._interleave:
+            return self._interleaved(group)
+        return self._row_by_row(group)
+
+    def _row_by_row(self, group: _Group | None) -> Iterator[MaterializedRow]:
+        for entry in self._walker.entries():
+            yield from self._emit(entry, group, None)
+
+    def _interleaved(self, group: _Group | None) -> Iterator[MaterializedRow]:
+        for round_ in range(self._rounds):
+            for entry in self._walker.entries():
+                yield from self._emit(entry, group, round_)
+
+    def _emit(
+        self, entry: _Entry, group: _Group | None, round_: int | None
+    ) -> Iterator[MaterializedRow]:
+        """Yield an entry's rollouts (all, or only repeat ``round_``), of ``group`` or all."""
+        prepared: Prepared | None = None
+        start = entry.base
+        for copy in entry.copies:
+            wanted = group is None or copy.group == group
+            if wanted and (round_ is None or round_ < copy.repeats):
+                for j in range(copy.repeats) if round_ is None else (round_,):
+                    if prepared is None:
+                        prepared = self._materializer.prepare(entry.row)
+                    yield self._materializer.make(prepared, entry.task, start + j, copy)
+            start += copy.repeats
+
+    def _round_robin_rows(self) -> Iterator[MaterializedRow]:
+        streams = deque(self._base(group) for group in self._groups)
+        try:
+            while streams:
+                stream = streams.popleft()
+                row = next(stream, None)
+                if row is not None:
+                    yield row
+                    streams.append(stream)
+        finally:
+            for stream in streams:
+                stream.close()  # type: ignore[attr-defined]
+
+
+@frozen
+class Plan:
+    """The checked, numbered plan of a run; `rows` streams it as often as needed.
+
+    Attributes:
+        tasks: distinct tasks kept (after `limit` and `task_ids`).
+        expected: materialized rollouts (every repeat of every kept row, every fan-out agent).
+    """
+
+    tasks: int
+    expected: int
+    _orders: _Orders = attrs.field(alias="orders", repr=False, eq=False)
+
+    def rows(self) -> Iterator[MaterializedRow]:
+        """Stream every materialized row in dispatch order (re-reads the input).
+
+        Raises:
+            InputError: the input changed since it was planned.
+        """
+        return self._orders.rows()
+
+
+def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
+    problems = Problems()
+    resolver = Resolver(config, router, problems)
+    materializer = Materializer(config)
+    table = TaskTable(limit=config.limit)
+    _check_rows(source, resolver, materializer, table, problems)
+    problems.raise_if_any()
+    table.finish()
+    selection = table.selection(config.task_ids, problems)
+    problems.raise_if_any()
+    walker = _Walker(source, table, selection, resolver)
+    expected, rounds, groups = _count(walker)
+    orders = _Orders(
+        walker,
+        materializer,
+        rounds=rounds,
+        groups=groups,
+        interleave=config.interleave_repeats,
+        round_robin=config.round_robin_agents,
+    )
+    tasks = table.count if selection.tasks is None else len(selection.tasks)
+    return Plan(tasks=tasks, expected=expected, orders=orders)
+
+
+def _check_rows(
+    source: _Source,
+    resolver: Resolver,
+    materializer: Materializer,
+    table: TaskTable,
+    problems: Problems,
+) -> None:
+    """Pass 1: check every row, record task identity, collect every problem."""
+    for line in source.lines():
+        row = line.row
+        if row is None:
+            problems.line(source.label(line.number), str(line.problem))
+            continue
+        shape = check_row(row)
+        for problem in shape:
+            problems.line(source.label(line.number), problem)
+        if shape:
+            continue
+        table.record(line)
+        for issue in resolver.resolve(row).issues:
+            problems.group(issue.key, source.label(line.number), issue.what, issue.remedy)
+        seed_problem = materializer.check(row)
+        if seed_problem:
+            problems.line(source.label(line.number), seed_problem)
+
+
+def _count(walker: _Walker) -> tuple[int, int, list[_Group]]:
+    """Pass 2: count rollouts, repeat rounds and round-robin groups of the kept rows."""
+    expected, rounds = 0, 0
+    groups: dict[_Group, None] = {}
+    for entry in walker.entries():
+        for copy in entry.copies:
+            expected += copy.repeats
+            rounds = max(rounds, copy.repeats)
+            groups.setdefault(copy.group, None)
+    return expected, rounds, list(groups)

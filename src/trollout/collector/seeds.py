@@ -1,0 +1,188 @@
+"""Materializing one rollout of a row: stale keys out, overrides in, seed, identity stamps.
+
+Seeds (protocol.md section 5, item 6). With ``num_repeats_add_seed``, each rollout's
+``responses_create_params.metadata.extra_body`` becomes a JSON *string* holding ``seed``; an
+existing extra_body (an object, or a string holding one) is kept and extended, its ``seed``
+replaced. The seed is, by `config.SeedMode`:
+
+- ``hash`` (default): `rollout_seed`, exactly::
+
+      data = f"trollout-seed:{run_seed}:{task}:{rollout}".encode()   # decimal integers
+      int.from_bytes(hashlib.sha256(data).digest()[:8], "big") % 2**31
+
+  deterministic on every machine and Python version (never the salted ``hash()``), and
+  different across tasks. It is part of a run's identity: changing it changes what a resumed
+  run would dispatch.
+- ``rollout-index``: the rollout index (NeMo Gym's behaviour: every task gets seeds 0, 1, ...).
+
+Run-level ``responses_create_params`` overrides are shallow-merged over the row's (the override
+wins per top-level key, so an override's ``metadata`` replaces the row's); the seed is added after
+the merge. Rows without ``responses_create_params`` (0.7.0 task rows) get neither.
+
+Stale collector keys: every ``_ng_*`` key of an input row is dropped except ``_ng_task_index``
+and ``_ng_rollout_id`` (protocol.md section 2), so an earlier run's failure sentinels, attempt
+numbers or ``_ng_no_persist`` never reach a server. Top-level ``reward`` and ``response`` are
+dataset fields like any other and are kept, *except* on a row that carries ``_ng_rollout_index``:
+only a collector writes that key, so such a row was built from an earlier run's output, and its
+``reward`` and ``response`` are that run's results; an agent that echoes request fields would
+otherwise hand the stale reward back as if it were a fresh score.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Final, NamedTuple
+
+from ..config import RunConfig, SeedMode
+from ..records import COLLECTOR_KEY_PREFIX, Identity, MaterializedRow
+from .plan_routing import Copy
+
+__all__ = ["Materializer", "Prepared", "rollout_seed", "strip_stale_keys"]
+
+TASK_INDEX: Final = "_ng_task_index"
+ROLLOUT_INDEX: Final = "_ng_rollout_index"
+ROLLOUT_ID: Final = "_ng_rollout_id"
+ENVIRONMENT_SERVER: Final = "_ng_environment_server"
+PARAMS: Final = "responses_create_params"
+_KEPT_COLLECTOR_KEYS: Final = frozenset({TASK_INDEX, ROLLOUT_ID})
+_STALE_RESULT_KEYS: Final = frozenset({"reward", "response"})
+_SEED_MODULUS: Final = 2**31
+_MAX_SHOWN: Final = 80
+
+Row = dict[str, Any]
+
+
+def rollout_seed(run_seed: int, task: int, rollout: int) -> int:
+    """Return the default seed of a rollout, in ``[0, 2**31)`` (formula in the module doc)."""
+    data = f"trollout-seed:{run_seed}:{task}:{rollout}".encode()
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big") % _SEED_MODULUS
+
+
+def strip_stale_keys(row: Mapping[str, Any]) -> Row:
+    """Return a copy of an input row without stale collector keys (see the module doc)."""
+    from_output = ROLLOUT_INDEX in row
+    return {
+        key: value
+        for key, value in row.items()
+        if not (key.startswith(COLLECTOR_KEY_PREFIX) and key not in _KEPT_COLLECTOR_KEYS)
+        and not (from_output and key in _STALE_RESULT_KEYS)
+    }
+
+
+class Prepared(NamedTuple):
+    """One input row ready to be copied into rollouts (done once per row, not per rollout)."""
+
+    body: Row  # stale keys stripped, overrides merged; no stamps yet
+    params: Row | None  # the merged responses_create_params, if the row has them
+    extra: Row | None  # the parsed extra_body, when seeding
+    agent_ref: Mapping[str, Any] | None
+    rollout_id: str | None
+    task_source: str | None
+
+
+class Materializer:
+    """Turn prepared rows into `MaterializedRow` records (seeds, stamps)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self._overrides = config.responses_create_params
+        self._add_seed = config.num_repeats_add_seed
+        self._run_seed = config.seed
+        self._by_index = config.seed_mode is SeedMode.ROLLOUT_INDEX
+
+    def check(self, row: Mapping[str, Any]) -> str | None:
+        """Return why seeds cannot be added to a row (valid shape), or None."""
+        params = self._params(row)
+        if not self._add_seed or params is None:
+            return None
+        return _extra_body(params)[1]
+
+    def prepare(self, row: Mapping[str, Any]) -> Prepared:
+        """Strip stale keys, merge overrides and parse extra_body, once per row."""
+        body = strip_stale_keys(row)
+        params = self._params(body)
+        if params is not None:
+            body[PARAMS] = params
+        extra = _extra_body(params)[0] if self._add_seed and params is not None else None
+        ref, source = body.get("agent_ref"), body.get("task_source")
+        return Prepared(
+            body=body,
+            params=params,
+            extra=extra,
+            agent_ref=ref if isinstance(ref, Mapping) else None,
+            rollout_id=body.get(ROLLOUT_ID),
+            task_source=source if isinstance(source, str) else None,
+        )
+
+    def make(self, prepared: Prepared, task: int, rollout: int, copy: Copy) -> MaterializedRow:
+        """Return rollout ``rollout`` of task ``task``, run by ``copy``'s agent and server."""
+        body = dict(prepared.body)
+        if prepared.params is not None and prepared.extra is not None:
+            body[PARAMS] = self._seeded(prepared.params, prepared.extra, task, rollout)
+        if copy.agent is None:
+            body.pop("agent_ref", None)  # a task row names no agent
+        else:
+            ref = prepared.agent_ref
+            same = ref is not None and ref.get("name") == copy.agent
+            body["agent_ref"] = dict(ref) if same and ref is not None else {"name": copy.agent}
+        body[TASK_INDEX] = task
+        body[ROLLOUT_INDEX] = rollout
+        if copy.environment_server is not None:
+            body[ENVIRONMENT_SERVER] = copy.environment_server
+        identity = Identity(
+            task_index=task,
+            rollout_index=rollout,
+            agent_name=copy.agent,
+            environment_server=copy.environment_server,
+            result_type=copy.result_type,
+            rollout_id=prepared.rollout_id,
+            task_source=prepared.task_source,
+        )
+        return MaterializedRow(identity, body)
+
+    def seed_for(self, task: int, rollout: int) -> int:
+        """Return the seed of one rollout under this run's seed mode."""
+        return rollout if self._by_index else rollout_seed(self._run_seed, task, rollout)
+
+    def _params(self, row: Mapping[str, Any]) -> Row | None:
+        params = row.get(PARAMS)
+        if not isinstance(params, dict):
+            return None
+        return {**params, **self._overrides} if self._overrides else params
+
+    def _seeded(self, params: Row, extra: Row, task: int, rollout: int) -> Row:
+        metadata = dict(params.get("metadata") or {})
+        metadata["extra_body"] = json.dumps({**extra, "seed": self.seed_for(task, rollout)})
+        return {**params, "metadata": metadata}
+
+
+def _extra_body(params: Mapping[str, Any]) -> tuple[Row, str | None]:
+    """Return the row's extra_body as an object, or a problem saying why it is not one."""
+    metadata = params.get("metadata")
+    if metadata is None:
+        return {}, None
+    if not isinstance(metadata, dict):
+        return {}, _seed_problem("metadata", metadata)
+    extra = metadata.get("extra_body")
+    if extra is None or (isinstance(extra, str) and not extra.strip()):
+        return {}, None
+    if isinstance(extra, dict):
+        return extra, None
+    if isinstance(extra, str):
+        try:
+            parsed = json.loads(extra)
+        except json.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return parsed, None
+    return {}, _seed_problem("metadata.extra_body", extra)
+
+
+def _seed_problem(key: str, value: Any) -> str:
+    shown = repr(value)
+    shown = shown if len(shown) <= _MAX_SHOWN else shown[: _MAX_SHOWN - 1] + "…"
+    return (
+        f"{PARAMS}.{key} must be an object (extra_body: or a string holding a JSON object) to "
+        f"add the seed (got {shown}); fix it, or turn num_repeats_add_seed off"
+    )

@@ -1,0 +1,267 @@
+"""Aggregate a run, or merge shards and aggregate them: the public entry points.
+
+`aggregate_shards` is ``trollout aggregate``; `aggregate_run` is what ``collect`` calls at the end
+of a run (unless ``disable_aggregation``). Both:
+
+1. read the shards once, streaming (`reader.Collection`), writing the merged run folder when
+   asked (``-o``), in a worker thread so the Trio loop stays responsive;
+2. settle every rollout and add the configured imputed zeros (`coverage`);
+3. summarize each group locally (`summary`): coverage, both views, NeMo Gym's default metrics;
+4. when targets are given, call ``/aggregate_metrics`` once per agent or environment server
+   (`server`); a failed call is recorded, not raised;
+5. write ``<stem>_aggregate_metrics.json`` and ``<stem>_report.html`` beside the output.
+
+Nothing is renamed into place before step 5, so a cancelled aggregation leaves no half-written
+file; an input file is never written (`shards.refuse_overwrite`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+from attrs import frozen
+
+from ..errors import ConfigError
+from ..recovery.layout import RunLayout
+from .coverage import Coverage, GroupKey, coverage_lines
+from .output import metrics_entries, write_metrics_file
+from .reader import Collection, InputReport
+from .report_html import write_report
+from .server import Target, fetch_server_metrics, target_for
+from .shards import MergeWriter, refuse_overwrite
+from .summary import GroupSummary, SummaryOptions, summarize
+
+__all__ = ["AggregateOptions", "AggregateResult", "aggregate_run", "aggregate_shards"]
+
+
+@frozen(kw_only=True)
+class AggregateOptions:
+    """What goes into the metric input, and how intervals are computed.
+
+    Attributes:
+        count_failure_classes_as_zero: failure classes whose latest row counts as reward 0;
+            None (the default) imputes nothing, a list (even empty) also keeps rows marked
+            ``_ng_failure_counts_as_zero``.
+        count_missing_rollouts_as_zero: planned rollouts with no row count as reward 0.
+        bootstrap_samples: resamples per interval (0: normal approximation only).
+        confidence: interval coverage.
+        seed: the bootstrap seed; the same seed gives the same intervals.
+        max_bootstrap_categories: above this many distinct task outcomes, intervals use the
+            normal approximation (see `estimators`).
+        write_report: write ``<stem>_report.html``.
+    """
+
+    count_failure_classes_as_zero: frozenset[str] | None = None
+    count_missing_rollouts_as_zero: bool = False
+    bootstrap_samples: int = 1000
+    confidence: float = 0.95
+    seed: int = 0
+    max_bootstrap_categories: int = 2000
+    write_report: bool = True
+
+    def summary_options(self) -> SummaryOptions:
+        """Return the interval settings."""
+        return SummaryOptions(
+            bootstrap_samples=self.bootstrap_samples,
+            confidence=self.confidence,
+            seed=self.seed,
+            max_bootstrap_categories=self.max_bootstrap_categories,
+        )
+
+
+@frozen
+class AggregateResult:
+    """What an aggregation found and wrote.
+
+    Attributes:
+        groups: one summary per agent or environment server, sorted by label.
+        inputs: the shards read, files skipped, duplicates and torn lines.
+        metrics_path: the ``<stem>_aggregate_metrics.json`` written.
+        report_path: the HTML report written, or None.
+        merged_path: the merged rollouts file written, or None.
+    """
+
+    groups: tuple[GroupSummary, ...]
+    inputs: InputReport
+    metrics_path: Path
+    report_path: Path | None = None
+    merged_path: Path | None = None
+
+    @property
+    def coverage(self) -> Coverage:
+        """The coverage of all groups together."""
+        total = Coverage()
+        for group in self.groups:
+            total = total + group.coverage
+        return total
+
+    @property
+    def server_errors(self) -> tuple[str, ...]:
+        """The error of every failed ``/aggregate_metrics`` call."""
+        return tuple(g.aggregation_error for g in self.groups if g.aggregation_error)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every server call asked for succeeded."""
+        return not self.server_errors
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the whole result as a JSON-able mapping (``trollout aggregate --json``)."""
+        return {
+            "ok": self.ok,
+            "coverage": self.coverage.to_json(),
+            "coverage_report": coverage_lines(self.coverage),
+            "inputs": self.inputs.to_json(),
+            "groups": [g.to_json() for g in self.groups],
+            "files": {
+                "merged": str(self.merged_path) if self.merged_path else None,
+                "metrics": str(self.metrics_path),
+                "report": str(self.report_path) if self.report_path else None,
+            },
+        }
+
+
+async def aggregate_run(
+    layout: RunLayout,
+    *,
+    options: AggregateOptions | None = None,
+    targets: Sequence[Target] | None = None,
+    client: httpx.AsyncClient | None = None,
+) -> AggregateResult:
+    """Aggregate one run folder in place (what ``collect`` does at the end of a run).
+
+    Cancellation: see `aggregate_shards`.
+    """
+    return await aggregate_shards([layout.output], options=options, targets=targets, client=client)
+
+
+async def aggregate_shards(
+    shards: Sequence[Path],
+    *,
+    output: Path | None = None,
+    options: AggregateOptions | None = None,
+    targets: Sequence[Target] | None = None,
+    client: httpx.AsyncClient | None = None,
+) -> AggregateResult:
+    """Merge shards into ``output`` (when given) and write their metrics and report.
+
+    Args:
+        shards: rollouts files (see `shards.resolve_inputs`), read in the order given.
+        output: the merged rollouts file; required for several shards. Without it the metrics
+            are written beside the single shard.
+        options: the metric input and intervals.
+        targets: ``(agent, environment server, base URL)`` for ``/aggregate_metrics``; None or
+            empty aggregates locally only.
+        client: the HTTP client for the calls (one is opened when targets need it).
+
+    Raises:
+        ConfigError: several shards without ``output``, or an output that is an input file.
+        InputError: a line of a shard is not a JSON object or lacks the identity stamps.
+
+    Cancellation: reading and writing run in worker threads that finish before a cancellation
+    is delivered; a cancellation during the server calls discards the merged files. Nothing is
+    written until every step succeeded, so a retry is safe.
+    """
+    options = options or AggregateOptions()
+    layout = _output_layout(shards, output)
+    refuse_overwrite(
+        _written(layout, merged=output is not None, report=options.write_report), _inputs(shards)
+    )
+    merge = MergeWriter(layout) if output is not None else None
+    try:
+        collection, summaries = await trio.to_thread.run_sync(
+            _compute, shards, merge, options, bool(targets)
+        )
+        if targets:
+            summaries = await _with_servers(summaries, collection, targets, client)
+        result = await trio.to_thread.run_sync(
+            _write, layout, merge, summaries, collection, options
+        )
+    except BaseException:
+        if merge is not None:
+            merge.discard()
+        raise
+    return result
+
+
+def _output_layout(shards: Sequence[Path], output: Path | None) -> RunLayout:
+    if output is not None:
+        return RunLayout.for_output(output)
+    if len(shards) != 1:
+        raise ConfigError(
+            f"{len(shards)} shards need a merged output file; pass -o merged.jsonl "
+            "(or +output_jsonl_fpath=merged.jsonl)"
+        )
+    return RunLayout.for_output(shards[0])
+
+
+def _written(layout: RunLayout, *, merged: bool, report: bool) -> list[Path]:
+    paths = [layout.aggregate_metrics] + ([layout.report] if report else [])
+    if merged:
+        paths += [layout.rollouts, layout.failures, layout.materialized_inputs]
+    return paths
+
+
+def _inputs(shards: Sequence[Path]) -> list[Path]:
+    layouts = [RunLayout.for_output(p) for p in shards]
+    return [p for lay in layouts for p in (lay.rollouts, lay.failures, lay.materialized_inputs)]
+
+
+def _compute(
+    shards: Sequence[Path], merge: MergeWriter | None, options: AggregateOptions, keep_rows: bool
+) -> tuple[Collection, list[GroupSummary]]:
+    collection = Collection(options.count_failure_classes_as_zero, keep_rows=keep_rows)
+    if merge is None:
+        collection.read(shards)
+    else:
+        with merge:
+            collection.read(shards, merge)
+    collection.resolve(count_missing=options.count_missing_rollouts_as_zero)
+    return collection, summarize(collection, options.summary_options())
+
+
+async def _with_servers(
+    summaries: list[GroupSummary],
+    collection: Collection,
+    targets: Sequence[Target],
+    client: httpx.AsyncClient | None,
+) -> list[GroupSummary]:
+    if client is None:
+        async with httpx.AsyncClient() as own:
+            return await _with_servers(summaries, collection, targets, own)
+    rows: Mapping[GroupKey, list[tuple[int, int, bytes]]] = collection.server_rows or {}
+    out = []
+    for summary in summaries:
+        target = target_for(summary.key, summary.environment_server, targets)
+        if target is not None:
+            outcome = await fetch_server_metrics(client, target[2], rows.get(summary.key, []))
+            summary = attrs.evolve(summary, server=outcome)
+        out.append(summary)
+    return out
+
+
+def _write(
+    layout: RunLayout,
+    merge: MergeWriter | None,
+    summaries: list[GroupSummary],
+    collection: Collection,
+    options: AggregateOptions,
+) -> AggregateResult:
+    if merge is not None:
+        merge.commit()
+    write_metrics_file(layout.aggregate_metrics, metrics_entries(summaries, collection))
+    result = AggregateResult(
+        tuple(summaries),
+        collection.report,
+        layout.aggregate_metrics,
+        merged_path=layout.rollouts if merge is not None else None,
+    )
+    if options.write_report:
+        write_report(layout.report, result)
+        result = attrs.evolve(result, report_path=layout.report)
+    return result

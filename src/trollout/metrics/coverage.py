@@ -1,0 +1,202 @@
+"""What a score covers: the latest failure of each rollout, imputed zeros, the coverage report.
+
+Rules (protocol.md section 8):
+
+- Per rollout the **latest** sidecar row stands, across classes: latest by attempt index, then by
+  position (shard order, then line). A row for a never-started (drained) attempt does not
+  supersede anything; an interrupted ``_ng_omitted_rollout`` row does, and the rollout then
+  counts as missing.
+- A rollout that also landed is landed: its failures are skipped (reported as recovered).
+- ``count_failure_classes_as_zero``: when set (even to an empty list), a latest row whose class
+  is listed, or which carries ``_ng_failure_counts_as_zero``, enters the metric input with its
+  ``_ng_failure_*`` keys dropped and ``reward`` 0.0 when it has none.
+- ``count_missing_rollouts_as_zero``: a planned rollout with no row in either file (or whose
+  latest row is an omitted one) enters as ``reward: 0.0``.
+- Imputed zeros live only in the metric input, never in files.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Final, TypeAlias
+
+import attrs
+from attrs import frozen
+
+from ..records import FAILURE_CLASS, OmitReason, Omitted, outcome_from_row
+
+__all__ = [
+    "MISSING",
+    "OMITTED",
+    "Coverage",
+    "FailureLedger",
+    "FailureMark",
+    "GroupKey",
+    "RolloutKey",
+    "coverage_lines",
+    "imputed_row",
+]
+
+COUNTS_AS_ZERO: Final = "_ng_failure_counts_as_zero"
+_FAILURE_PREFIX: Final = "_ng_failure_"
+MISSING: Final = "no row"  # the coverage label of a planned rollout with no row anywhere
+OMITTED: Final = "omitted"  # the label of a rollout whose latest row is an interrupted attempt
+
+GroupKey: TypeAlias = tuple[str | None, str | None]  # (agent, environment server if no agent)
+RolloutKey: TypeAlias = tuple[GroupKey, int, int]  # (group, task, rollout)
+
+
+@frozen
+class FailureMark:
+    """The latest sidecar row of one rollout.
+
+    Attributes:
+        order: (attempt, file order, line): a larger order is later.
+        failure_class: ``_ng_failure_class``, or `OMITTED` for an interrupted attempt.
+        drained: the row records a never-started attempt (it supersedes nothing).
+        kept: the row enters the metric input as a zero (``count_failure_classes_as_zero``).
+        row: for a kept row, the row without its ``_ng_failure_*`` keys; else empty.
+    """
+
+    order: tuple[int, int, int]
+    failure_class: str
+    drained: bool = False
+    kept: bool = False
+    row: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+
+
+class FailureLedger:
+    """The latest sidecar row per rollout, across classes and shards."""
+
+    def __init__(self, keep_classes: frozenset[str] | None) -> None:
+        self.keep_classes = keep_classes
+        self.marks: dict[RolloutKey, FailureMark] = {}
+
+    def add(self, key: RolloutKey, row: Mapping[str, Any], position: tuple[int, int]) -> None:
+        """Record one sidecar row read at ``position`` (file order, line)."""
+        mark = self._mark(row, position)
+        current = self.marks.get(key)
+        if current is None or (
+            not mark.drained and (current.drained or mark.order > current.order)
+        ):
+            self.marks[key] = mark
+
+    def _mark(self, row: Mapping[str, Any], position: tuple[int, int]) -> FailureMark:
+        outcome = outcome_from_row(row)
+        order = (outcome.attempt_index, *position)
+        if isinstance(outcome, Omitted):
+            return FailureMark(order, OMITTED, drained=outcome.reason is OmitReason.DRAINED)
+        failure_class = str(row.get(FAILURE_CLASS) or "unknown")
+        keep = self.keep_classes is not None and (
+            failure_class in self.keep_classes or bool(row.get(COUNTS_AS_ZERO))
+        )
+        kept_row = (
+            {k: v for k, v in row.items() if not k.startswith(_FAILURE_PREFIX)} if keep else {}
+        )
+        return FailureMark(order, failure_class, kept=keep, row=kept_row)
+
+
+def imputed_row(identity: Mapping[str, Any], *rows: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a metric-input row: task fields, then a kept failure's fields, reward 0.0 if none."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        out.update(row)
+    out.update(identity)
+    if "reward" not in out:
+        out["reward"] = 0.0
+    return out
+
+
+@frozen
+class Coverage:
+    """How much of a group's (or a run's) planned rollouts a score covers.
+
+    Attributes:
+        expected: rollouts planned (materialized) or seen in any file.
+        landed: rollouts with a row in a rollouts file (each counted once).
+        scored: landed rollouts with a ``reward`` and not masked.
+        masked: landed rows NeMo Gym leaves out (``mask_sample``).
+        unscored: landed rows without a ``reward``.
+        failed: rollouts that never landed, by the class of their latest failure.
+        omitted: rollouts whose latest row is an interrupted attempt (they count as missing).
+        missing: planned rollouts with no row in any file.
+        imputed: zeros put in the metric input, by failure class or `MISSING`/`OMITTED`.
+        recovered: rollouts that failed, then landed (counted once, as landed).
+    """
+
+    expected: int = 0
+    landed: int = 0
+    scored: int = 0
+    masked: int = 0
+    unscored: int = 0
+    failed: dict[str, int] = attrs.field(factory=dict)
+    omitted: int = 0
+    missing: int = 0
+    imputed: dict[str, int] = attrs.field(factory=dict)
+    recovered: int = 0
+
+    @property
+    def covered(self) -> int:
+        """Rollouts the score covers: scored landed rows plus imputed zeros."""
+        return self.scored + sum(self.imputed.values())
+
+    @property
+    def complete(self) -> bool:
+        """Whether the score covers every planned rollout."""
+        return self.covered == self.expected
+
+    def not_scored(self) -> dict[str, int]:
+        """Return the rollouts left out of the score, by reason (imputed ones excluded)."""
+        reasons: Counter[str] = Counter(self.failed)
+        reasons[OMITTED] += self.omitted
+        reasons[MISSING] += self.missing
+        reasons["masked"] += self.masked
+        reasons["unscored"] += self.unscored
+        reasons.subtract(self.imputed)
+        return {k: v for k, v in sorted(reasons.items()) if v > 0}
+
+    def __add__(self, other: Coverage) -> Coverage:
+        """Return the coverage of two disjoint groups together."""
+        return Coverage(
+            **{f: getattr(self, f) + getattr(other, f) for f in _COUNTS},
+            failed=dict(Counter(self.failed) + Counter(other.failed)),
+            imputed=dict(Counter(self.imputed) + Counter(other.imputed)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the coverage as a JSON-able mapping (with ``covered`` and ``not_scored``)."""
+        out = attrs.asdict(self)
+        out["covered"] = self.covered
+        out["not_scored"] = self.not_scored()
+        return out
+
+
+_COUNTS: Final = (
+    "expected",
+    "landed",
+    "scored",
+    "masked",
+    "unscored",
+    "omitted",
+    "missing",
+    "recovered",
+)
+
+
+def coverage_lines(coverage: Coverage) -> list[str]:
+    """Return the coverage report: one line, plus details when the score is not complete."""
+    head = f"Metrics cover: {coverage.covered} of {coverage.expected} rollouts"
+    if coverage.complete and not coverage.imputed:
+        return [head]
+    lines = [head]
+    left_out = coverage.not_scored()
+    if left_out:
+        lines.append("  not scored: " + _counts(left_out))
+    if coverage.imputed:
+        lines.append("  imputed zeros: " + _counts(coverage.imputed))
+    return lines
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{name} {count}" for name, count in sorted(counts.items()))

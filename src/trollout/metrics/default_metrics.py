@@ -1,0 +1,144 @@
+"""NeMo Gym's default ``/aggregate_metrics``, computed locally from the per-task state.
+
+For one group (agent or environment server) over the metric input (landed rows plus imputed
+zeros), following NeMo Gym 0.7.0's defaults so the numbers match a default server:
+
+- columns: `stats.metric_columns`; rows with a truthy ``mask_sample`` are left out of every
+  statistic, and when any are, ``coverage/measured_rollouts``, ``coverage/masked_rollouts``,
+  ``coverage/measured_tasks`` and ``coverage/fully_masked_tasks`` join ``agent_metrics`` and
+  ``key_metrics``;
+- statistics, stat-major (``mean/*``, ``max/*``, ``min/*``, ``median/*``, ``std/*``): the std is
+  the sample one; a std that cannot be computed (one value) is left out, unless no std of the
+  group can be, in which case the columns present in every row get 0.0 (pandas' behaviour);
+- ``agent_metrics`` ends with ``num_repeats``, the number of distinct rollout indices;
+  ``key_metrics`` are its ``mean/*`` entries;
+- ``group_level_metrics``: one entry per task (sorted) with the same statistics, plus
+  ``num_rollouts`` (rows measured), ``expected_num_rollouts`` (rollouts planned),
+  ``missing_num_rollouts`` (planned without a row in the metric input) and
+  ``reward_profile_completion_pct``. NeMo Gym's per-rollout ``rollout_infos`` and ``sample``
+  are not written: they copy every row into the file, and memory must follow tasks.
+
+Entries are generated one task at a time, so a writer can stream them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final
+
+from .estimators import ColumnStats, describe
+from .stats import GroupStats, TaskStats, popcount
+
+__all__ = ["agent_metrics", "describe_columns", "group_level_metrics", "key_metrics"]
+
+STATS: Final = ("mean", "max", "min", "median", "std")
+
+
+def describe_columns(
+    columns: Sequence[str], values_of: Callable[[str], list[float]], rows: int
+) -> dict[str, float]:
+    """Return ``{stat/column: value}`` over ``rows`` rows, stat-major, with pandas' std rule."""
+    stats: dict[str, ColumnStats] = {}
+    for column in columns:
+        values = values_of(column)
+        if values:
+            stats[column] = describe(values)
+    stds = {c: s.std for c, s in stats.items()}
+    if all(v is None for v in stds.values()):
+        stds = {c: 0.0 if s.count == rows else None for c, s in stats.items()}
+    out: dict[str, float] = {}
+    for stat in STATS:
+        for column, s in stats.items():
+            value = stds[column] if stat == "std" else getattr(s, stat)
+            if value is not None:
+                out[f"{stat}/{column}"] = value
+    return out
+
+
+def _parts(landed: GroupStats, imputed: GroupStats | None) -> list[GroupStats]:
+    return [landed] if imputed is None else [landed, imputed]
+
+
+def _coverage_keys(parts: Sequence[GroupStats]) -> dict[str, int]:
+    rows: dict[int, int] = {}
+    masked = 0
+    for part in parts:
+        for task, state in part.tasks.items():
+            if state.rows or state.masked:
+                rows[task] = rows.get(task, 0) + state.rows
+                masked += state.masked
+    if not masked:
+        return {}
+    measured = sum(rows.values())
+    return {
+        "coverage/measured_rollouts": measured,
+        "coverage/masked_rollouts": masked,
+        "coverage/measured_tasks": sum(1 for n in rows.values() if n),
+        "coverage/fully_masked_tasks": sum(1 for n in rows.values() if not n),
+    }
+
+
+def agent_metrics(landed: GroupStats, imputed: GroupStats | None = None) -> dict[str, Any]:
+    """Return the group's ``agent_metrics`` over landed rows plus imputed rows."""
+    parts = _parts(landed, imputed)
+    rows = sum(s.rows for p in parts for s in p.tasks.values())
+    coverage = _coverage_keys(parts)
+    if not rows:
+        return dict(coverage)
+    columns = landed.column_order(*parts[1:])
+
+    def values_of(column: str) -> list[float]:
+        return [v for p in parts for v in p.values(column)]
+
+    metrics: dict[str, Any] = describe_columns(columns, values_of, rows) | coverage
+    rollout_indices = 0
+    for part in parts:
+        rollout_indices |= part.rollout_indices
+    metrics["num_repeats"] = popcount(rollout_indices)
+    return metrics
+
+
+def key_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Return the ``mean/*`` entries (and coverage counts) of ``agent_metrics``."""
+    return {k: v for k, v in metrics.items() if k.startswith(("mean/", "coverage/"))}
+
+
+def group_level_metrics(
+    landed: GroupStats, imputed: GroupStats | None = None
+) -> Iterator[dict[str, Any]]:
+    """Yield one ``group_level_metrics`` entry per task with measured rows, by task index."""
+    parts = _parts(landed, imputed)
+    columns = landed.column_order(*parts[1:])
+    tasks = sorted({t for p in parts for t in p.tasks})
+    for task in tasks:
+        states = [p.tasks[task] for p in parts if task in p.tasks]
+        entry = _task_entry(task, states, columns)
+        if entry is not None:
+            yield entry
+
+
+def _task_entry(
+    task: int, states: list[TaskStats], columns: Sequence[str]
+) -> dict[str, Any] | None:
+    rows = sum(s.rows for s in states)
+    if not rows:
+        return None
+    present = set().union(*(s.schema for s in states))
+    mine = [c for c in columns if c in present]
+
+    def values_of(column: str) -> list[float]:
+        return [v for s in states for v in s.values(column)]
+
+    landed = known = 0
+    for s in states:
+        landed |= s.landed
+        known |= s.known
+    expected = popcount(known | landed)
+    missing = expected - popcount(landed)
+    entry: dict[str, Any] = {"_ng_task_index": task}
+    entry.update(describe_columns(mine, values_of, rows))
+    entry["num_rollouts"] = rows
+    entry["expected_num_rollouts"] = expected
+    entry["missing_num_rollouts"] = missing
+    entry["reward_profile_completion_pct"] = 100.0 * (expected - missing) / expected
+    return entry

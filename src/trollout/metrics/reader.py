@@ -1,0 +1,291 @@
+"""One streaming pass over the shards, then the failure resolution and the imputed zeros.
+
+`Collection` reads every shard's materialized inputs (the plan), then its rollouts file, then its
+failures sidecar, keeping only the per-task state of `stats` and the latest failure per rollout;
+row payloads are never held (except the reduced rows a server call needs, and only when one is
+asked for). The rules, documented where the user sees them (``trollout aggregate --help``):
+
+- Shards are read in sorted order; a file identical to one already read is skipped.
+- A (group, task, rollout) key lands once: the first landed row in shard order, then line
+  order, wins; later landed rows with the same key are duplicates, reported per shard and not
+  counted. A landed row beats any failure of the same rollout, whichever shard holds it.
+- The group of a row is its agent (``agent_ref.name``), or, for a row routed by taskset without
+  an agent, its environment server.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import orjson
+from attrs import frozen
+
+from ..errors import InputError
+from ..records import AGENT_REF, ENVIRONMENT_SERVER, ROLLOUT_INDEX, TASK_INDEX
+from ..recovery.layout import RunLayout
+from .coverage import MISSING, OMITTED, Coverage, FailureLedger, GroupKey, RolloutKey, imputed_row
+from .shards import MergeWriter, identical_files, read_lines
+from .stats import GroupStats, is_masked, metric_columns, popcount
+
+__all__ = ["Collection", "InputReport", "group_key", "reduce_row"]
+
+ServerRows = defaultdict[GroupKey, list[tuple[int, int, bytes]]]
+
+
+@frozen
+class InputReport:
+    """What was read, and what was set aside.
+
+    Attributes:
+        shards: the rollouts files, in the order read.
+        skipped: files identical to one read before, with that file.
+        duplicates: per shard, landed rows whose rollout was already read (counted once).
+        torn: ``file:line`` of torn last lines skipped.
+        outside_plan: landed rows of rollouts absent from the materialized inputs that were read.
+    """
+
+    shards: tuple[Path, ...]
+    skipped: tuple[tuple[Path, Path], ...] = ()
+    duplicates: dict[str, int] = attrs.field(factory=dict)
+    torn: tuple[str, ...] = ()
+    outside_plan: int = 0
+
+    def lines(self) -> list[str]:
+        """Return one line per finding worth telling the user."""
+        out = [f"skipped {str(p)!r}: identical to {str(first)!r}" for p, first in self.skipped]
+        out += [
+            f"{str(shard)!r}: {n} duplicate rollout row{'s' if n > 1 else ''} already read "
+            "from an earlier shard; counted once"
+            for shard, n in self.duplicates.items()
+        ]
+        out += [f"skipped torn last line {where}" for where in self.torn]
+        if self.outside_plan:
+            out.append(f"{self.outside_plan} landed rows are not in the materialized inputs")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the report as a JSON-able mapping."""
+        return {
+            "shards": [str(p) for p in self.shards],
+            "skipped": [{"file": str(p), "identical_to": str(f)} for p, f in self.skipped],
+            "duplicates": dict(self.duplicates),
+            "torn": list(self.torn),
+            "outside_plan": self.outside_plan,
+        }
+
+
+def group_key(row: Mapping[str, Any]) -> GroupKey:
+    """Return the metrics group of a row: its agent, else its environment server."""
+    ref = row.get(AGENT_REF)
+    name = ref.get("name") if isinstance(ref, Mapping) else None
+    if isinstance(name, str):
+        return (name, None)
+    env = row.get(ENVIRONMENT_SERVER)
+    return (None, env if isinstance(env, str) else None)
+
+
+def reduce_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a row as ``/aggregate_metrics`` takes it (protocol.md section 4)."""
+    out = {
+        k: v for k, v in row.items() if k != "responses_create_params" and not k.startswith("ng_")
+    }
+    response = out.get("response")
+    if isinstance(response, Mapping):
+        out["response"] = {"usage": response["usage"]} if "usage" in response else {}
+    return out
+
+
+def _identity(path: Path, number: int, row: Mapping[str, Any]) -> tuple[int, int]:
+    task, rollout = row.get(TASK_INDEX), row.get(ROLLOUT_INDEX)
+    if type(task) is not int or type(rollout) is not int or task < 0 or rollout < 0:
+        raise InputError(
+            [
+                f"{path}:{number}: a row needs non-negative integer {TASK_INDEX} and "
+                f"{ROLLOUT_INDEX} (got {task!r}, {rollout!r}); aggregate files a collector wrote"
+            ]
+        )
+    return task, rollout
+
+
+class Collection:
+    """The state of one aggregation: groups, failures, and what was read."""
+
+    def __init__(self, keep_classes: frozenset[str] | None, *, keep_rows: bool = False) -> None:
+        self.groups: dict[GroupKey, GroupStats] = {}
+        self.imputed: dict[GroupKey, GroupStats] = {}
+        self.ledger = FailureLedger(keep_classes)
+        self.server_rows: ServerRows | None = defaultdict(list) if keep_rows else None
+        self.coverage: dict[GroupKey, Coverage] = {}
+        self._torn: list[str] = []
+        self._duplicates: Counter[str] = Counter()
+        self._outside_plan = 0
+        self._planned = False
+        self._plans: list[Path] = []
+        self.report = InputReport(())
+
+    def group(self, key: GroupKey, row: Mapping[str, Any] | None = None) -> GroupStats:
+        """Return a group's state (created on first use), noting the row's environment server."""
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = GroupStats()
+        env = row.get(ENVIRONMENT_SERVER) if row is not None else None
+        if isinstance(env, str) and env not in group.environment_servers:
+            group.environment_servers[env] = None
+        return group
+
+    def read(self, shards: Sequence[Path], merge: MergeWriter | None = None) -> None:
+        """Read every shard folder: plans first, then rollouts, then failures."""
+        layouts = [RunLayout.for_output(p) for p in shards]
+        files = [
+            p for lay in layouts for p in (lay.materialized_inputs, lay.rollouts, lay.failures)
+        ]
+        same = identical_files([p for p in files if p.is_file()])
+        plans = [lay.materialized_inputs for lay in layouts]
+        self._plans = [p for p in plans if p.is_file() and p not in same]
+        for path in self._plans:
+            self._read_plan(path, merge)
+        self._planned = bool(self._plans)
+        for order, lay in enumerate(layouts):
+            if lay.rollouts not in same:
+                self._read_rollouts(lay.rollouts, merge)
+            if lay.failures.is_file() and lay.failures not in same:
+                self._read_failures(lay.failures, order, merge)
+        self.report = InputReport(
+            shards=tuple(shards),
+            skipped=tuple(same.items()),
+            duplicates={str(p): n for p, n in self._duplicates.items()},
+            torn=tuple(self._torn),
+            outside_plan=self._outside_plan,
+        )
+
+    def _rows(self, path: Path) -> Iterator[tuple[int, bytes, dict[str, Any], int, int]]:
+        for number, raw, row in read_lines(path, self._torn):
+            task, rollout = _identity(path, number, row)
+            yield number, raw, row, task, rollout
+
+    def _read_plan(self, path: Path, merge: MergeWriter | None) -> None:
+        for _, raw, row, task, rollout in self._rows(path):
+            state = self.group(group_key(row), row).task(task)
+            bit = 1 << rollout
+            if state.known & bit:
+                continue
+            state.known |= bit
+            if merge is not None:
+                merge.materialized.write(raw)
+
+    def _read_rollouts(self, path: Path, merge: MergeWriter | None) -> None:
+        server_rows = self.server_rows
+        for _, raw, row, task, rollout in self._rows(path):
+            key = group_key(row)
+            group = self.group(key, row)
+            state = group.task(task)
+            bit = 1 << rollout
+            if state.landed & bit:
+                self._duplicates[str(path)] += 1
+                continue
+            if self._planned and not state.known & bit:
+                self._outside_plan += 1
+            group.add_row(task, rollout, metric_columns(row), masked=is_masked(row))
+            if merge is not None:
+                merge.rollouts.write(raw)
+            if server_rows is not None:
+                server_rows[key].append((task, rollout, orjson.dumps(reduce_row(row))))
+
+    def _read_failures(self, path: Path, order: int, merge: MergeWriter | None) -> None:
+        for number, raw, row, task, rollout in self._rows(path):
+            key = group_key(row)
+            self.group(key, row)
+            self.ledger.add((key, task, rollout), row, (order, number))
+            if merge is not None:
+                merge.failures.write(raw)
+
+    def resolve(self, *, count_missing: bool) -> None:
+        """Settle every rollout (landed, failed, omitted, missing) and add the imputed zeros."""
+        pending: dict[RolloutKey, tuple[str, Mapping[str, Any]]] = {}
+        failed_bits: defaultdict[tuple[GroupKey, int], int] = defaultdict(int)
+        tallies: defaultdict[GroupKey, Counter[str]] = defaultdict(Counter)
+        for (key, task, rollout), mark in self.ledger.marks.items():
+            state = self.group(key).task(task)
+            bit = 1 << rollout
+            state.known |= bit
+            if state.landed & bit:
+                tallies[key]["recovered"] += 1
+                continue
+            failed_bits[key, task] |= bit
+            tallies[key][mark.failure_class] += 1
+            if mark.kept or (mark.failure_class == OMITTED and count_missing):
+                pending[key, task, rollout] = (mark.failure_class, mark.row)
+        for key, group in self.groups.items():
+            for task, state in group.tasks.items():
+                missing = state.known & ~state.landed & ~failed_bits.get((key, task), 0)
+                tallies[key][MISSING] += popcount(missing)
+                if count_missing:
+                    pending.update(((key, task, r), (MISSING, {})) for r in _bits(missing))
+        self._impute(pending)
+        imputed: defaultdict[GroupKey, Counter[str]] = defaultdict(Counter)
+        for (key, _, _), (label, _) in pending.items():
+            imputed[key][label] += 1
+        for key, group in self.groups.items():
+            self.coverage[key] = _coverage(group, tallies[key], imputed[key])
+
+    def _impute(self, pending: dict[RolloutKey, tuple[str, Mapping[str, Any]]]) -> None:
+        """Add the imputed rows to the metric input, task fields taken from the plan."""
+        if not pending:
+            return
+        todo = dict(pending)
+        for path in self._plans:
+            for _, _, row, task, rollout in self._rows(path):
+                item = todo.pop((group_key(row), task, rollout), None)
+                if item is not None:
+                    self._add_imputed(group_key(row), task, rollout, row, item[1])
+        for (key, task, rollout), (_, failure_row) in todo.items():
+            self._add_imputed(key, task, rollout, {}, failure_row)
+
+    def _add_imputed(
+        self,
+        key: GroupKey,
+        task: int,
+        rollout: int,
+        plan: Mapping[str, Any],
+        failure: Mapping[str, Any],
+    ) -> None:
+        identity: dict[str, Any] = {TASK_INDEX: task, ROLLOUT_INDEX: rollout}
+        if key[0] is not None:
+            identity[AGENT_REF] = {"name": key[0]}
+        row = imputed_row(identity, plan, failure)
+        group = self.imputed.setdefault(key, GroupStats())
+        group.add_row(task, rollout, metric_columns(row), masked=is_masked(row))
+        if self.server_rows is not None:
+            self.server_rows[key].append((task, rollout, orjson.dumps(reduce_row(row))))
+
+
+def _bits(mask: int) -> Iterator[int]:
+    index = 0
+    while mask:
+        if mask & 1:
+            yield index
+        mask >>= 1
+        index += 1
+
+
+def _coverage(group: GroupStats, tallies: Counter[str], imputed: Counter[str]) -> Coverage:
+    states = group.tasks.values()
+    scored = sum(len(s.values("reward")) for s in states)
+    rows = sum(s.rows for s in states)
+    failed = {c: n for c, n in tallies.items() if c not in (MISSING, OMITTED, "recovered")}
+    return Coverage(
+        expected=sum(popcount(s.known) for s in states),
+        landed=sum(popcount(s.landed) for s in states),
+        scored=scored,
+        masked=sum(s.masked for s in states),
+        unscored=rows - scored,
+        failed=failed,
+        omitted=tallies[OMITTED],
+        missing=tallies[MISSING],
+        imputed=dict(imputed),
+        recovered=tallies["recovered"],
+    )

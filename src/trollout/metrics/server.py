@@ -1,0 +1,104 @@
+"""Server metrics: ``POST /aggregate_metrics`` once per agent or environment server.
+
+Protocol.md section 4: the body is ``{"verify_responses": [row, ...]}`` with every row of the
+metric input reduced (`reader.reduce_row`) and sorted by (task, rollout). A group goes to the
+target naming its environment server (0.7.0), else to the target naming its agent (earlier
+generation); a group no target names keeps its local metrics. A call that fails (no reply, a
+status other than 200, or a reply without the three collections) becomes an error message for
+that group; it never raises, so every other group's metrics are still written.
+
+The body is assembled from the rows already serialized during the read, so a call costs one
+join, not a re-serialization; it holds one group's reduced rows, as NeMo Gym does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import httpx
+import orjson
+from attrs import frozen
+
+from .coverage import GroupKey
+
+__all__ = ["ServerOutcome", "Target", "fetch_server_metrics", "target_for"]
+
+Target = tuple[str | None, str | None, str]  # (agent name, environment server, base URL)
+_COLLECTIONS: Final = (
+    ("agent_metrics", dict),
+    ("key_metrics", dict),
+    ("group_level_metrics", list),
+)
+_MAX_BODY_SHOWN: Final = 300
+
+
+@frozen
+class ServerOutcome:
+    """What one ``/aggregate_metrics`` call gave: a reply, or an error message."""
+
+    url: str
+    reply: Mapping[str, Any] | None = None
+    error: str | None = None
+
+
+def target_for(
+    key: GroupKey, environment_server: str | None, targets: Sequence[Target]
+) -> Target | None:
+    """Return the target serving a group: by environment server first, then by agent."""
+    agent = key[0]
+    env = environment_server or key[1]
+    if env is not None:
+        for target in targets:
+            if target[1] == env:
+                return target
+    if agent is not None:
+        for target in targets:
+            if target[0] == agent and target[1] is None:
+                return target
+    return None
+
+
+def request_body(rows: list[tuple[int, int, bytes]]) -> bytes:
+    """Return the JSON body for rows ``(task, rollout, serialized row)``, sorted by key."""
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return b'{"verify_responses":[' + b",".join(r[2] for r in rows) + b"]}"
+
+
+async def fetch_server_metrics(
+    client: httpx.AsyncClient, url: str, rows: list[tuple[int, int, bytes]]
+) -> ServerOutcome:
+    """Call ``POST {url}/aggregate_metrics`` with a group's rows; never raise for a failure.
+
+    Cancellation: a checkpoint; a cancelled call leaves nothing written, and the call is
+    read-only on the server, so a retry is safe.
+    """
+    endpoint = url.rstrip("/") + "/aggregate_metrics"
+    try:
+        response = await client.post(
+            endpoint, content=request_body(rows), headers={"content-type": "application/json"}
+        )
+    except httpx.HTTPError as exc:
+        return ServerOutcome(url, error=f"POST {endpoint} failed: {type(exc).__name__}: {exc}")
+    if response.status_code != 200:
+        text = response.text[:_MAX_BODY_SHOWN]
+        return ServerOutcome(
+            url, error=f"POST {endpoint} answered HTTP {response.status_code}: {text!r}"
+        )
+    return _outcome(url, endpoint, response.content)
+
+
+def _outcome(url: str, endpoint: str, content: bytes) -> ServerOutcome:
+    try:
+        reply = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return ServerOutcome(url, error=f"POST {endpoint} answered a body that is not JSON")
+    if not isinstance(reply, dict):
+        kind = type(reply).__name__
+        return ServerOutcome(url, error=f"POST {endpoint} answered a JSON {kind}, not an object")
+    bad = [name for name, kind in _COLLECTIONS if not isinstance(reply.get(name), kind)]
+    if bad:
+        return ServerOutcome(
+            url, error=f"POST {endpoint} answered without {', '.join(bad)} (keys {sorted(reply)})"
+        )
+    return ServerOutcome(url, reply=reply)

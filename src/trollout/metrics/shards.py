@@ -1,0 +1,191 @@
+"""Shards on disk: finding them, reading them safely, and writing the merged run folder.
+
+- `resolve_inputs`: globs or comma-separated globs, sorted and de-duplicated (by resolved path);
+  only ``.jsonl`` files that are not a run's sibling (``_failures``, ``_materialized_inputs``,
+  ``_attempts``: `is_auxiliary`) are shards.
+- `identical_files`: a file given twice under two names (a copy, a hard or symbolic link) is read
+  once. Files are compared by inode, then by sha256 among files of equal size only, so distinct
+  shards (which differ in size) are never hashed.
+- `read_lines`: aggregation never changes its inputs, so a torn last line (a line without its
+  newline that does not parse, left by a collector killed or still writing) is skipped and
+  reported instead of repaired in place; a bad line anywhere else is an `InputError`.
+- `MergeWriter`: the merged files are written beside their final names and renamed into place
+  only when everything succeeded, so an interrupted aggregation leaves no half-written file.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+from ..errors import ConfigError
+from ..jsonl import parse_line
+from ..recovery.layout import RunLayout, is_auxiliary
+
+__all__ = ["MergeWriter", "identical_files", "read_lines", "refuse_overwrite", "resolve_inputs"]
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def resolve_inputs(patterns: str | Sequence[str]) -> list[Path]:
+    """Expand globs (or comma-separated globs) into the sorted, de-duplicated shard list.
+
+    Raises:
+        ConfigError: a literal path does not exist, or nothing matches at all.
+    """
+    pieces = [patterns] if isinstance(patterns, str) else list(patterns)
+    found: dict[str, Path] = {}
+    for piece in (p.strip() for text in pieces for p in text.split(",")):
+        if not piece:
+            continue
+        for path in _expand(piece):
+            if path.suffix == ".jsonl" and not is_auxiliary(path) and path.is_file():
+                found.setdefault(os.path.realpath(path), path)
+    if not found:
+        raise ConfigError(
+            f"no rollouts file matches {patterns!r}; give a glob such as 'shards/*.jsonl' "
+            "(sidecars and materialized inputs are never shards)"
+        )
+    return sorted(found.values(), key=str)
+
+
+def _expand(piece: str) -> list[Path]:
+    if _GLOB_CHARS.isdisjoint(piece):
+        if not os.path.exists(piece):
+            raise ConfigError(f"input {piece!r} does not exist; check the path or quote the glob")
+        return [Path(piece)]
+    return [Path(p) for p in glob.glob(os.path.expanduser(piece), recursive=True)]
+
+
+def identical_files(paths: Sequence[Path]) -> dict[Path, Path]:
+    """Map each path whose content repeats an earlier path's to that earlier path."""
+    same: dict[Path, Path] = {}
+    by_size: defaultdict[int, list[Path]] = defaultdict(list)
+    inodes: dict[tuple[int, int], Path] = {}
+    for path in paths:
+        st = path.stat()
+        first = inodes.setdefault((st.st_dev, st.st_ino), path)
+        if first is not path:
+            same[path] = first
+        else:
+            by_size[st.st_size].append(path)
+    for group in by_size.values():
+        if len(group) > 1:
+            same.update(_same_content(group))
+    return same
+
+
+def _same_content(paths: Sequence[Path]) -> dict[Path, Path]:
+    seen: dict[str, Path] = {}
+    same: dict[Path, Path] = {}
+    for path in paths:
+        digest = _sha256(path)
+        first = seen.setdefault(digest, path)
+        if first is not path:
+            same[path] = first
+    return same
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_lines(path: Path, torn: list[str]) -> Iterator[tuple[int, bytes, dict[str, object]]]:
+    """Yield ``(line number, raw line, row)`` for every non-blank line of a JSONL file.
+
+    A last line without newline that does not parse is skipped and its ``file:line`` appended
+    to ``torn``.
+
+    Raises:
+        InputError: a line other than a torn last line is not a JSON object.
+    """
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            if not line.endswith(b"\n"):
+                try:
+                    row = parse_line(path, number, line)
+                except ConfigError:
+                    torn.append(f"{path}:{number}")
+                    return
+                yield number, line + b"\n", row
+                return
+            yield number, line, parse_line(path, number, line)
+
+
+def refuse_overwrite(outputs: Iterable[Path], inputs: Iterable[Path]) -> None:
+    """Refuse to write any output that is one of the input files.
+
+    Raises:
+        ConfigError: naming the output and the remedy.
+    """
+    real_inputs = {os.path.realpath(p) for p in inputs}
+    for out in outputs:
+        if os.path.realpath(out) in real_inputs:
+            raise ConfigError(
+                f"output {str(out)!r} is one of the input files; aggregation never overwrites "
+                "an input: write the merged rollouts elsewhere (-o merged/merged.jsonl)"
+            )
+
+
+class MergeWriter:
+    """Writes a merged run folder: rollouts, failures and materialized inputs, atomically."""
+
+    def __init__(self, layout: RunLayout) -> None:
+        self.layout = layout
+        self._targets = (layout.rollouts, layout.failures, layout.materialized_inputs)
+        self._files: list[IO[bytes]] = []
+
+    def __enter__(self) -> MergeWriter:
+        self.layout.output.parent.mkdir(parents=True, exist_ok=True)
+        self._files = [open(self._temp(p), "wb") for p in self._targets]  # noqa: SIM115
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for f in self._files:
+            f.close()
+        if exc_info[0] is not None:
+            self.discard()
+
+    def _temp(self, path: Path) -> Path:
+        return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+    @property
+    def rollouts(self) -> IO[bytes]:
+        """The merged rollouts file being written."""
+        return self._files[0]
+
+    @property
+    def failures(self) -> IO[bytes]:
+        """The merged failures sidecar being written."""
+        return self._files[1]
+
+    @property
+    def materialized(self) -> IO[bytes]:
+        """The merged materialized inputs being written."""
+        return self._files[2]
+
+    def commit(self) -> None:
+        """Move the written files into place (an empty sidecar is not created)."""
+        for path in self._targets:
+            temp = self._temp(path)
+            if path is not self.layout.rollouts and temp.stat().st_size == 0:
+                temp.unlink()
+                path.unlink(missing_ok=True)
+                continue
+            os.replace(temp, path)
+
+    def discard(self) -> None:
+        """Remove the temporary files."""
+        for path in self._targets:
+            self._temp(path).unlink(missing_ok=True)

@@ -1,0 +1,173 @@
+"""Per-group summaries: coverage, both views, local default metrics, chart data.
+
+`summarize` turns a resolved `Collection` into one `GroupSummary` per group, sorted by label.
+Everything a report shows is here, so the terminal table, ``--json``, the metrics file and the
+HTML report read one record and never recompute.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+from attrs import frozen
+
+from .coverage import Coverage, GroupKey
+from .default_metrics import agent_metrics
+from .reader import Collection
+from .server import ServerOutcome
+from .stats import GroupStats, popcount
+from .views import AS_ZERO, EXCLUDED, TaskRewards, ViewSummary, summarize_view
+
+__all__ = ["GroupSummary", "Histogram", "SummaryOptions", "histogram", "summarize"]
+
+_MAX_DISTINCT_BARS = 12
+
+
+@frozen
+class Histogram:
+    """Bars for a chart: a label and a count each."""
+
+    labels: tuple[str, ...]
+    counts: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """Return ``{labels, counts}``."""
+        return {"labels": list(self.labels), "counts": list(self.counts)}
+
+
+def histogram(values: Sequence[float], *, bins: int = 20) -> Histogram | None:
+    """Return a bar per distinct value when there are few, else ``bins`` equal-width bins."""
+    if not values:
+        return None
+    distinct = Counter(values)
+    if len(distinct) <= _MAX_DISTINCT_BARS:
+        keys = sorted(distinct)
+        return Histogram(tuple(_fmt(k) for k in keys), tuple(distinct[k] for k in keys))
+    low, high = min(values), max(values)
+    width = (high - low) / bins
+    counts = [0] * bins
+    for v in values:
+        counts[min(bins - 1, int((v - low) / width))] += 1
+    labels = tuple(_fmt(low + i * width) for i in range(bins))
+    return Histogram(labels, tuple(counts))
+
+
+def _fmt(x: float) -> str:
+    if x == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.3g}"
+
+
+@frozen(kw_only=True)
+class SummaryOptions:
+    """How intervals are computed (see `estimators`)."""
+
+    bootstrap_samples: int = 1000
+    confidence: float = 0.95
+    seed: int = 0
+    max_bootstrap_categories: int = 2000
+
+
+@frozen
+class GroupSummary:
+    """Everything reported about one group (an agent, or an environment server).
+
+    Attributes:
+        agent: ``agent_ref.name``, or None for rows routed by taskset.
+        environment_server: the group's ``_ng_environment_server``, when its rows carry one.
+        coverage: what the score covers.
+        excluded: the "failures excluded" view.
+        as_zero: the "failures as zero" view.
+        local_metrics: NeMo Gym's default ``agent_metrics`` computed locally on the metric input.
+        reward_histogram: landed rewards.
+        latency_histogram: landed ``elapsed_seconds``.
+        server: the ``/aggregate_metrics`` call for this group, when one was made.
+    """
+
+    agent: str | None
+    environment_server: str | None
+    coverage: Coverage
+    excluded: ViewSummary
+    as_zero: ViewSummary
+    local_metrics: dict[str, Any] = attrs.field(repr=False)
+    reward_histogram: Histogram | None = attrs.field(default=None, repr=False)
+    latency_histogram: Histogram | None = attrs.field(default=None, repr=False)
+    server: ServerOutcome | None = None
+
+    @property
+    def label(self) -> str:
+        """The name shown for the group."""
+        return self.agent or self.environment_server or "(no agent)"
+
+    @property
+    def key(self) -> GroupKey:
+        """The group's key in the collection."""
+        return (self.agent, None) if self.agent else (None, self.environment_server)
+
+    @property
+    def aggregation_error(self) -> str | None:
+        """The server call's error, if it failed."""
+        return self.server.error if self.server else None
+
+    @property
+    def metrics_source(self) -> str:
+        """``server`` when a server answered for this group, else ``local``."""
+        return "server" if self.server is not None and self.server.reply is not None else "local"
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the summary as a JSON-able mapping (without chart data)."""
+        return {
+            "agent": self.agent,
+            "environment_server": self.environment_server,
+            "metrics_source": self.metrics_source,
+            "aggregation_error": self.aggregation_error,
+            "coverage": self.coverage.to_json(),
+            EXCLUDED: self.excluded.to_json(),
+            AS_ZERO: self.as_zero.to_json(),
+            "local_agent_metrics": self.local_metrics,
+        }
+
+
+def summarize(collection: Collection, options: SummaryOptions) -> list[GroupSummary]:
+    """Summarize every group of a resolved collection, sorted by label."""
+    out = [
+        _summarize_group(key, group, collection, options)
+        for key, group in collection.groups.items()
+    ]
+    return sorted(out, key=lambda g: (g.label, g.environment_server or ""))
+
+
+def _summarize_group(
+    key: GroupKey, group: GroupStats, collection: Collection, options: SummaryOptions
+) -> GroupSummary:
+    env = next(iter(group.environment_servers), None) or key[1]
+    label = key[0] or env or ""
+    excluded, as_zero = [], []
+    for state in group.tasks.values():
+        rewards = state.values("reward")
+        excluded.append(TaskRewards.of(rewards))
+        as_zero.append(TaskRewards.of(rewards, popcount(state.known & ~state.landed)))
+    return GroupSummary(
+        agent=key[0],
+        environment_server=env,
+        coverage=collection.coverage[key],
+        excluded=_view(EXCLUDED, excluded, label, options),
+        as_zero=_view(AS_ZERO, as_zero, label, options),
+        local_metrics=agent_metrics(group, collection.imputed.get(key)),
+        reward_histogram=histogram(group.values("reward")),
+        latency_histogram=histogram(group.values("elapsed_seconds")),
+    )
+
+
+def _view(name: str, tasks: list[TaskRewards], label: str, options: SummaryOptions) -> ViewSummary:
+    return summarize_view(
+        name,
+        tasks,
+        samples=options.bootstrap_samples,
+        seed=f"{options.seed}/{label}/{name}",
+        level=options.confidence,
+        max_categories=options.max_bootstrap_categories,
+    )

@@ -1,0 +1,170 @@
+"""The cross-process lock that makes a run folder single-owner.
+
+One collector owns a run folder at a time: a second one must fail at once, loudly, naming the
+owner, rather than interleave rows into the same files. `RunLock` takes ``fcntl.flock(LOCK_EX |
+LOCK_NB)`` on ``<stem>.lock`` beside the output and writes the owner's pid, host and start time
+into it, so the loser's error can say who holds the folder and what to do.
+
+Design note: ``flock`` is used rather than ``fcntl``/``lockf`` record locks, and rather than an
+``O_EXCL`` pid file. Record locks belong to the *process*, so a second lock taken by the same
+process (two stores on one folder, a test) silently succeeds and closing *any* descriptor of the
+file drops them; ``flock`` locks belong to the open file description, so a second `RunLock` in the
+same process conflicts exactly like another process does. A pid file survives a SIGKILL and needs
+a liveness guess to break; a ``flock`` is dropped by the kernel when its owner dies, however it
+dies. The lock file is never unlinked: unlinking races with a contender that already opened it
+and would let two owners lock two different inodes. Caveats: a forked child inherits the lock
+(``fork`` without ``exec``), and ``flock`` on some network file systems is local to one host.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+from types import TracebackType
+
+import orjson
+from attrs import frozen
+
+from ..errors import RunFolderError, RunFolderLockedError
+from .layout import RunLayout
+
+__all__ = ["LockOwner", "RunLock", "read_owner"]
+
+# Owner records are tiny; never read more than this from a lock file written by someone else.
+_MAX_OWNER_BYTES = 4096
+
+
+@frozen
+class LockOwner:
+    """Who holds a run folder's lock.
+
+    Attributes:
+        pid: the owner's process id.
+        host: the owner's host name.
+        started_at: Unix time at which the owner took the lock.
+    """
+
+    pid: int
+    host: str
+    started_at: float
+
+    def describe(self) -> str:
+        """Return ``pid 1234`` (plus the host when it is not this one)."""
+        if self.host == socket.gethostname():
+            return f"pid {self.pid}"
+        return f"pid {self.pid} on host {self.host!r}"
+
+
+def read_owner(path: str | os.PathLike[str]) -> LockOwner | None:
+    """Read the owner record of a lock file, or None when absent or unreadable.
+
+    The record says who took the lock last; only a failed `RunLock.acquire` proves it is held.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_MAX_OWNER_BYTES)
+        raw = orjson.loads(data)
+        return LockOwner(
+            pid=int(raw["pid"]), host=str(raw["host"]), started_at=float(raw["started_at"])
+        )
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+class RunLock:
+    """An exclusive, non-blocking, cross-process lock on one run folder.
+
+    Use as a context manager or with `acquire` / `release`. A held lock is dropped by the kernel
+    when the process dies, SIGKILL included.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, output: str | os.PathLike[str]) -> None:
+        """Prepare a lock on ``path`` guarding the run whose rollouts file is ``output``."""
+        self.path = Path(path)
+        self.output = Path(output)
+        self._fd: int | None = None
+
+    @classmethod
+    def for_layout(cls, layout: RunLayout) -> RunLock:
+        """Return the lock of a run folder (``<stem>.lock``)."""
+        return cls(layout.lock, output=layout.output)
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock at once, or fail naming the owner.
+
+        Raises:
+            RunFolderLockedError: another process, or another `RunLock`, holds it.
+            RunFolderError: the lock file cannot be opened (missing folder, permissions).
+        """
+        if self._fd is not None:
+            raise RunFolderError(f"run lock {str(self.path)!r} is already held by this object")
+        fd = self._open()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunFolderLockedError(self._locked_message()) from None
+        except OSError as exc:
+            os.close(fd)
+            raise RunFolderError(
+                f"cannot lock {str(self.path)!r}: {exc.strerror}; the folder's file system may "
+                "not support flock (some network file systems); collect into a local folder"
+            ) from exc
+        self._fd = fd
+        self._write_owner(fd)
+
+    def release(self) -> None:
+        """Drop the lock (a no-op when not held); the lock file itself stays."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)  # no stale owner record once nobody holds the lock
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunFolderError(
+                f"cannot open the run lock {str(self.path)!r}: {exc.strerror}; check that the "
+                "output folder exists and is writable"
+            ) from exc
+
+    def _write_owner(self, fd: int) -> None:
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
+        data = orjson.dumps(owner) + b"\n"
+        # Write before truncating, so a contender never reads an empty record mid-update.
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+
+    def _locked_message(self) -> str:
+        owner = read_owner(self.path)
+        who = owner.describe() if owner else "pid unknown"
+        stop = f" (kill {owner.pid})" if owner and owner.host == socket.gethostname() else ""
+        return (
+            f"another trollout ({who}) is collecting into {str(self.output)!r} "
+            f"(lock {str(self.path)!r}); wait for it to finish, or stop it{stop}"
+        )

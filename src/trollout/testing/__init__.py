@@ -1,0 +1,78 @@
+"""A fake NeMo Gym deployment on loopback, for tests, benchmarks and the demo.
+
+In process (Trio)::
+
+    async with open_fake_deployment("fixtures/demo_deployment.yaml") as fake:
+        fake.head_url, fake.run_urls["math_agent"], fake.stats.max_in_flight
+
+In a subprocess (any caller)::
+
+    with spawn_fake_deployment("fixtures/demo_deployment.yaml") as urls:
+        urls.head_url
+
+or ``python -m trollout.testing serve --spec fixtures/demo_deployment.yaml``. It speaks
+protocol.md sections 1, 2 and 4; section 3 (episodes) will get its own handler beside
+``/run`` in `servers`. Faults are scripted per request (`Fault`, `FaultPlan`, a row's
+``fake_fault`` field, or a callable); answers come from a seeded policy (`policy`).
+"""
+
+from __future__ import annotations
+
+from .aggregate import aggregate_metrics
+from .deployment import FAKE_API_KEY, FakeDeployment, FakeUrls, build_config, open_fake_deployment
+from .faults import (
+    FAULT_FIELD,
+    Fault,
+    FaultContext,
+    FaultFn,
+    FaultKind,
+    FaultPlan,
+    fault_from_dict,
+    plan_from_dict,
+)
+from .policy import answer_row, solve
+from .process import serve_until_signal, spawn_fake_deployment
+from .spec import (
+    AgentSpec,
+    DeploymentSpec,
+    Generation,
+    Latency,
+    load_spec,
+    spec_from_dict,
+    spec_to_dict,
+)
+from .stats import FakeStats, RunSeen
+from .tasks import task_row, task_rows, write_tasks
+
+__all__ = [
+    "FAKE_API_KEY",
+    "FAULT_FIELD",
+    "AgentSpec",
+    "DeploymentSpec",
+    "FakeDeployment",
+    "FakeStats",
+    "FakeUrls",
+    "Fault",
+    "FaultContext",
+    "FaultFn",
+    "FaultKind",
+    "FaultPlan",
+    "Generation",
+    "Latency",
+    "RunSeen",
+    "aggregate_metrics",
+    "answer_row",
+    "build_config",
+    "fault_from_dict",
+    "load_spec",
+    "open_fake_deployment",
+    "plan_from_dict",
+    "serve_until_signal",
+    "solve",
+    "spawn_fake_deployment",
+    "spec_from_dict",
+    "spec_to_dict",
+    "task_row",
+    "task_rows",
+    "write_tasks",
+]

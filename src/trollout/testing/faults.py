@@ -1,0 +1,213 @@
+"""Scripted faults for the fake deployment's ``/run``, chosen per request and deterministic.
+
+A `Fault` says how one ``/run`` misbehaves. Which request gets which fault is decided, in this
+order, by:
+
+1. the row itself: a dataset field ``fake_fault`` (a fault mapping, optionally limited to some
+   attempts with ``attempts: [0]``);
+2. a Python callable given to the deployment (in-process tests): ``fn(FaultContext)``;
+3. the deployment's `FaultPlan`: a pure function of (task, rollout, attempt), so a test can
+   compute exactly which rollouts got which fault by calling `FaultPlan.fault_for` itself.
+
+Design note: the plan hashes its inputs with BLAKE2b instead of drawing from a seeded
+``random.Random``, because a stream of draws depends on the order requests arrive in, which
+concurrency makes nondeterministic; a hash of the key does not.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+
+from ..errors import ConfigError
+
+__all__ = [
+    "FAULT_FIELD",
+    "Fault",
+    "FaultContext",
+    "FaultFn",
+    "FaultKind",
+    "FaultPlan",
+    "fault_from_dict",
+    "plan_from_dict",
+    "unit_hash",
+]
+
+FAULT_FIELD = "fake_fault"
+ONE_MEGABYTE = 1024 * 1024
+
+
+class FaultKind(enum.Enum):
+    """How one ``/run`` misbehaves."""
+
+    LATENCY = "latency"  # answer normally after an extra `delay_s`
+    STATUS = "status"  # answer `status` with `body` (JSON string) and optional Retry-After
+    RESET_MID_REQUEST = "reset_mid_request"  # read the request, then RST without a reply byte
+    RESET_MID_RESPONSE = "reset_mid_response"  # send the head and half the body, then RST
+    HANG = "hang"  # never answer; hold the connection until the client leaves
+    NOT_JSON = "not_json"  # 200 whose body is not JSON
+    NOT_OBJECT = "not_object"  # 200 whose body is JSON but not an object
+    OVERSIZED = "oversized"  # `status` (default 500) with a `size`-byte body (default 1 MB)
+    FAILURE_CLASS = "failure_class"  # 200 with `_ng_failure_class` (+ `_ng_failure_terminal`)
+    NO_PERSIST = "no_persist"  # 200 with `_ng_no_persist: true` (kill-shaped)
+    JUDGE_FAILED = "judge_failed"  # 200, reward 0.0, masked, `_ng_failure_class: judge_failed`
+    MASKED = "masked"  # 200 success with `mask_sample: true` and a failure_kind
+
+
+def _kind(value: FaultKind | str) -> FaultKind:
+    if isinstance(value, FaultKind):
+        return value
+    try:
+        return FaultKind(value)
+    except ValueError:
+        known = ", ".join(k.value for k in FaultKind)
+        raise ConfigError(f"unknown fault kind {value!r}; use one of: {known}") from None
+
+
+def _attempts(value: Iterable[int] | None) -> tuple[int, ...] | None:
+    return None if value is None else tuple(int(v) for v in value)
+
+
+@frozen(kw_only=True)
+class Fault:
+    """One scripted misbehaviour of ``/run`` (which fields matter depends on `kind`).
+
+    Attributes:
+        kind: what happens.
+        status: HTTP status for STATUS and OVERSIZED.
+        body: the error body for STATUS (sent as a JSON string, as Gym servers do).
+        retry_after: a ``Retry-After`` header value in seconds (STATUS), or None.
+        delay_s: extra seconds before answering (LATENCY; added to any kind).
+        size: body size in bytes for OVERSIZED.
+        failure_class: the class for FAILURE_CLASS (and optionally NO_PERSIST).
+        terminal: whether FAILURE_CLASS also sets ``_ng_failure_terminal: true``.
+        attempts: only these attempt indices get the fault (row overrides); None means all.
+    """
+
+    kind: FaultKind = field(converter=_kind)
+    status: int | None = None
+    body: str | None = None
+    retry_after: float | None = None
+    delay_s: float = 0.0
+    size: int = ONE_MEGABYTE
+    failure_class: str | None = None
+    terminal: bool = False
+    attempts: tuple[int, ...] | None = field(default=None, converter=_attempts)
+
+
+@frozen
+class FaultContext:
+    """What a fault callable sees about one ``/run`` request."""
+
+    server: str  # the instance name of the server that received it
+    agent: str  # the agent that server serves
+    task_index: int
+    rollout_index: int
+    attempt_index: int
+    row: Mapping[str, Any]
+
+
+FaultFn = Callable[[FaultContext], "Fault | None"]
+
+
+def unit_hash(*parts: object) -> float:
+    """Return a deterministic number in [0, 1) from ``parts`` (stable across runs)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    (value,) = struct.unpack(">Q", digest)
+    return float(value) / 2.0**64
+
+
+@frozen(kw_only=True)
+class FaultPlan:
+    """A seeded, deterministic choice of faults per (task, rollout, attempt).
+
+    Attributes:
+        seed: the plan's seed.
+        rate: the fraction of requests that get a fault, in [0, 1].
+        mix: the faults to choose from with their weights.
+        max_attempt: attempts above this index get no fault (None: any attempt may), so a
+            run that retries is sure to finish.
+    """
+
+    seed: int = 0
+    rate: float = 0.0
+    mix: tuple[tuple[Fault, float], ...] = ()
+    max_attempt: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise ConfigError(f"fault rate must be in [0, 1] (got {self.rate!r}); use e.g. 0.05")
+        if self.rate > 0 and not self.mix:
+            raise ConfigError("a fault plan with rate > 0 needs a mix; list at least one fault")
+        if any(weight <= 0 for _, weight in self.mix):
+            raise ConfigError("fault weights must be > 0; drop a fault instead of weighting it 0")
+
+    def fault_for(self, task: int, rollout: int, attempt: int) -> Fault | None:
+        """Return the fault this plan assigns to one request, or None."""
+        if self.rate <= 0 or (self.max_attempt is not None and attempt > self.max_attempt):
+            return None
+        if unit_hash(self.seed, "rate", task, rollout, attempt) >= self.rate:
+            return None
+        point = unit_hash(self.seed, "mix", task, rollout, attempt) * self._total_weight()
+        for fault, weight in self.mix:
+            point -= weight
+            if point < 0:
+                return fault
+        return self.mix[-1][0]
+
+    def _total_weight(self) -> float:
+        return sum(weight for _, weight in self.mix)
+
+
+def fault_from_dict(data: Mapping[str, Any], *, where: str = "fault") -> Fault:
+    """Build a `Fault` from a mapping such as ``{"kind": "status", "status": 503}``."""
+    if not isinstance(data, Mapping) or "kind" not in data:
+        raise ConfigError(
+            f"{where} must be a mapping with a 'kind' (got {data!r}); "
+            'write e.g. {"kind": "status", "status": 503}'
+        )
+    names = {a.name for a in attrs.fields(Fault)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where} has unknown keys {unknown!r}; known keys are {sorted(names)!r}")
+    return Fault(**dict(data))
+
+
+def plan_from_dict(data: Mapping[str, Any] | None) -> FaultPlan:
+    """Build a `FaultPlan` from ``{seed, rate, mix: [{kind, weight?, ...}], max_attempt}``."""
+    if not data:
+        return FaultPlan()
+    mix: list[tuple[Fault, float]] = []
+    for i, entry in enumerate(_as_sequence(data.get("mix", ()))):
+        fields = dict(entry)
+        weight = float(fields.pop("weight", 1.0))
+        mix.append((fault_from_dict(fields, where=f"faults.mix[{i}]"), weight))
+    return FaultPlan(
+        seed=int(data.get("seed", 0)),
+        rate=float(data.get("rate", 0.0)),
+        mix=tuple(mix),
+        max_attempt=data.get("max_attempt"),
+    )
+
+
+def _as_sequence(value: Any) -> Sequence[Mapping[str, Any]]:
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ConfigError(f"faults.mix must be a list of fault mappings (got {value!r})")
+    return value
+
+
+def row_fault(row: Mapping[str, Any], attempt: int) -> Fault | None:
+    """Return the fault a row asks for in its ``fake_fault`` field, if it applies."""
+    data = row.get(FAULT_FIELD)
+    if data is None:
+        return None
+    fault = fault_from_dict(data, where=f"row field {FAULT_FIELD!r}")
+    if fault.attempts is not None and attempt not in fault.attempts:
+        return None
+    return fault

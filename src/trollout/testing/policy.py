@@ -1,0 +1,169 @@
+"""The fake agents' answering policy: deterministic, seeded, sometimes wrong.
+
+The example tasks ask arithmetic or string questions (``What is 17 + 25?``, ``Reverse the
+string 'hello'.``). The policy solves the question it can parse (else it falls back on the
+row's ``expected_answer``, as an oracle would), then decides whether to answer correctly with a
+probability that depends on the agent's accuracy and the task's difficulty; the draw is a hash
+of (policy seed, agent, question, rollout seed), where the rollout seed is the ``seed`` inside
+``responses_create_params.metadata.extra_body`` (a JSON string), else the rollout index. So the
+same row always gets the same reply, and rewards vary across seeds and tasks.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from attrs import frozen
+
+from .faults import unit_hash
+
+__all__ = ["MODEL_ID", "Answer", "answer_row", "build_response", "question_of", "seed_of", "solve"]
+
+CREATED_AT = 1700000000.0
+MODEL_ID = "fake-model"
+
+_ARITHMETIC = re.compile(r"what is (-?\d+) *([-+*]) *(-?\d+)\??", re.IGNORECASE)
+_REVERSE = re.compile(r"reverse the string '([^']*)'", re.IGNORECASE)
+_UPPER = re.compile(r"convert '([^']*)' to upper ?case", re.IGNORECASE)
+_LENGTH = re.compile(r"how many (?:letters|characters) are in '([^']*)'", re.IGNORECASE)
+_COUNT = re.compile(r"how many times does '([^']*)' appear in '([^']*)'", re.IGNORECASE)
+
+
+def solve(question: str) -> str | None:
+    """Return the correct answer to an example question, or None if it is not one."""
+    if m := _ARITHMETIC.search(question):
+        a, op, b = int(m[1]), m[2], int(m[3])
+        return str(a + b if op == "+" else a - b if op == "-" else a * b)
+    if m := _REVERSE.search(question):
+        return m[1][::-1]
+    if m := _UPPER.search(question):
+        return m[1].upper()
+    if m := _LENGTH.search(question):
+        return str(len(m[1]))
+    if m := _COUNT.search(question):
+        return str(m[2].count(m[1]))
+    return None
+
+
+def _texts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ]
+    return []
+
+
+def _messages(params: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    raw = params.get("input")
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    if isinstance(raw, list):
+        return [m for m in raw if isinstance(m, Mapping)]
+    return []
+
+
+def question_of(params: Mapping[str, Any]) -> str:
+    """Return the text of the last user message of ``responses_create_params``."""
+    for message in reversed(_messages(params)):
+        if message.get("role", "user") == "user":
+            return " ".join(_texts(message.get("content")))
+    return ""
+
+
+def seed_of(row: Mapping[str, Any]) -> int:
+    """Return the rollout seed: ``metadata.extra_body``'s ``seed``, else the rollout index."""
+    metadata = row["responses_create_params"].get("metadata")
+    extra = metadata.get("extra_body") if isinstance(metadata, Mapping) else None
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra)
+        except ValueError:
+            extra = None
+    if isinstance(extra, Mapping) and isinstance(extra.get("seed"), int):
+        return int(extra["seed"])
+    rollout = row.get("_ng_rollout_index", 0)
+    return rollout if isinstance(rollout, int) else 0
+
+
+@frozen
+class Answer:
+    """What the policy answered and how it scored."""
+
+    text: str
+    reward: float
+    input_tokens: int
+    output_tokens: int
+
+
+def _wrong(answer: str, draw: float) -> str:
+    if answer.lstrip("-").isdigit():
+        return str(int(answer) + 1 + int(draw * 9))
+    flipped = answer[::-1]
+    return flipped if flipped != answer else answer + "?"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _facts(question: str, expected: str | None) -> tuple[str, float]:
+    """Return the true answer to ``question`` and its difficulty in [0, 1) (cached)."""
+    truth = solve(question) or (expected if expected is not None else "I don't know")
+    return truth, unit_hash("difficulty", question)
+
+
+def answer_row(row: Mapping[str, Any], *, agent: str, accuracy: float, policy_seed: int) -> Answer:
+    """Answer one row as ``agent`` would; the result depends only on its arguments."""
+    params = row["responses_create_params"]
+    question = question_of(params)
+    raw = row.get("expected_answer")
+    expected = None if raw is None else str(raw).strip()
+    truth, difficulty = _facts(question, expected)
+    draw = unit_hash(policy_seed, agent, question, seed_of(row))
+    text = truth if draw < accuracy * (1.0 - 0.5 * difficulty) else _wrong(truth, draw)
+    reward = 1.0 if text.strip() == expected else 0.0
+    words = sum(len(t.split()) for m in _messages(params) for t in _texts(m.get("content")))
+    return Answer(text, reward, 8 + words * 2, 4 + len(text) // 3)
+
+
+def build_response(row: Mapping[str, Any], answer: Answer, *, model: str) -> dict[str, Any]:
+    """Return an OpenAI Responses-like object carrying ``answer``."""
+    params = row["responses_create_params"]
+    canonical = orjson.dumps([params, answer.text], option=orjson.OPT_SORT_KEYS)
+    key = hashlib.blake2b(canonical, digest_size=20).hexdigest()
+    usage = {
+        "input_tokens": answer.input_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": answer.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": answer.input_tokens + answer.output_tokens,
+    }
+    message = {
+        "id": f"msg_{key}",
+        "content": [
+            {"annotations": [], "text": answer.text, "type": "output_text", "logprobs": []}
+        ],
+        "role": "assistant",
+        "status": "completed",
+        "type": "message",
+    }
+    return {
+        "id": f"resp_{key}",
+        "created_at": CREATED_AT,
+        "error": None,
+        "incomplete_details": None,
+        "metadata": params.get("metadata"),
+        "model": model,
+        "object": "response",
+        "output": [message],
+        "parallel_tool_calls": True,
+        "status": "completed",
+        "tool_choice": "auto",
+        "tools": params.get("tools") or [],
+        "usage": usage,
+    }

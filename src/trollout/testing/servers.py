@@ -1,0 +1,326 @@
+"""The fake deployment's servers: what each answers on which path.
+
+One `FakeServer` per instance (head, agent, environment, resources, model); all share one
+`DeploymentState` (spec, stats, config text, fault callable). Endpoints, as NeMo Gym's:
+
+=================  ======================================  ================================
+every server       ``GET /``                               ``{"status": "ok"}``
+head               ``GET /global_config_dict_yaml``        the config, YAML inside a JSON string
+head (ours)        ``GET /_fake/stats``, ``/_fake/runs``   counters; the detailed /run log
+agent, environment ``POST /run``, ``POST /aggregate_metrics``
+resources          ``POST /aggregate_metrics``
+model              ``GET /metrics``                        vLLM gauges (Prometheus text)
+=================  ======================================  ================================
+
+A handler that raises answers 500 with a JSON string body, as Gym servers do; 422 bodies are
+shaped like FastAPI's.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import Any
+
+import attrs
+import orjson
+import trio
+from attrs import define
+
+from .aggregate import aggregate_metrics
+from .faults import Fault, FaultContext, FaultFn, FaultKind, row_fault
+from .httpserver import Action, Reply, Request
+from .policy import MODEL_ID, answer_row, build_response
+from .spec import AgentSpec, DeploymentSpec
+from .stats import FakeStats, RunSeen
+
+__all__ = ["DeploymentState", "FakeServer", "Role"]
+
+_OK = orjson.dumps({"status": "ok"})
+
+
+class Role(enum.Enum):
+    """What a fake server instance is."""
+
+    HEAD = "head_server"
+    AGENT = "responses_api_agents"
+    ENVIRONMENT = "environment_servers"
+    RESOURCES = "resources_servers"
+    MODEL = "responses_api_models"
+
+
+@define
+class DeploymentState:
+    """What every server of one fake deployment shares (mutable on purpose: tests tweak it)."""
+
+    spec: DeploymentSpec
+    stats: FakeStats
+    config_yaml: str = ""
+    fault_fn: FaultFn | None = None
+
+
+def _detail(kind: str, loc: list[Any], msg: str, value: Any) -> Reply:
+    body = {"detail": [{"type": kind, "loc": loc, "msg": msg, "input": value}]}
+    return Reply(status=422, body=orjson.dumps(body))
+
+
+def parse_object(body: bytes, required: str) -> dict[str, Any] | Reply:
+    """Return the JSON object in ``body``, or the 422 reply FastAPI would give."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        err = {"type": "json_invalid", "loc": ["body", 0], "msg": "JSON decode error", "input": {}}
+        return Reply(
+            status=422, body=orjson.dumps({"detail": [err | {"ctx": {"error": str(exc)}}]})
+        )
+    msg = "Input should be a valid dictionary or object to extract fields from"
+    if not isinstance(data, dict):
+        return _detail("model_attributes_type", ["body"], msg, data)
+    if required not in data:
+        return _detail("missing", ["body", required], "Field required", data)
+    return data
+
+
+def _index(row: Mapping[str, Any], key: str) -> int:
+    value = row.get(key, 0)
+    return value if isinstance(value, int) else 0
+
+
+class FakeServer:
+    """One fake server instance; `handle` is its HTTP handler."""
+
+    def __init__(
+        self, name: str, role: Role, state: DeploymentState, agent: AgentSpec | None = None
+    ) -> None:
+        self.name = name
+        self.role = role
+        self.state = state
+        self.agent = agent
+        self._routes = self._route_table()
+
+    def _route_table(self) -> dict[tuple[str, str], Callable[[Request], Awaitable[Reply]]]:
+        routes: dict[tuple[str, str], Callable[[Request], Awaitable[Reply]]] = {
+            ("GET", "/"): self._ok
+        }
+        if self.role is Role.HEAD:
+            routes[("GET", "/global_config_dict_yaml")] = self._config
+            routes[("GET", "/_fake/stats")] = self._stats
+            routes[("GET", "/_fake/runs")] = self._runs
+        if self.role in (Role.AGENT, Role.ENVIRONMENT):
+            routes[("POST", "/run")] = self._run
+        if self.role in (Role.AGENT, Role.ENVIRONMENT, Role.RESOURCES):
+            routes[("POST", "/aggregate_metrics")] = self._aggregate
+        if self.role is Role.MODEL:
+            routes[("GET", "/metrics")] = self._metrics
+        return routes
+
+    async def handle(self, request: Request) -> Reply:
+        """Answer one request (never raises except for cancellation).
+
+        Cancellation:
+            A checkpoint only where the endpoint waits (``/run`` latency); a cancelled
+            ``/run`` is no longer counted in flight. Nothing else is left behind.
+        """
+        stats = self.state.stats
+        stats.by_path[request.path] += 1
+        reply = await self._dispatch(request)
+        if reply.action is Action.SEND:
+            stats.by_status[reply.status] += 1
+        return reply
+
+    async def _dispatch(self, request: Request) -> Reply:
+        route = self._routes.get((request.method, request.path))
+        if route is None:
+            known = any(path == request.path for _, path in self._routes)
+            status, detail = (405, "Method Not Allowed") if known else (404, "Not Found")
+            return Reply(status=status, body=orjson.dumps({"detail": detail}))
+        try:
+            return await route(request)
+        except Exception as exc:
+            role = self.role.name.title()
+            message = f"Hit an exception in Fake{role}___{self.name}: {type(exc).__name__}: {exc}"
+            return Reply(status=500, body=orjson.dumps(message))
+
+    async def _ok(self, request: Request) -> Reply:
+        return Reply(body=_OK)
+
+    async def _config(self, request: Request) -> Reply:
+        return Reply(body=orjson.dumps(self.state.config_yaml))
+
+    async def _stats(self, request: Request) -> Reply:
+        return Reply(body=orjson.dumps(self.state.stats.to_json()))
+
+    async def _runs(self, request: Request) -> Reply:
+        runs = [
+            [s.server, s.agent, s.task_index, s.rollout_index, s.attempt_index, s.fault]
+            for s in self.state.stats.runs
+        ]
+        return Reply(body=orjson.dumps(runs))
+
+    async def _metrics(self, request: Request) -> Reply:
+        return Reply(body=vllm_metrics(self.state), content_type="text/plain; version=0.0.4")
+
+    async def _aggregate(self, request: Request) -> Reply:
+        data = parse_object(request.body, "verify_responses")
+        if isinstance(data, Reply):
+            return data
+        rows = data["verify_responses"]
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            return _detail(
+                "list_type", ["body", "verify_responses"], "Input should be a valid list", rows
+            )
+        return Reply(body=orjson.dumps(aggregate_metrics(rows)))
+
+    async def _run(self, request: Request) -> Reply:
+        row = parse_object(request.body, "responses_create_params")
+        if isinstance(row, Reply):
+            return row
+        if not isinstance(row["responses_create_params"], dict):
+            msg = "Input should be a valid dictionary or object to extract fields from"
+            loc = ["body", "responses_create_params"]
+            return _detail("model_attributes_type", loc, msg, row["responses_create_params"])
+        assert self.agent is not None  # only agent and environment servers route /run
+        context = FaultContext(
+            server=self.name,
+            agent=self.agent.name,
+            task_index=_index(row, "_ng_task_index"),
+            rollout_index=_index(row, "_ng_rollout_index"),
+            attempt_index=_index(row, "_ng_attempt_index"),
+            row=row,
+        )
+        fault = self._fault_for(context)
+        self.state.stats.run_seen(
+            RunSeen(
+                self.name,
+                context.agent,
+                context.task_index,
+                context.rollout_index,
+                context.attempt_index,
+                None if fault is None else fault.kind.value,
+            )
+        )
+        return await self._run_in_flight(row, context, fault)
+
+    def _fault_for(self, context: FaultContext) -> Fault | None:
+        fault = row_fault(context.row, context.attempt_index)
+        if fault is None and self.state.fault_fn is not None:
+            fault = self.state.fault_fn(context)
+        if fault is None:
+            assert self.agent is not None
+            plan = self.agent.faults or self.state.spec.faults
+            fault = plan.fault_for(context.task_index, context.rollout_index, context.attempt_index)
+        return fault
+
+    async def _run_in_flight(
+        self, row: dict[str, Any], context: FaultContext, fault: Fault | None
+    ) -> Reply:
+        stats = self.state.stats
+        stats.run_started(self.name)
+        done = partial(stats.run_ended, self.name)
+        try:
+            assert self.agent is not None
+            latency = self.agent.latency or self.state.spec.latency
+            delay = latency.delay_for(
+                context.task_index, context.rollout_index, context.attempt_index
+            )
+            delay += fault.delay_s if fault is not None else 0.0
+            if delay > 0:
+                await trio.sleep(delay)
+            if fault is None or fault.kind is FaultKind.LATENCY:
+                return Reply(body=orjson.dumps(self._result(row)), on_done=done)
+            return fault_reply(fault, row, self._result, on_done=done)
+        except BaseException:
+            done()
+            raise
+
+    def _result(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Return the success reply to ``row`` as a mapping."""
+        assert self.agent is not None
+        spec = self.state.spec
+        answer = answer_row(
+            row, agent=self.agent.name, accuracy=self.agent.accuracy, policy_seed=spec.policy_seed
+        )
+        response = build_response(row, answer, model=MODEL_ID)
+        if self.role is Role.AGENT:
+            return {**row, "response": response, "reward": answer.reward}
+        return {
+            "responses_create_params": row["responses_create_params"],
+            "response": response,
+            "reward": answer.reward,
+            "mask_sample": False,
+            "failure_kind": None,
+            "failure_reason": None,
+        }
+
+
+def _sentinel(
+    fault: Fault, row: dict[str, Any], result: Callable[[dict[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
+    params = {"responses_create_params": row["responses_create_params"]}
+    if fault.kind is FaultKind.NO_PERSIST:
+        extra = {} if fault.failure_class is None else {"_ng_failure_class": fault.failure_class}
+        return params | {"_ng_no_persist": True} | extra
+    if fault.kind is FaultKind.FAILURE_CLASS:
+        cls = fault.failure_class or "transient"
+        terminal = {"_ng_failure_terminal": True} if fault.terminal else {}
+        return (
+            params | {"_ng_failure_class": cls, "failure_reason": f"fake {cls} failure"} | terminal
+        )
+    reason = fault.body or f"fake {fault.kind.value}"
+    masked = {"reward": 0.0, "mask_sample": True, "failure_reason": reason}
+    if fault.kind is FaultKind.JUDGE_FAILED:
+        judge = {"failure_kind": "judge_failed", "_ng_failure_class": "judge_failed"}
+        return result(row) | masked | judge | {"_ng_failure_judge_error": reason}
+    return result(row) | masked | {"failure_kind": fault.failure_class or "session_lost"}
+
+
+def fault_reply(
+    fault: Fault,
+    row: dict[str, Any],
+    result: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    on_done: Callable[[], None] | None = None,
+) -> Reply:
+    """Return the reply that carries out ``fault`` for ``row``."""
+    return attrs.evolve(_fault_reply(fault, row, result), on_done=on_done)
+
+
+def _fault_reply(
+    fault: Fault, row: dict[str, Any], result: Callable[[dict[str, Any]], dict[str, Any]]
+) -> Reply:
+    kind = fault.kind
+    if kind is FaultKind.STATUS:
+        status = fault.status or 500
+        headers = () if fault.retry_after is None else (("retry-after", f"{fault.retry_after:g}"),)
+        body = orjson.dumps(fault.body or f"fake HTTP {status}")
+        return Reply(status=status, body=body, headers=headers)
+    if kind is FaultKind.OVERSIZED:
+        return Reply(status=fault.status or 500, body=b'"' + b"x" * max(fault.size - 2, 0) + b'"')
+    if kind is FaultKind.RESET_MID_REQUEST:
+        return Reply(action=Action.RESET)
+    if kind is FaultKind.RESET_MID_RESPONSE:
+        return Reply(body=orjson.dumps(result(row)), action=Action.RESET_MID_BODY)
+    if kind is FaultKind.HANG:
+        return Reply(action=Action.HANG)
+    if kind is FaultKind.NOT_JSON:
+        return Reply(body=b"<html>this is not JSON</html>")
+    if kind is FaultKind.NOT_OBJECT:
+        return Reply(body=b'["not", "an", "object"]')
+    return Reply(body=orjson.dumps(_sentinel(fault, row, result)))
+
+
+def vllm_metrics(state: DeploymentState) -> bytes:
+    """Return vLLM-style Prometheus gauges derived from the ``/run`` requests in flight."""
+    spec, busy = state.spec, state.stats.in_flight
+    running, waiting = min(busy, spec.max_running), max(busy - spec.max_running, 0)
+    label = f'{{model_name="{MODEL_ID}"}}'
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests currently running on GPU.",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{label} {float(running)}",
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{label} {float(waiting)}",
+    ]
+    return ("\n".join(lines) + "\n").encode()

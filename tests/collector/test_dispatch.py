@@ -1,0 +1,255 @@
+"""Tests of single-attempt dispatch: connect retries, backoff schedule, classification."""
+
+from __future__ import annotations
+
+import errno
+import random
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import orjson
+import pytest
+import trio
+import trio.testing
+
+from trollout.collector.dispatch import DispatchPolicy, dispatch
+from trollout.collector.transport import H11Transport
+from trollout.config import RunConfig
+from trollout.errors import ConfigError
+from trollout.records import Delivery, Failed, Landed, MaterializedRow
+
+URL = "http://agent:8000/run"
+ROW = MaterializedRow.from_body(
+    {
+        "responses_create_params": {"input": [{"role": "user", "content": "2+2?"}]},
+        "agent_ref": {"name": "math"},
+        "expected_answer": "4",
+        "_ng_task_index": 7,
+        "_ng_rollout_index": 3,
+    }
+)
+POLICY = DispatchPolicy(10.0, 60.0, 3, 30.0)
+Handler = Callable[[trio.SocketStream], Awaitable[None]]
+Step = Handler | str  # a server for the connection, "refuse" or "hang"
+
+
+class ScriptedTransport(H11Transport):
+    """A transport whose successive connects follow a script; connections are socket pairs."""
+
+    def __init__(self, nursery: trio.Nursery, script: list[Step], policy: DispatchPolicy) -> None:
+        super().__init__(connect_timeout_s=policy.connect_timeout_s, read_timeout_s=60.0)
+        self.nursery = nursery
+        self.script = script
+        self.connects: list[float] = []
+
+    async def _open_stream(self, host: str, port: int) -> trio.SocketStream:
+        self.connects.append(trio.current_time())
+        step = self.script.pop(0)
+        if step == "refuse":
+            raise OSError(errno.ECONNREFUSED, "Connection refused")
+        if step == "hang":
+            await trio.sleep_forever()
+        assert callable(step)
+        client, server = trio.socket.socketpair()
+        self.nursery.start_soon(_serve_one, step, trio.SocketStream(server))
+        return trio.SocketStream(client)
+
+
+async def _serve_one(handler: Handler, stream: trio.SocketStream) -> None:
+    async with stream:
+        await handler(stream)
+
+
+@asynccontextmanager
+async def scripted(script: list[Step], policy: DispatchPolicy) -> AsyncIterator[ScriptedTransport]:
+    """Open a ScriptedTransport whose servers stop when the block ends."""
+    async with trio.open_nursery() as nursery:
+        async with ScriptedTransport(nursery, script, policy) as transport:
+            yield transport
+        nursery.cancel_scope.cancel(reason="test over")
+
+
+def answer(status: int, body: bytes, seen: list[bytes] | None = None) -> Handler:
+    """Return a server that answers one request with `status` and `body`."""
+
+    async def handler(stream: trio.SocketStream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data or not data.endswith(b"}"):
+            data += await stream.receive_some(65536)
+        if seen is not None:
+            seen.append(data.partition(b"\r\n\r\n")[2])
+        head = f"HTTP/1.1 {status} X\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        await stream.send_all(head + body)
+
+    return handler
+
+
+def schedule(seed: int, retries: int, policy: DispatchPolicy = POLICY) -> list[float]:
+    """Return the virtual times of the connects, replaying the backoff draws of `seed`."""
+    rng, times, now = random.Random(seed), [0.0], 0.0
+    for retry in range(retries):
+        now += rng.uniform(0.0, min(policy.backoff_max_s, policy.backoff_base_s * 2.0**retry))
+        times.append(now)
+    return times
+
+
+# --- the policy -----------------------------------------------------------------------------
+
+
+def test_dispatch_policy_from_config_takes_run_settings() -> None:
+    """from_config copies the run's timeouts, retry count and grace."""
+    config = RunConfig(connect_timeout_s=2.0, read_timeout_s=90.0, max_connect_retries=1)
+    policy = DispatchPolicy.from_config(config, max_attempts=5)
+    assert policy == DispatchPolicy(2.0, 90.0, 1, config.dispatch_connect_grace_s, max_attempts=5)
+
+
+def test_dispatch_policy_rejects_negative_values() -> None:
+    """A negative retry count or zero timeout is refused with the setting's name."""
+    with pytest.raises(ConfigError, match=r"max_connect_retries must be >= 0 \(got -1\)"):
+        DispatchPolicy(1.0, 1.0, -1, 1.0)
+    with pytest.raises(ConfigError, match="connect_timeout_s must be > 0"):
+        DispatchPolicy(0.0, 1.0, 1, 1.0)
+
+
+def test_dispatch_policy_backoff_is_capped_full_jitter() -> None:
+    """Backoff n is uniform in [0, min(max, base * 2**n)]."""
+    policy = DispatchPolicy(1.0, 1.0, 10, 100.0, backoff_base_s=1.0, backoff_max_s=4.0)
+    rng = random.Random(1)
+    for retry, cap in [(0, 1.0), (1, 2.0), (2, 4.0), (5, 4.0)]:
+        draws = [policy.backoff_s(retry, rng) for _ in range(200)]
+        assert min(draws) >= 0.0
+        assert max(draws) <= cap
+        assert max(draws) > cap * 0.9
+
+
+# --- dispatch -----------------------------------------------------------------------------------
+
+
+async def test_dispatch_lands_a_reply_and_sends_the_row(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A 200 object lands; the body sent is the row plus the attempt index."""
+    seen: list[bytes] = []
+
+    async def slow_answer(stream: trio.SocketStream) -> None:
+        await trio.sleep(4)
+        await answer(200, b'{"reward": 1.0, "response": {}}', seen)(stream)
+
+    async with scripted([slow_answer], POLICY) as transport:
+        outcome = await dispatch(transport, URL, ROW, 2, POLICY, rng=random.Random(0))
+    assert isinstance(outcome, Landed)
+    assert (outcome.reward, outcome.attempt_index, outcome.elapsed_seconds) == (1.0, 2, 4.0)
+    assert orjson.loads(seen[0]) == {**ROW.body, "_ng_attempt_index": 2}
+
+
+async def test_dispatch_classifies_an_error_status(autojump_clock: trio.testing.MockClock) -> None:
+    """A 500 becomes agent_run_error with its body, without retrying."""
+    async with scripted([answer(500, b'"boom"')], POLICY) as transport:
+        outcome = await dispatch(transport, URL, ROW, 0, POLICY, rng=random.Random(0))
+    assert isinstance(outcome, Failed)
+    assert (outcome.failure_class, outcome.http_status, outcome.response_body) == (
+        "agent_run_error",
+        500,
+        '"boom"',
+    )
+    assert len(transport.connects) == 1
+
+
+async def test_dispatch_backoff_schedule_is_exact(autojump_clock: trio.testing.MockClock) -> None:
+    """Refused connects are retried max_connect_retries times at the seeded jitter times."""
+    async with scripted(["refuse"] * 4, POLICY) as transport:
+        outcome = await dispatch(transport, URL, ROW, 0, POLICY, rng=random.Random(42))
+    expected = schedule(42, 3)
+    assert transport.connects == pytest.approx(expected, abs=1e-9)
+    assert isinstance(outcome, Failed)
+    assert (outcome.failure_class, outcome.kind, outcome.delivery) == (
+        "agent_request_failed",
+        "connect",
+        Delivery.NOT_SENT,
+    )
+    assert outcome.elapsed_seconds == pytest.approx(expected[-1], abs=1e-9)
+    assert (outcome.message or "").endswith("(after 3 connect retries)")
+
+
+async def test_dispatch_lands_after_refused_connects(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A server that comes back within the grace period gets the request."""
+    script: list[Step] = ["refuse", "refuse", answer(200, b"{}")]
+    async with scripted(script, POLICY) as transport:
+        outcome = await dispatch(transport, URL, ROW, 0, POLICY, rng=random.Random(5))
+    assert isinstance(outcome, Landed)
+    assert transport.connects == pytest.approx(schedule(5, 2), abs=1e-9)
+
+
+async def test_dispatch_no_retry_starts_after_the_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Connect timeouts are retried only while the retry would start within the grace."""
+    policy = DispatchPolicy(10.0, 60.0, 5, 15.0)
+    async with scripted(["hang", "hang", "hang"], policy) as transport:
+        outcome = await dispatch(transport, URL, ROW, 0, policy, rng=random.Random(3))
+    first_delay = random.Random(3).uniform(0.0, 0.25)
+    assert transport.connects == pytest.approx([0.0, 10.0 + first_delay], abs=1e-9)
+    assert isinstance(outcome, Failed)
+    assert (outcome.kind, outcome.delivery) == ("connect_timeout", Delivery.NOT_SENT)
+    assert outcome.elapsed_seconds == pytest.approx(20.0 + first_delay, abs=1e-9)
+
+
+async def test_dispatch_never_resends_a_possibly_delivered_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A connection that breaks after the request went out ends the attempt at once."""
+
+    async def drop(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+
+    async with scripted([drop, answer(200, b"{}")], POLICY) as transport:
+        outcome = await dispatch(transport, URL, ROW, 0, POLICY, rng=random.Random(0))
+    assert isinstance(outcome, Failed)
+    assert (outcome.kind, outcome.delivery) == ("reset", Delivery.POSSIBLY_DELIVERED)
+    assert len(transport.connects) == 1
+
+
+async def test_dispatch_lets_cancellation_through(autojump_clock: trio.testing.MockClock) -> None:
+    """Cancelling a dispatch raises Cancelled (caught by the scope), never an outcome."""
+
+    async def hang(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    results: list[object] = []
+    async with scripted([hang], POLICY) as transport:
+        with trio.move_on_after(7) as scope:
+            results.append(await dispatch(transport, URL, ROW, 0, POLICY, rng=random.Random(0)))
+        assert transport.idle_connections() == 0
+    assert scope.cancelled_caught
+    assert results == []
+    assert trio.current_time() == 7.0
+
+
+async def test_dispatch_refuses_https_url() -> None:
+    """A URL the transport cannot speak is a ConfigError naming it, not a failed rollout."""
+    async with H11Transport(connect_timeout_s=1, read_timeout_s=1) as transport:
+        with pytest.raises(ConfigError, match="https://agent/run"):
+            await dispatch(transport, "https://agent/run", ROW, 0, POLICY, rng=random.Random(0))
+
+
+async def test_dispatch_refused_loopback_port_fails_not_sent() -> None:
+    """A closed loopback port is retried, then fails as connect / not_sent without spending."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    policy = DispatchPolicy(5.0, 5.0, 2, 5.0, backoff_base_s=0.001)
+    async with policy.make_transport() as transport:
+        outcome = await dispatch(
+            transport, f"http://127.0.0.1:{port}/run", ROW, 0, policy, rng=random.Random(0)
+        )
+    assert isinstance(outcome, Failed)
+    assert (outcome.kind, outcome.delivery, outcome.spends_attempt) == (
+        "connect",
+        Delivery.NOT_SENT,
+        False,
+    )
+    assert "Connection refused" in (outcome.message or "")
+    assert (outcome.message or "").endswith("(after 2 connect retries)")

@@ -1,0 +1,759 @@
+"""One test per preprocessing rule (protocol.md section 5, and sections 2-3 for routing)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from plan_router import TableRouter, direct_router
+
+from trollout.collector.deployment import Deployment
+from trollout.collector.plan import Plan, plan_rollouts, plan_rows, rollout_seed
+from trollout.config import RunConfig, SeedMode
+from trollout.errors import ConfigError, InputError
+from trollout.records import MaterializedRow
+
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "nemo_gym_0.7.0"
+
+
+def row(prompt: str = "q", agent: str | None = "alpha", **extra: Any) -> dict[str, Any]:
+    """Return a flat input row asking ``prompt``, routed to ``agent``."""
+    out: dict[str, Any] = {"responses_create_params": {"input": prompt}}
+    if agent is not None:
+        out["agent_ref"] = {"name": agent}
+    out.update(extra)
+    return out
+
+
+def write(tmp_path: Path, lines: list[Any], name: str = "in.jsonl") -> Path:
+    """Write lines (dicts as JSON, strings as written) to a JSONL file."""
+    path = tmp_path / name
+    text = "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def plan(tmp_path: Path, lines: list[Any], router: Any = None, **settings: Any) -> Plan:
+    """Plan a file made of ``lines`` with a direct router to alpha, beta, gamma."""
+    return plan_rollouts(write(tmp_path, lines), RunConfig(**settings), router or direct_router())
+
+
+def keys(p: Plan) -> list[tuple[int, int, str | None]]:
+    """Return (task, rollout, agent) of every planned row, in order."""
+    return [
+        (r.identity.task_index, r.identity.rollout_index, r.identity.agent_name) for r in p.rows()
+    ]
+
+
+def bodies(p: Plan) -> list[dict[str, Any]]:
+    """Return every planned body, in order."""
+    return [dict(r.body) for r in p.rows()]
+
+
+def problems_of(exc: pytest.ExceptionInfo[InputError]) -> list[str]:
+    """Return the problems an InputError carries."""
+    return list(exc.value.problems)
+
+
+def extra_body(r: MaterializedRow) -> dict[str, Any]:
+    """Return the parsed extra_body of a materialized row."""
+    return json.loads(r.body["responses_create_params"]["metadata"]["extra_body"])
+
+
+# --- task identity ------------------------------------------------------------------------
+
+
+def test_plan_identical_rows_are_one_task_with_rollouts_0_to_4(tmp_path: Path) -> None:
+    """Five identical rows become task 0 with rollouts 0..4 (num_repeats 1)."""
+    p = plan(tmp_path, [row()] * 5)
+    assert (p.tasks, p.expected) == (1, 5)
+    assert keys(p) == [(0, i, "alpha") for i in range(5)]
+
+
+def test_plan_identity_follows_raw_line_text(tmp_path: Path) -> None:
+    """Rows equal as JSON but written differently are different tasks (the raw line is the key)."""
+    p = plan(
+        tmp_path,
+        ['{"responses_create_params": {}, "a": 1}', '{"a": 1, "responses_create_params": {}}'],
+        agent_name="alpha",
+    )
+    assert keys(p) == [(0, 0, "alpha"), (1, 0, "alpha")]
+
+
+def test_plan_rows_identity_uses_sorted_json(tmp_path: Path) -> None:
+    """In-memory rows equal as JSON with sorted keys are one task."""
+    a = {"responses_create_params": {"x": 1, "y": 2}, "agent_ref": {"name": "beta"}}
+    b = {"agent_ref": {"name": "beta"}, "responses_create_params": {"y": 2, "x": 1}}
+    p = plan_rows([a, b], RunConfig(), direct_router())
+    assert keys(p) == [(0, 0, "beta"), (0, 1, "beta")]
+
+
+def test_plan_prestamped_task_index_kept(tmp_path: Path) -> None:
+    """A row's _ng_task_index is kept; rows stamped alike are one task, whatever they hold."""
+    p = plan(tmp_path, [row("a", _ng_task_index=7), row("b", _ng_task_index=7)])
+    assert keys(p) == [(7, 0, "alpha"), (7, 1, "alpha")]
+    assert p.tasks == 1
+
+
+def test_plan_unstamped_rows_take_next_free_index_skipping_later_stamps(tmp_path: Path) -> None:
+    """Unstamped rows take the smallest indices no row is stamped with, even stamps found later."""
+    lines = [row("a"), row("b"), row("c", _ng_task_index=0), row("d"), row("e", _ng_task_index=2)]
+    p = plan(tmp_path, lines)
+    assert [k[0] for k in keys(p)] == [1, 3, 0, 4, 2]
+    assert p.tasks == 5
+
+
+# --- limit and task_ids -------------------------------------------------------------------
+
+
+def test_plan_limit_counts_tasks_not_lines(tmp_path: Path) -> None:
+    """`limit 2` keeps every line of the first two tasks, duplicates included."""
+    p = plan(tmp_path, [row("a"), row("a"), row("a"), row("b"), row("c"), row("a")], limit=2)
+    assert (p.tasks, p.expected) == (2, 5)
+    assert keys(p) == [
+        (0, 0, "alpha"),
+        (0, 1, "alpha"),
+        (0, 2, "alpha"),
+        (1, 0, "alpha"),
+        (0, 3, "alpha"),
+    ]
+
+
+def test_plan_task_ids_keep_those_tasks_once_before_repetition(tmp_path: Path) -> None:
+    """`task_ids` keeps only the listed tasks, one line each, then applies num_repeats."""
+    lines = [row("a"), row("b"), row("b"), row("c"), row("a")]
+    p = plan(tmp_path, lines, task_ids=[1, 0], num_repeats=2)
+    assert (p.tasks, p.expected) == (2, 4)
+    assert keys(p) == [(0, 0, "alpha"), (0, 1, "alpha"), (1, 0, "alpha"), (1, 1, "alpha")]
+
+
+def test_plan_task_ids_not_in_input_refused(tmp_path: Path) -> None:
+    """A task id the input does not have is refused, naming the key."""
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row("a"), row("b")], task_ids=[1, 5])
+    assert problems_of(exc) == [
+        "task_ids: 5 is not a task of the input (it has 2 tasks); list existing task indices"
+    ]
+
+
+def test_plan_limit_then_task_ids(tmp_path: Path) -> None:
+    """With both, `limit` keeps the first N tasks, then `task_ids` picks among them."""
+    p = plan(tmp_path, [row("a"), row("b"), row("c")], limit=2, task_ids=[1, 2])
+    assert keys(p) == [(1, 0, "alpha")]
+
+
+# --- routing ------------------------------------------------------------------------------
+
+
+def test_plan_agent_name_overrides_agent_ref(tmp_path: Path) -> None:
+    """`agent_name` re-routes every row, whatever its agent_ref says."""
+    p = plan(tmp_path, [row("a", "alpha"), row("b", "beta"), row("c", None)], agent_name="gamma")
+    assert [k[2] for k in keys(p)] == ["gamma"] * 3
+    assert bodies(p)[0]["agent_ref"] == {"name": "gamma"}
+
+
+def test_plan_agent_ref_extra_fields_kept_only_for_same_agent(tmp_path: Path) -> None:
+    """agent_ref keeps extra fields (type) when the agent is unchanged, not when re-routed."""
+    ref = {"type": "responses_api_agents", "name": "alpha"}
+    kept = plan(tmp_path, [row("a", None, agent_ref=ref)])
+    assert bodies(kept)[0]["agent_ref"] == ref
+    moved = plan(tmp_path, [row("a", None, agent_ref=ref)], agent_map={"alpha": "beta"})
+    assert bodies(moved)[0]["agent_ref"] == {"name": "beta"}
+
+
+def test_plan_agent_map_precedence(tmp_path: Path) -> None:
+    """agent_map[agent] > agent_map[task_source] > agent_map._default > agent_ref."""
+    router = direct_router(datasets={"ds": ["alpha"]})
+    lines = [
+        row("1", "alpha", task_source="ds"),  # agent key wins over task_source key
+        row("2", "beta", task_source="ds"),  # task_source key wins over _default
+        row("3", "gamma"),  # only _default matches
+    ]
+    agent_map = {"alpha": "beta", "ds": "gamma", "_default": "alpha"}
+    p = plan(tmp_path, lines, router, agent_map=agent_map)
+    assert [k[2] for k in keys(p)] == ["beta", "gamma", "alpha"]
+    p = plan(tmp_path, [row("3", "gamma")], router, agent_map={"alpha": "beta"})
+    assert [k[2] for k in keys(p)] == ["gamma"]  # no key matches: the row's agent_ref
+
+
+def test_plan_task_source_resolution(tmp_path: Path) -> None:
+    """A row without agent_ref goes to the one agent declaring a dataset named its task_source."""
+    router = direct_router(datasets={"math": ["beta"], "both": ["alpha", "gamma"]})
+    p = plan(tmp_path, [row("a", None, task_source="math")], router)
+    assert keys(p) == [(0, 0, "beta")]
+    assert p.rows().__next__().identity.task_source == "math"
+    with pytest.raises(InputError) as exc:
+        plan(
+            tmp_path,
+            [
+                row("a", None, task_source="both"),
+                row("b", None, task_source="nope"),
+                row("c", None),
+            ],
+            router,
+        )
+    path = tmp_path / "in.jsonl"
+    assert problems_of(exc) == [
+        f"{path}:1: task_source 'both' is a dataset of ['alpha', 'gamma']",
+        f"{path}:2: no agent: no agent_ref.name, and no agent declares a dataset named "
+        "task_source 'nope'; add agent_ref.name to the rows, or pass +agent_name=<agent>",
+        f"{path}:3: no agent: no agent_ref.name, no task_source; add agent_ref.name to the "
+        "rows, or pass +agent_name=<agent>",
+    ]
+
+
+def test_plan_allowed_agents_refusal(tmp_path: Path) -> None:
+    """An agent a dataset's allowed_agents leaves out is refused before dispatch."""
+    router = direct_router(allowed={"ds": {"alpha"}})
+    assert plan(tmp_path, [row("a", "alpha", task_source="ds")], router).expected == 1
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row("a", "beta", task_source="ds")] * 2, router)
+    assert problems_of(exc) == [
+        f"2 rows, first at {tmp_path / 'in.jsonl'}:1: agent 'beta' (from agent_ref.name) is not "
+        "admitted: dataset 'ds' does not admit agent 'beta' (allowed_agents); route these rows "
+        "to another agent"
+    ]
+
+
+def test_plan_unknown_agents_all_in_one_error(tmp_path: Path) -> None:
+    """Every unknown agent is reported once, with a count and its first line, in one error."""
+    lines = [row("a", "zeta"), row("b", "alpha"), row("c", "omega"), row("d", "zeta"), "{oops"]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, lines)
+    path = tmp_path / "in.jsonl"
+    problems = problems_of(exc)
+    assert problems[0].startswith(f"{path}:5: not valid JSON (")
+    assert problems[1:] == [
+        f"2 rows, first at {path}:1: unknown agent 'zeta' (from agent_ref.name); known agents: "
+        "alpha, beta, gamma; fix agent_ref.name, or map it with +agent_map={zeta:<agent>}",
+        f"{path}:3: unknown agent 'omega' (from agent_ref.name); known agents: alpha, beta, "
+        "gamma; fix agent_ref.name, or map it with +agent_map={omega:<agent>}",
+    ]
+    assert str(exc.value).endswith("(and 2 more problems)")
+
+
+def test_plan_unknown_agent_from_settings_names_the_key(tmp_path: Path) -> None:
+    """An unknown agent chosen by agent_name or fan_out names that setting as the fix."""
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row("a")], fan_out={"alpha": ["beta", "nobody"]})
+    assert problems_of(exc)[0].endswith("known agents: alpha, beta, gamma; fix fan_out.alpha")
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row("a")], agent_name="nobody")
+    assert problems_of(exc)[0].endswith("; fix agent_name")
+
+
+def test_plan_fan_out_times_repeats_numbering(tmp_path: Path) -> None:
+    """fan_out {x: [a, b]} with 2 repeats: a gets rollouts 0, 1 and b gets 2, 3."""
+    p = plan(tmp_path, [row("q", "x")], fan_out={"x": ["alpha", "beta"]}, num_repeats=2)
+    assert keys(p) == [(0, 0, "alpha"), (0, 1, "alpha"), (0, 2, "beta"), (0, 3, "beta")]
+
+
+def test_plan_fan_out_by_task_source_and_across_identical_rows(tmp_path: Path) -> None:
+    """A fan-out keyed by task_source matches, and numbering continues across identical rows."""
+    lines = [row("q", None, task_source="ds")] * 2
+    p = plan(tmp_path, lines, fan_out={"ds": ["gamma", "alpha"]})
+    assert keys(p) == [(0, 0, "gamma"), (0, 1, "alpha"), (0, 2, "gamma"), (0, 3, "alpha")]
+
+
+def test_plan_per_agent_num_repeats_with_default(tmp_path: Path) -> None:
+    """num_repeats {agent: n, _default: m}: listed agents get n, others m."""
+    lines = [row("a", "alpha"), row("b", "beta")]
+    p = plan(tmp_path, lines, num_repeats={"alpha": 3, "_default": 2})
+    assert keys(p) == [
+        (0, 0, "alpha"),
+        (0, 1, "alpha"),
+        (0, 2, "alpha"),
+        (1, 0, "beta"),
+        (1, 1, "beta"),
+    ]
+    assert plan(tmp_path, lines, num_repeats={"alpha": 2}).expected == 3  # no _default: 1
+
+
+def test_plan_num_repeats_below_one_refused_per_agent(tmp_path: Path) -> None:
+    """A per-agent num_repeats below 1 is refused naming its key, with the row problems."""
+    config = RunConfig(num_repeats={"alpha": 0, "_default": 2, "beta": -1})
+    with pytest.raises(InputError) as exc:
+        plan_rollouts(write(tmp_path, [row()]), config, direct_router())
+    assert problems_of(exc) == [
+        "num_repeats.alpha must be an integer >= 1 (got 0); use 1 or more",
+        "num_repeats.beta must be an integer >= 1 (got -1); use 1 or more",
+    ]
+    with pytest.raises(ConfigError):
+        RunConfig(num_repeats=0).validate()
+
+
+def test_plan_routing_agent_mode_stamps_fronting_environment_server(tmp_path: Path) -> None:
+    """In agent mode a flat row goes to the environment server fronting its agent."""
+    router = TableRouter(
+        agents={"alpha": "env_a", "beta": None}, environments={"env_a": "legacy_agent"}
+    )
+    [a, b] = plan(tmp_path, [row("a", "alpha"), row("b", "beta")], router).rows()
+    assert a.body["_ng_environment_server"] == "env_a"
+    assert (a.identity.environment_server, a.identity.result_type) == ("env_a", "legacy_agent")
+    assert "_ng_result_type" not in a.body
+    assert "_ng_environment_server" not in b.body
+    assert b.identity.environment_server is None
+
+
+def test_plan_routing_legacy_mode_sends_flat_rows_to_named_server(tmp_path: Path) -> None:
+    """In legacy mode every flat row goes to environment_server_name, keeping its agent."""
+    router = TableRouter(
+        agents={"alpha": "env_a"}, environments={"env_a": "x", "old": "legacy_agent"}
+    )
+    p = plan(
+        tmp_path, [row()], router, environment_routing_mode="legacy", environment_server_name="old"
+    )
+    [r] = p.rows()
+    assert (r.identity.agent_name, r.identity.environment_server, r.identity.result_type) == (
+        "alpha",
+        "old",
+        "legacy_agent",
+    )
+    with pytest.raises(InputError) as exc:
+        plan(
+            tmp_path,
+            [row()],
+            router,
+            environment_routing_mode="legacy",
+            environment_server_name="gone",
+        )
+    assert problems_of(exc) == ["environment_server_name: unknown environment server 'gone'"]
+
+
+def test_plan_routing_taskset_mode_refuses_flat_rows(tmp_path: Path) -> None:
+    """In taskset mode flat rows are refused (once, with a count); task rows still route."""
+    task = {"task_id": {"taskset": "ts", "task_id": "1"}, "task_input": {"q": 1}}
+    router = TableRouter(agents={"alpha": None}, environments={"env_t": "episode"})
+    settings = {"environment_routing_mode": "taskset", "environment_server_routes": {"ts": "env_t"}}
+    assert plan(tmp_path, [task], router, **settings).expected == 1
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [task, row(), row("b")], router, **settings)
+    assert problems_of(exc) == [
+        f"2 rows, first at {tmp_path / 'in.jsonl'}:2: flat rows (no task_id), but "
+        "environment_routing_mode is 'taskset'; convert them to task rows, or pass "
+        "+environment_routing_mode=agent"
+    ]
+
+
+def test_plan_task_rows_routed_by_taskset(tmp_path: Path) -> None:
+    """A task row names no agent and goes to environment_server_routes[taskset]."""
+    task = {
+        "task_id": {"taskset": "ts", "task_id": "7"},
+        "task_input": {"q": 1},
+        "agent_ref": {"name": "alpha"},
+    }
+    router = TableRouter(agents={"alpha": "env_a"}, environments={"env_a": "x", "env_t": "episode"})
+    p = plan(
+        tmp_path,
+        [task],
+        router,
+        environment_server_routes={"ts": "env_t"},
+        num_repeats={"alpha": 5, "_default": 2},
+    )
+    [r0, r1] = p.rows()
+    assert r0.identity.agent_name is None
+    assert (r0.identity.environment_server, r0.identity.result_type) == ("env_t", "episode")
+    assert "agent_ref" not in r0.body
+    assert r0.body == {
+        "task_id": task["task_id"],
+        "task_input": {"q": 1},
+        "_ng_task_index": 0,
+        "_ng_rollout_index": 0,
+        "_ng_environment_server": "env_t",
+    }
+    assert r1.identity.rollout_index == 1
+
+
+def test_plan_task_rows_missing_route_refused(tmp_path: Path) -> None:
+    """A task row whose taskset has no route is refused, once per taskset, with the fix."""
+    task = {"task_id": {"taskset": "ts", "task_id": "1"}, "task_input": {}}
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [task, task], environment_server_routes={"other": "env"})
+    assert problems_of(exc) == [
+        f"2 rows, first at {tmp_path / 'in.jsonl'}:1: task rows of taskset 'ts' have no route "
+        "in environment_server_routes; pass +environment_server_routes={ts:<environment server>}"
+    ]
+
+
+def test_plan_task_row_shape_checked(tmp_path: Path) -> None:
+    """A task row needs a non-empty taskset and a task_input."""
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [{"task_id": {"taskset": ""}}])
+    path = tmp_path / "in.jsonl"
+    assert problems_of(exc) == [
+        f"{path}:1: task_id.taskset must be a non-empty string (got ''); fix the task row",
+        f"{path}:1: task row has task_id but no task_input; add task_input",
+    ]
+
+
+# --- line checks --------------------------------------------------------------------------
+
+
+def test_plan_malformed_line_names_file_and_line(tmp_path: Path) -> None:
+    """A malformed line and a non-object line are errors naming file:line."""
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row(), '{"responses_create_params": ', "[1, 2]"])
+    path = tmp_path / "in.jsonl"
+    [bad, array] = problems_of(exc)
+    assert re.fullmatch(
+        rf"{re.escape(str(path))}:2: not valid JSON \(.+\); fix or remove the line", bad
+    )
+    assert array == f"{path}:3: expected a JSON object, got list; each line must be one object"
+
+
+def test_plan_blank_lines_skipped(tmp_path: Path) -> None:
+    """Blank and whitespace-only lines are skipped; line numbers still count them."""
+    p = plan(tmp_path, ["", json.dumps(row("a")), "   ", "\t", json.dumps(row("b"))])
+    assert keys(p) == [(0, 0, "alpha"), (1, 0, "alpha")]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, ["", "", "nope"])
+    assert problems_of(exc)[0].startswith(f"{tmp_path / 'in.jsonl'}:3: not valid JSON")
+
+
+def test_plan_missing_responses_create_params_refused(tmp_path: Path) -> None:
+    """A flat row without responses_create_params (or with a non-object) is refused."""
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [{"agent_ref": {"name": "alpha"}}, row(), {"responses_create_params": [1]}])
+    path = tmp_path / "in.jsonl"
+    assert problems_of(exc) == [
+        f"{path}:1: missing responses_create_params (every server answers 422 without it); "
+        "add it or remove the line",
+        f"{path}:3: responses_create_params must be an object (got list); fix the row",
+    ]
+
+
+def test_plan_rollout_id_with_attempt_suffix_refused(tmp_path: Path) -> None:
+    """An explicit _ng_rollout_id ending in -a<digits> (or malformed) is refused at load."""
+    lines = [
+        row("a", _ng_rollout_id="my-a3"),
+        row("b", _ng_rollout_id="-bad"),
+        row("c", _ng_rollout_id="a-ab"),
+    ]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, lines)
+    path = tmp_path / "in.jsonl"
+    assert problems_of(exc) == [
+        f"{path}:1: _ng_rollout_id 'my-a3' ends in '-a<digits>', which is reserved for attempt "
+        "numbers; rename it",
+        f"{path}:2: _ng_rollout_id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$ (got '-bad'); use "
+        "letters, digits, '.', '_' and '-'",
+    ]
+
+
+def test_plan_explicit_rollout_id_kept_on_row_and_identity(tmp_path: Path) -> None:
+    """An explicit _ng_rollout_id travels on the body and in the Identity."""
+    [r] = plan(tmp_path, [row(_ng_rollout_id="run.7_x")]).rows()
+    assert r.body["_ng_rollout_id"] == "run.7_x"
+    assert r.identity.rollout_id == "run.7_x"
+    assert r.identity.rollout_id_for(2) == "run.7_x-a2"
+
+
+def test_plan_bad_task_index_refused(tmp_path: Path) -> None:
+    """A pre-stamped _ng_task_index must be a non-negative integer."""
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row(_ng_task_index=-1), row(_ng_task_index="3"), row(_ng_task_index=True)])
+    assert [p.split(": ", 1)[1] for p in problems_of(exc)] == [
+        "_ng_task_index must be an integer >= 0 (got -1); fix it or remove the key",
+        "_ng_task_index must be an integer >= 0 (got '3'); fix it or remove the key",
+        "_ng_task_index must be an integer >= 0 (got True); fix it or remove the key",
+    ]
+
+
+def test_plan_missing_input_file_refused(tmp_path: Path) -> None:
+    """A missing input file is an InputError naming the path."""
+    with pytest.raises(InputError, match=r"cannot read the input file"):
+        plan_rollouts(tmp_path / "absent.jsonl", RunConfig(), direct_router())
+
+
+def test_plan_every_problem_names_a_place_and_a_remedy(tmp_path: Path) -> None:
+    """Every problem line names file:line or a setting, and ends with what to do."""
+    lines = [
+        "{",
+        "3",
+        {"agent_ref": {"name": "alpha"}},
+        row(agent="nobody"),
+        row(_ng_rollout_id="x-a1"),
+    ]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, lines, num_repeats={"beta": 0}, fan_out={"x": []})
+    path = str(tmp_path / "in.jsonl")
+    for problem in problems_of(exc):
+        place = (
+            problem.startswith((path + ":", "num_repeats.", "fan_out.")) or f"at {path}:" in problem
+        )
+        assert place, problem
+        assert re.search(r"; [a-z].*$", problem), problem
+    assert len(problems_of(exc)) == 7
+
+
+def test_plan_rows_in_memory_problems_named_by_index() -> None:
+    """In-memory rows that are not JSON objects are named rows[i]."""
+    with pytest.raises(InputError) as exc:
+        plan_rows(
+            [row(), "text", {"responses_create_params": {"x": {1, 2}}}],
+            RunConfig(),
+            direct_router(),
+        )
+    [a, b] = problems_of(exc)
+    assert a == "rows[1]: expected a mapping, got str; pass dicts"
+    assert b.startswith("rows[2]: not JSON-serializable (")
+
+
+# --- seeds and overrides ------------------------------------------------------------------
+
+
+def test_plan_seed_extra_body_string_keeps_existing_json(tmp_path: Path) -> None:
+    """The seed joins an existing extra_body (string or object) as a JSON string."""
+    as_text = row(
+        "a",
+        responses_create_params={
+            "input": "a",
+            "metadata": {"extra_body": '{"top_k": 5, "seed": 99}', "tag": "t"},
+        },
+    )
+    as_obj = row("b", responses_create_params={"input": "b", "metadata": {"extra_body": {"n": 2}}})
+    none = row("c")
+    [a, b, c] = plan(tmp_path, [as_text, as_obj, none], num_repeats_add_seed=True).rows()
+    assert isinstance(a.body["responses_create_params"]["metadata"]["extra_body"], str)
+    assert extra_body(a) == {"top_k": 5, "seed": rollout_seed(0, 0, 0)}
+    assert a.body["responses_create_params"]["metadata"]["tag"] == "t"
+    assert extra_body(b) == {"n": 2, "seed": rollout_seed(0, 1, 0)}
+    assert extra_body(c) == {"seed": rollout_seed(0, 2, 0)}
+    assert c.body["responses_create_params"]["metadata"]["extra_body"] == json.dumps(
+        {"seed": rollout_seed(0, 2, 0)}
+    )
+
+
+def test_plan_seed_unusable_extra_body_refused(tmp_path: Path) -> None:
+    """With seeds on, an extra_body that is not a JSON object is refused (off: left alone)."""
+    bad = row(responses_create_params={"input": "a", "metadata": {"extra_body": "[1]"}})
+    assert plan(tmp_path, [bad]).expected == 1
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [bad], num_repeats_add_seed=True)
+    assert problems_of(exc) == [
+        f"{tmp_path / 'in.jsonl'}:1: responses_create_params.metadata.extra_body must be an "
+        "object (extra_body: or a string holding a JSON object) to add the seed (got '[1]'); "
+        "fix it, or turn num_repeats_add_seed off"
+    ]
+
+
+def test_plan_seed_mode_rollout_index(tmp_path: Path) -> None:
+    """seed_mode rollout-index gives NeMo Gym's seed = rollout index, the same on every task."""
+    p = plan(
+        tmp_path,
+        [row("a"), row("b")],
+        num_repeats=3,
+        num_repeats_add_seed=True,
+        seed_mode=SeedMode.ROLLOUT_INDEX,
+    )
+    assert [extra_body(r)["seed"] for r in p.rows()] == [0, 1, 2, 0, 1, 2]
+
+
+def test_plan_seeds_differ_across_tasks_by_default(tmp_path: Path) -> None:
+    """Default seeds hash (run seed, task, rollout): distinct across tasks and run seeds."""
+    p = plan(tmp_path, [row(str(i)) for i in range(20)], num_repeats=3, num_repeats_add_seed=True)
+    seeds = [extra_body(r)["seed"] for r in p.rows()]
+    assert len(set(seeds)) == 60
+    assert all(0 <= s < 2**31 for s in seeds)
+    other = plan(tmp_path, [row("0")], num_repeats_add_seed=True, seed=1)
+    assert extra_body(next(other.rows()))["seed"] != seeds[0]
+
+
+def test_plan_seed_function_is_the_documented_formula() -> None:
+    """rollout_seed is sha256 of 'trollout-seed:{seed}:{task}:{rollout}', 8 bytes, mod 2**31."""
+    digest = hashlib.sha256(b"trollout-seed:-4:12:3").digest()
+    assert rollout_seed(-4, 12, 3) == int.from_bytes(digest[:8], "big") % 2**31
+    assert rollout_seed(0, 0, 0) == 2054350858  # pinned: part of every run's identity
+
+
+def test_plan_overrides_shallow_merged(tmp_path: Path) -> None:
+    """Run-level responses_create_params win per top-level key; other keys stay."""
+    r = row(responses_create_params={"input": "x", "temperature": 0.1, "metadata": {"a": 1}})
+    overrides = {"temperature": 0.7, "metadata": {"b": 2}, "max_output_tokens": 64}
+    [m] = plan(tmp_path, [r], responses_create_params=overrides).rows()
+    assert m.body["responses_create_params"] == {
+        "input": "x",
+        "temperature": 0.7,
+        "metadata": {"b": 2},
+        "max_output_tokens": 64,
+    }
+
+
+def test_plan_overrides_then_seed(tmp_path: Path) -> None:
+    """The seed is added after the override, so it survives an overriding metadata."""
+    overrides = {"metadata": {"extra_body": '{"k": 1}'}}
+    [m] = plan(
+        tmp_path, [row()], responses_create_params=overrides, num_repeats_add_seed=True
+    ).rows()
+    assert extra_body(m) == {"k": 1, "seed": rollout_seed(0, 0, 0)}
+
+
+# --- orders -------------------------------------------------------------------------------
+
+
+def test_plan_default_order_is_aabbcc(tmp_path: Path) -> None:
+    """By default every rollout of a row comes before the next row."""
+    p = plan(tmp_path, [row("a"), row("b"), row("c")], num_repeats=2)
+    assert [k[:2] for k in keys(p)] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+
+
+def test_plan_interleave_order_is_abcabc(tmp_path: Path) -> None:
+    """interleave_repeats emits repeat 0 of every row, then repeat 1, with the same numbering."""
+    lines = [row("a"), row("b", "beta"), row("c")]
+    p = plan(tmp_path, lines, num_repeats={"beta": 1, "_default": 2}, interleave_repeats=True)
+    assert [k[:2] for k in keys(p)] == [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1)]
+
+
+def test_plan_round_robin_by_agent_in_order_of_first_appearance(tmp_path: Path) -> None:
+    """round_robin_agents alternates agents in order of first appearance, then drains the rest."""
+    lines = [
+        row("1", "beta"),
+        row("2", "beta"),
+        row("3", "alpha"),
+        row("4", "beta"),
+        row("5", "gamma"),
+    ]
+    p = plan(tmp_path, lines, round_robin_agents=True)
+    assert keys(p) == [
+        (0, 0, "beta"),
+        (2, 0, "alpha"),
+        (4, 0, "gamma"),
+        (1, 0, "beta"),
+        (3, 0, "beta"),
+    ]
+
+
+def test_plan_orders_never_change_numbering(tmp_path: Path) -> None:
+    """Every ordering yields the same (task, rollout) -> body rows, only permuted."""
+    lines = [row("a"), row("b", "beta"), row("a"), row("c", "gamma")]
+    base = {"num_repeats": 2, "num_repeats_add_seed": True, "fan_out": {"gamma": ["alpha", "beta"]}}
+    runs = [
+        {
+            json.dumps(dict(r.body), sort_keys=True)
+            for r in plan(
+                tmp_path, lines, interleave_repeats=i, round_robin_agents=rr, **base
+            ).rows()
+        }
+        for i in (False, True)
+        for rr in (False, True)
+    ]
+    assert all(run == runs[0] for run in runs)
+    assert len(runs[0]) == 10
+
+
+def test_plan_rows_is_reiterable_and_refuses_a_changed_file(tmp_path: Path) -> None:
+    """rows() streams the same rows on every call; a changed input file is refused."""
+    p = plan(tmp_path, [row("a"), row("b")])
+    assert keys(p) == keys(p)
+    path = tmp_path / "in.jsonl"
+    with path.open("a") as f:
+        f.write(json.dumps(row("c")) + "\n")
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(InputError, match="changed after it was planned"):
+        list(p.rows())
+
+
+# --- stale keys ---------------------------------------------------------------------------
+
+
+def test_plan_stale_collector_keys_stripped(tmp_path: Path) -> None:
+    """Every _ng_* key except _ng_task_index and _ng_rollout_id is stripped from input rows."""
+    stale = row(
+        _ng_failure_class="transient",
+        _ng_no_persist=True,
+        _ng_attempt_index=2,
+        _ng_environment_server="old_env",
+        _ng_result_type="old",
+        _ng_task_index=4,
+        _ng_rollout_id="keep-me",
+    )
+    [r] = plan(tmp_path, [stale]).rows()
+    assert sorted(k for k in r.body if k.startswith("_ng_")) == [
+        "_ng_rollout_id",
+        "_ng_rollout_index",
+        "_ng_task_index",
+    ]
+    assert (r.identity.task_index, r.identity.environment_server) == (4, None)
+
+
+def test_plan_stale_reward_and_response_stripped_only_from_output_rows(tmp_path: Path) -> None:
+    """reward/response are dropped from rows an earlier run wrote (_ng_rollout_index), else kept."""
+    output_row = row("a", reward=1.0, response={"id": "r"}, _ng_task_index=0, _ng_rollout_index=3)
+    dataset_row = row("b", reward=0.5, response="reference answer")
+    [a, b] = plan(tmp_path, [output_row, dataset_row]).rows()
+    assert "reward" not in a.body
+    assert "response" not in a.body
+    assert a.identity.key == (0, 0)  # the old rollout index is not reused
+    assert (b.body["reward"], b.body["response"]) == (0.5, "reference answer")
+
+
+def test_plan_body_identity_round_trips(tmp_path: Path) -> None:
+    """Reading a materialized body back gives its Identity (result_type is not on the body)."""
+    router = TableRouter(agents={"alpha": "env_a"}, environments={"env_a": "legacy_agent"})
+    lines = [row("a", task_source="ds", _ng_rollout_id="r1"), row("b")]
+    for r in plan(tmp_path, lines, router, num_repeats=2).rows():
+        back = MaterializedRow.from_body(r.body).identity
+        assert back == attrs.evolve(r.identity, result_type=None)
+        assert r.identity.result_type == "legacy_agent"
+
+
+# --- compatibility ------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not REFERENCE.is_dir(), reason="NeMo Gym reference files are absent")
+def test_plan_matches_nemo_gym_materialized_inputs() -> None:
+    """NeMo Gym 0.7.0's own input file plans to its materialized rows, key by key."""
+    agent = "example_single_tool_call_simple_agent"
+    p = plan_rollouts(
+        REFERENCE / "inputs.jsonl", RunConfig(agent_name=agent), direct_router([agent])
+    )
+    expected = [
+        json.loads(line)
+        for line in (REFERENCE / "rollouts_materialized_inputs.jsonl").read_text().splitlines()
+    ]
+    got = bodies(p)
+    assert got == expected
+    assert [list(g) for g in got] == [list(e) for e in expected]  # same key order
+
+
+def test_plan_routes_with_the_real_deployment() -> None:
+    """`Deployment` serves as the router: task_source owner, environment server, admission."""
+    agent = {
+        "host": "127.0.0.1",
+        "port": 1,
+        "datasets": [{"name": "math", "allowed_agents": ["simple"]}],
+    }
+    env = {
+        "host": "127.0.0.1",
+        "port": 3,
+        "agent_server": {"type": "responses_api_agents", "name": "simple"},
+    }
+    deployment = Deployment.from_config(
+        {
+            "simple": {"responses_api_agents": {"simple_agent": agent}},
+            "other": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": 2}}},
+            "env": {"environment_servers": {"legacy_agent": env}},
+        }
+    )
+    rows = [
+        {"responses_create_params": {}, "task_source": "math"},
+        {"responses_create_params": {}, "agent_ref": {"name": "other"}},
+        {"task_id": {"taskset": "ts", "task_id": 1}, "task_input": {}},
+    ]
+    p = plan_rows(rows, RunConfig(environment_server_routes={"ts": "env"}), deployment)
+    assert [
+        (r.identity.agent_name, r.identity.environment_server, r.identity.result_type)
+        for r in p.rows()
+    ] == [
+        ("simple", "env", "legacy_agent"),
+        ("other", None, None),
+        (None, "env", "legacy_agent"),
+    ]
+    with pytest.raises(InputError, match="does not admit agent 'other'"):
+        plan_rows([{**rows[0], "agent_ref": {"name": "other"}}], RunConfig(), deployment)
