@@ -3,8 +3,10 @@
 The fake runs in its own process (``python -m trollout.testing serve``, one core); a load
 generator in another process drives it over raw loopback sockets with keep-alive connections,
 optionally pipelined, so the client costs as little as possible. Printed per scenario:
-requests/s, the server's CPU microseconds per request (from /proc), and the server's CPU share
-(near 100 % means the server, not the generator, is the limit).
+requests/s, the server's CPU microseconds per request (from /proc), the ceiling that implies for
+one full core (1e6 / that), and the server's CPU share (near 100 % means the server, not the
+generator, is the limit; well below it on a busy machine means both were starved of CPU, and
+the per-request CPU figure is the one to trust).
 
 Also measured, for the design note in trollout/testing/httpserver.py: the same server with its
 hand-written HTTP/1.1 parser swapped for h11 (``--parsers fast,h11``).
@@ -26,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import h11
 import orjson
@@ -33,7 +36,7 @@ import trio
 import yaml
 
 from trollout.testing import AgentSpec, DeploymentSpec, spec_to_dict, task_rows
-from trollout.testing.httpserver import Reply, Request
+from trollout.testing.httpserver import Handler, Reply, Request
 
 SCENARIOS = (  # (connections, pipeline depth)
     (1, 1),
@@ -46,7 +49,7 @@ SCENARIOS = (  # (connections, pipeline depth)
 # -- the h11 variant of the server's connection loop (measured, not shipped) ---------------
 
 
-async def serve_connection_h11(sock: socket.socket, handler) -> None:  # type: ignore[no-untyped-def]
+async def serve_connection_h11(sock: socket.socket, handler: Handler) -> None:
     """Serve one connection with h11 instead of the hand-written parser."""
     stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
     conn = h11.Connection(h11.SERVER)
@@ -76,7 +79,7 @@ async def serve_connection_h11(sock: socket.socket, handler) -> None:  # type: i
         return
 
 
-async def _h11_event(stream: trio.SocketStream, conn: h11.Connection):  # type: ignore[no-untyped-def]
+async def _h11_event(stream: trio.SocketStream, conn: h11.Connection) -> Any:
     while True:
         event = conn.next_event()
         if event is not h11.NEED_DATA:
@@ -102,7 +105,7 @@ def serve_h11(spec_path: str) -> None:
     from trollout.testing import deployment, load_spec
     from trollout.testing.process import serve_until_signal
 
-    deployment.serve_connection = serve_connection_h11  # type: ignore[assignment]
+    deployment.serve_connection = serve_connection_h11  # type: ignore[attr-defined]
     trio.run(partial(serve_until_signal, load_spec(spec_path), record_runs=False))
 
 
@@ -146,7 +149,9 @@ def _count_replies(conn: _Conn) -> int:
     return done
 
 
-def generate_load(port: int, connections: int, depth: int, seconds: float, out) -> None:  # type: ignore[no-untyped-def]
+def generate_load(
+    port: int, connections: int, depth: int, seconds: float, out: multiprocessing.Queue[int]
+) -> None:
     """Keep ``depth`` requests outstanding on each connection for ``seconds``; report the count."""
     payloads = requests_bytes(port)
     sel = selectors.DefaultSelector()
@@ -190,7 +195,9 @@ def cpu_seconds(pid: int) -> float:
 def measure(pid: int, port: int, connections: int, depth: int, seconds: float) -> dict[str, float]:
     """Drive one scenario and return its figures."""
     out: multiprocessing.Queue[int] = multiprocessing.Queue()
-    proc = multiprocessing.Process(target=generate_load, args=(port, connections, depth, seconds, out))
+    proc = multiprocessing.Process(
+        target=generate_load, args=(port, connections, depth, seconds, out)
+    )
     cpu0, t0 = cpu_seconds(pid), time.monotonic()
     proc.start()
     completed = out.get(timeout=seconds + 60)
@@ -203,10 +210,18 @@ def measure(pid: int, port: int, connections: int, depth: int, seconds: float) -
     }
 
 
-def start_server(parser: str, spec_path: str) -> tuple[subprocess.Popen[bytes], dict]:  # type: ignore[type-arg]
+def start_server(parser: str, spec_path: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """Start the fake with the chosen parser; return the process and its ready line."""
     if parser == "fast":
-        cmd = [sys.executable, "-m", "trollout.testing", "serve", "--spec", spec_path, "--no-record-runs"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "trollout.testing",
+            "serve",
+            "--spec",
+            spec_path,
+            "--no-record-runs",
+        ]
     else:
         cmd = [sys.executable, __file__, "--serve-h11", spec_path]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
@@ -227,7 +242,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         spec_path = str(Path(folder, "spec.yaml"))
         Path(spec_path).write_text(yaml.safe_dump(spec_to_dict(spec)))
-        print(f"{'parser':6} {'conns':>5} {'depth':>5} {'req/s':>9} {'srv CPU us/req':>14} {'srv CPU':>7}")
+        print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+        header = ("parser", "conns", "depth", "req/s", "srv CPU us/req", "1 core req/s", "srv CPU")
+        print("{:6} {:>5} {:>5} {:>9} {:>14} {:>12} {:>7}".format(*header))
         for name in args.parsers.split(","):
             proc, ready = start_server(name, spec_path)
             port = int(ready["run_urls"]["bench_agent"].rsplit(":", 1)[1])
@@ -235,8 +252,8 @@ def main() -> None:
                 for conns, depth in SCENARIOS:
                     r = measure(proc.pid, port, conns, depth, args.seconds)
                     print(
-                        f"{name:6} {conns:5d} {depth:5d} {r['rps']:9.0f} "
-                        f"{r['cpu_us']:14.1f} {100 * r['cpu_share']:6.0f}%",
+                        f"{name:6} {conns:5d} {depth:5d} {r['rps']:9.0f} {r['cpu_us']:14.1f} "
+                        f"{1e6 / r['cpu_us']:12.0f} {100 * r['cpu_share']:6.0f}%",
                         flush=True,
                     )
             finally:

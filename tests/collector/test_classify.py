@@ -196,6 +196,18 @@ def test_outcome_from_response_message_names_url_and_status() -> None:
     assert outcome.message == f"HTTP 500 Internal Server Error from POST {URL}"
 
 
+def test_outcome_from_response_unknown_status_has_no_reason() -> None:
+    """A status without a standard reason phrase still names status and URL."""
+    outcome = reply(599, b"x")
+    assert outcome.message == f"HTTP 599 from POST {URL}"
+
+
+def test_outcome_from_error_names_foreign_exception_type() -> None:
+    """A non-httpx exception keeps its own class name and kind 'transport'."""
+    outcome = outcome_from_error(IDENTITY, 0, OSError("boom"), elapsed_seconds=None, max_attempts=3)
+    assert (outcome.exception_type, outcome.kind) == ("OSError", "transport")
+
+
 def test_outcome_from_response_cuts_long_body() -> None:
     """A body longer than 2000 characters is cut there with an ellipsis."""
     outcome = reply(500, b"a" * 5000)

@@ -9,14 +9,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 from plan_router import TableRouter, direct_router
 
 from trollout.collector.deployment import Deployment
 from trollout.collector.plan import Plan, plan_rollouts, plan_rows, rollout_seed
 from trollout.config import RunConfig, SeedMode
-from trollout.errors import ConfigError, InputError
+from trollout.errors import ConfigError, DeploymentError, InputError
 from trollout.records import MaterializedRow
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "nemo_gym_0.7.0"
@@ -296,7 +295,7 @@ def test_plan_routing_agent_mode_stamps_fronting_environment_server(tmp_path: Pa
     [a, b] = plan(tmp_path, [row("a", "alpha"), row("b", "beta")], router).rows()
     assert a.body["_ng_environment_server"] == "env_a"
     assert (a.identity.environment_server, a.identity.result_type) == ("env_a", "legacy_agent")
-    assert "_ng_result_type" not in a.body
+    assert a.body["_ng_result_type"] == "legacy_agent"
     assert "_ng_environment_server" not in b.body
     assert b.identity.environment_server is None
 
@@ -366,6 +365,7 @@ def test_plan_task_rows_routed_by_taskset(tmp_path: Path) -> None:
         "_ng_task_index": 0,
         "_ng_rollout_index": 0,
         "_ng_environment_server": "env_t",
+        "_ng_result_type": "episode",
     }
     assert r1.identity.rollout_index == 1
 
@@ -694,12 +694,12 @@ def test_plan_stale_reward_and_response_stripped_only_from_output_rows(tmp_path:
 
 
 def test_plan_body_identity_round_trips(tmp_path: Path) -> None:
-    """Reading a materialized body back gives its Identity (result_type is not on the body)."""
+    """Reading a materialized body back gives exactly its Identity (resume relies on it)."""
     router = TableRouter(agents={"alpha": "env_a"}, environments={"env_a": "legacy_agent"})
     lines = [row("a", task_source="ds", _ng_rollout_id="r1"), row("b")]
     for r in plan(tmp_path, lines, router, num_repeats=2).rows():
         back = MaterializedRow.from_body(r.body).identity
-        assert back == attrs.evolve(r.identity, result_type=None)
+        assert back == r.identity
         assert r.identity.result_type == "legacy_agent"
 
 
@@ -757,3 +757,118 @@ def test_plan_routes_with_the_real_deployment() -> None:
     ]
     with pytest.raises(InputError, match="does not admit agent 'other'"):
         plan_rows([{**rows[0], "agent_ref": {"name": "other"}}], RunConfig(), deployment)
+
+
+# --- edges --------------------------------------------------------------------------------
+
+
+def test_plan_rows_refuses_in_memory_rows_changed_after_planning() -> None:
+    """A row mutated after planning is refused on the next pass, naming it."""
+    rows = [row("a"), row("b")]
+    p = plan_rows(rows, RunConfig(), direct_router())
+    rows[1]["expected_answer"] = 3
+    with pytest.raises(InputError, match=r"rows\[1\]: this row changed after planning"):
+        list(p.rows())
+
+
+def test_plan_round_robin_stream_closes_cleanly_when_abandoned(tmp_path: Path) -> None:
+    """Closing a round-robin stream early closes every reader (no unclosed file warnings)."""
+    p = plan(
+        tmp_path, [row("a", "alpha"), row("b", "beta"), row("c", "gamma")], round_robin_agents=True
+    )
+    stream = p.rows()
+    assert next(stream).identity.agent_name == "alpha"
+    stream.close()
+
+
+def test_plan_routing_keys_shape_checked(tmp_path: Path) -> None:
+    """agent_ref must be an object with a string name; task_source must be a string."""
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row(agent=None, agent_ref="alpha"), row(task_source=3)])
+    assert [p.split(": ", 1)[1] for p in problems_of(exc)] == [
+        "agent_ref must be an object with a string name (got 'alpha'); fix it",
+        "task_source must be a string (got 3); fix it",
+    ]
+
+
+def test_plan_line_problems_listed_up_to_a_cap(tmp_path: Path) -> None:
+    """Past 100 bad lines the rest are counted, not listed."""
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, ["nope"] * 130)
+    problems = problems_of(exc)
+    assert len(problems) == 101
+    assert problems[-1] == "... and 30 more line problems like the above; fix those first"
+
+
+def test_plan_task_ids_may_name_prestamped_tasks(tmp_path: Path) -> None:
+    """task_ids finds stamped and unstamped tasks; a repeated missing id is reported once."""
+    p = plan(tmp_path, [row("a"), row("b", _ng_task_index=9)], task_ids=[9, 0])
+    assert keys(p) == [(0, 0, "alpha"), (9, 0, "alpha")]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row("a"), row("b", _ng_task_index=9)], task_ids=[1, 1, 9])
+    assert problems_of(exc) == [
+        "task_ids: 1 is not a task of the input (it has 2 tasks); list existing task indices"
+    ]
+
+
+def test_plan_agent_fronted_by_two_environment_servers_refused(tmp_path: Path) -> None:
+    """A router that cannot route an agent (DeploymentError) refuses its rows before dispatch."""
+
+    class Ambiguous(TableRouter):
+        def route(self, agent_name: str) -> Any:
+            raise DeploymentError(f"agent {agent_name!r} is fronted by env_1 and env_2; name one")
+
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row("a"), row("b")], Ambiguous(agents={"alpha": None}))
+    assert problems_of(exc) == [
+        f"2 rows, first at {tmp_path / 'in.jsonl'}:1: agent 'alpha' is fronted by env_1 and "
+        "env_2; name one"
+    ]
+
+
+def test_plan_task_row_route_to_unknown_server_refused(tmp_path: Path) -> None:
+    """A taskset routed to an environment server the deployment lacks is refused."""
+    task = {"task_id": {"taskset": "ts", "task_id": "1"}, "task_input": {}}
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [task], environment_server_routes={"ts": "ghost"})
+    assert problems_of(exc) == [
+        f"{tmp_path / 'in.jsonl'}:1: environment_server_routes.ts: unknown environment server "
+        "'ghost'"
+    ]
+
+
+def test_plan_routing_mode_settings_checked(tmp_path: Path) -> None:
+    """An unknown routing mode, or legacy mode without a server name, is refused by key."""
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row()], environment_routing_mode="nearest")
+    assert problems_of(exc) == [
+        "environment_routing_mode must be one of agent, legacy, taskset (got 'nearest'); pass "
+        "+environment_routing_mode=agent"
+    ]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row()], environment_routing_mode="legacy")
+    assert problems_of(exc) == [
+        "environment_routing_mode 'legacy' needs environment_server_name; pass "
+        "+environment_server_name=<environment server>"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("metadata", "ok"),
+    [
+        ({"extra_body": "  "}, True),
+        ({"extra_body": None}, True),
+        ({"extra_body": "{not json"}, False),
+        ({"extra_body": 5}, False),
+        ("text", False),
+    ],
+)
+def test_plan_seed_extra_body_shapes(tmp_path: Path, metadata: Any, ok: bool) -> None:
+    """Blank or null extra_body takes the seed; malformed text, numbers or a bad metadata refuse."""
+    r = row(responses_create_params={"input": "x", "metadata": metadata})
+    if ok:
+        [m] = plan(tmp_path, [r], num_repeats_add_seed=True).rows()
+        assert extra_body(m) == {"seed": rollout_seed(0, 0, 0)}
+    else:
+        with pytest.raises(InputError, match="to add the seed"):
+            plan(tmp_path, [r], num_repeats_add_seed=True)

@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 from trollout.collector.transport import (
+    BodyProtocolError,
     BodyReadError,
     BodyReadTimeout,
     H11Transport,
@@ -162,6 +163,64 @@ async def test_transport_post_rejects_https() -> None:
     async with new_transport() as transport:
         with pytest.raises(httpx.UnsupportedProtocol, match="https"):
             await transport.post("https://127.0.0.1:1/run", b"{}")
+
+
+async def test_transport_post_rejects_url_without_host() -> None:
+    """A URL with no host raises httpx.InvalidURL naming it."""
+    async with new_transport() as transport:
+        with pytest.raises(httpx.InvalidURL, match="has no host"):
+            await transport.post("http:///run", b"{}")
+
+
+# --- framing and errors on socket pairs ---------------------------------------------------------
+
+
+def replying(data: bytes) -> Handler:
+    """Return a server that reads one request and sends `data` verbatim."""
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await read_request(stream, bytearray())
+        await stream.send_all(data)
+        await trio.sleep_forever()
+
+    return handler
+
+
+async def test_transport_garbage_reply_is_protocol_error() -> None:
+    """A reply that is not HTTP raises RemoteProtocolError before any response began."""
+    async with paired(replying(b"NOT HTTP AT ALL\r\n\r\n")) as transport:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            await transport.post("http://agent:8000/run", b"{}")
+    assert not response_began(caught.value)
+
+
+async def test_transport_broken_chunk_is_body_protocol_error() -> None:
+    """Bad chunk framing after a 200 head raises BodyProtocolError with the status."""
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    async with paired(replying(head + b"zz\r\n")) as transport:
+        with pytest.raises(BodyProtocolError) as caught:
+            await transport.post("http://agent:8000/run", b"{}")
+    assert caught.value.status_code == 200
+    assert isinstance(caught.value, httpx.RemoteProtocolError)
+
+
+async def test_transport_skips_informational_responses() -> None:
+    """A 100 Continue before the real response is skipped."""
+    data = b"HTTP/1.1 100 Continue\r\n\r\n" + response(200, b"done")
+    async with paired(replying(data)) as transport:
+        assert (await transport.post("http://agent:8000/run", b"{}")).body == b"done"
+
+
+async def test_transport_peer_gone_while_sending_is_write_error() -> None:
+    """A server that closes while the body is still going out raises WriteError."""
+
+    async def slam(stream: trio.SocketStream) -> None:
+        pass  # the pair helper closes the stream on return
+
+    async with paired(slam) as transport:
+        with pytest.raises(httpx.WriteError) as caught:
+            await transport.post("http://agent:8000/run", b"x" * 50_000_000)
+    assert delivery_of(caught.value) is Delivery.POSSIBLY_DELIVERED
 
 
 # --- timeouts on the fake clock (socket pairs) ---------------------------------------------------

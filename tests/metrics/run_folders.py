@@ -13,8 +13,8 @@ from trollout.records import (
     Identity,
     Landed,
     MaterializedRow,
-    Omitted,
     OmitReason,
+    Omitted,
     converter,
     outcome_to_row,
 )
@@ -23,7 +23,9 @@ from trollout.recovery.layout import RunLayout
 Row = dict[str, Any]
 
 
-def identity(task: int, rollout: int, agent: str | None = "agent_a", env: str | None = None) -> Identity:
+def identity(
+    task: int, rollout: int, agent: str | None = "agent_a", env: str | None = None
+) -> Identity:
     """Return the stamps of one rollout."""
     return Identity(task, rollout, agent_name=agent, environment_server=env)
 
@@ -81,7 +83,11 @@ def omitted(
 
 def planned(task: int, rollout: int, *, agent: str | None = "agent_a", **fields: Any) -> Row:
     """Return a materialized-inputs row."""
-    body = {"responses_create_params": {"input": "q"}, **fields, **identity(task, rollout, agent).stamps()}
+    body = {
+        "responses_create_params": {"input": "q"},
+        **fields,
+        **identity(task, rollout, agent).stamps(),
+    }
     return converter.unstructure(MaterializedRow.from_body(body))  # type: ignore[no-any-return]
 
 

@@ -43,10 +43,14 @@ async def test_latest_failure_across_classes_stands(tmp_path: Path) -> None:
         failed(0, 0, "judge_failed", attempt=2),
         failed(0, 0, "agent_request_failed", attempt=1),
     ]
-    kept = await run(tmp_path / "a", [], failures, count_failure_classes_as_zero=frozenset({"judge_failed"}))
+    kept = await run(
+        tmp_path / "a", [], failures, count_failure_classes_as_zero=frozenset({"judge_failed"})
+    )
     assert kept.groups[0].coverage.failed == {"judge_failed": 1}
     assert kept.groups[0].coverage.imputed == {"judge_failed": 1}
-    older = await run(tmp_path / "b", [], failures, count_failure_classes_as_zero=frozenset({"transient"}))
+    older = await run(
+        tmp_path / "b", [], failures, count_failure_classes_as_zero=frozenset({"transient"})
+    )
     assert older.groups[0].coverage.imputed == {}
 
 
@@ -58,7 +62,11 @@ async def test_omitted_row_hides_older_failures(tmp_path: Path) -> None:
     cov = result.groups[0].coverage
     assert (cov.omitted, cov.failed, cov.imputed) == (1, {}, {})
     zeroed = await run(
-        tmp_path / "b", [landed(1, 0)], failures, plan_for(2, 1), count_missing_rollouts_as_zero=True
+        tmp_path / "b",
+        [landed(1, 0)],
+        failures,
+        plan_for(2, 1),
+        count_missing_rollouts_as_zero=True,
     )
     assert zeroed.groups[0].coverage.imputed == {"omitted": 1}
     assert zeroed.groups[0].local_metrics["mean/reward"] == 0.5
@@ -72,13 +80,15 @@ async def test_drained_row_does_not_supersede(tmp_path: Path) -> None:
 
 
 async def test_imputed_rows_take_task_fields_from_the_plan(tmp_path: Path) -> None:
-    """A kept failure enters as reward 0 with the materialized row's fields; files stay as they were."""
+    """A kept failure enters as reward 0 with the plan's task fields; files are unchanged."""
     plan = [planned(0, 0, level=2), planned(0, 1, level=2), planned(1, 0, level=5)]
     rows = [landed(0, 0, 1.0, level=2)]
     failures = [failed(0, 1, "agent_run_error"), failed(1, 0, "judge_failed", reward=0.25)]
     layout = write_run(tmp_path / "run.jsonl", rows, failures=failures, plan=plan)
     before = [layout.rollouts.read_bytes(), layout.failures.read_bytes()]
-    options = AggregateOptions(count_failure_classes_as_zero=frozenset({"agent_run_error", "judge_failed"}))
+    options = AggregateOptions(
+        count_failure_classes_as_zero=frozenset({"agent_run_error", "judge_failed"})
+    )
     result = await aggregate_shards([layout.output], options=options)
     metrics = result.groups[0].local_metrics
     assert metrics["mean/reward"] == (1.0 + 0.0 + 0.25) / 3
@@ -95,7 +105,9 @@ async def test_counts_as_zero_marker_needs_the_option(tmp_path: Path) -> None:
     failures = [failed(0, 0, "legitimate", _ng_failure_counts_as_zero=True)]
     off = await run(tmp_path / "a", [landed(1, 0)], failures)
     assert off.groups[0].coverage.imputed == {}
-    on = await run(tmp_path / "b", [landed(1, 0)], failures, count_failure_classes_as_zero=frozenset())
+    on = await run(
+        tmp_path / "b", [landed(1, 0)], failures, count_failure_classes_as_zero=frozenset()
+    )
     assert on.groups[0].coverage.imputed == {"legitimate": 1}
     assert on.groups[0].local_metrics["mean/reward"] == 0.5
 
@@ -116,11 +128,15 @@ async def test_missing_rollouts_as_zero(tmp_path: Path) -> None:
 
 def test_coverage_lines_say_what_is_left_out() -> None:
     """The report names the rollouts not scored by class, and the imputed zeros."""
-    cov = Coverage(expected=10, landed=7, scored=6, unscored=1, failed={"agent_run_error": 2}, missing=1)
+    cov = Coverage(
+        expected=10, landed=7, scored=6, unscored=1, failed={"agent_run_error": 2}, missing=1
+    )
     assert coverage_lines(cov) == [
         "Metrics cover: 6 of 10 rollouts",
         "  not scored: agent_run_error 2, no row 1, unscored 1",
     ]
     zeroed = Coverage(expected=3, landed=2, scored=2, failed={"x": 1}, imputed={"x": 1})
     assert coverage_lines(zeroed) == ["Metrics cover: 3 of 3 rollouts", "  imputed zeros: x 1"]
-    assert coverage_lines(Coverage(expected=2, landed=2, scored=2)) == ["Metrics cover: 2 of 2 rollouts"]
+    assert coverage_lines(Coverage(expected=2, landed=2, scored=2)) == [
+        "Metrics cover: 2 of 2 rollouts"
+    ]

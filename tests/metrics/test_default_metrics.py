@@ -64,8 +64,12 @@ async def test_reference_agent_metrics_are_recomputed_exactly(tmp_path: Path) ->
     assert list(ours["agent_metrics"]) == list(entry["agent_metrics"])
     assert ours["key_metrics"] == entry["key_metrics"]
     assert ours["_ng_environment_server"] == entry["_ng_environment_server"]
-    theirs = [{k: v for k, v in t.items() if k not in _BOOKKEEPING} for t in entry["group_level_metrics"]]
-    mine = [{k: v for k, v in t.items() if k not in _BOOKKEEPING} for t in ours["group_level_metrics"]]
+    theirs = [
+        {k: v for k, v in t.items() if k not in _BOOKKEEPING} for t in entry["group_level_metrics"]
+    ]
+    mine = [
+        {k: v for k, v in t.items() if k not in _BOOKKEEPING} for t in ours["group_level_metrics"]
+    ]
     assert mine == theirs
 
 
@@ -82,7 +86,9 @@ _VALUES = st.one_of(
 def verify_rows(draw: st.DrawFn) -> list[dict[str, Any]]:
     """Draw rows as ``/aggregate_metrics`` receives them, sorted by (task, rollout)."""
     keys = draw(
-        st.lists(st.tuples(st.integers(0, 5), st.integers(0, 4)), min_size=1, max_size=25, unique=True)
+        st.lists(
+            st.tuples(st.integers(0, 5), st.integers(0, 4)), min_size=1, max_size=25, unique=True
+        )
     )
     rows = []
     for task, rollout in sorted(keys):
@@ -94,7 +100,10 @@ def verify_rows(draw: st.DrawFn) -> list[dict[str, Any]]:
             "total_tokens": draw(_VALUES),
         }
         chosen = draw(st.lists(st.sampled_from(sorted(fields)), unique=True))
-        usage = {"input_tokens": draw(st.integers(0, 900)), "total_tokens": draw(st.integers(0, 999))}
+        usage = {
+            "input_tokens": draw(st.integers(0, 900)),
+            "total_tokens": draw(st.integers(0, 999)),
+        }
         row: dict[str, Any] = {k: fields[k] for k in chosen}
         if draw(st.booleans()):
             row["response"] = {"usage": usage}
@@ -111,15 +120,22 @@ def test_local_default_metrics_equal_the_fake_deployment(rows: list[dict[str, An
     group = GroupStats()
     for row in rows:
         group.add_row(
-            row["_ng_task_index"], row["_ng_rollout_index"], metric_columns(row), masked=is_masked(row)
+            row["_ng_task_index"],
+            row["_ng_rollout_index"],
+            metric_columns(row),
+            masked=is_masked(row),
         )
     reply = fake_aggregate_metrics(rows)
     local = agent_metrics(group)
     assert local == reply["agent_metrics"]
     assert list(local) == list(reply["agent_metrics"])
     assert key_metrics(local) == reply["key_metrics"]
-    theirs = [{k: v for k, v in t.items() if k not in _BOOKKEEPING} for t in reply["group_level_metrics"]]
-    mine = [{k: v for k, v in t.items() if k not in _BOOKKEEPING} for t in group_level_metrics(group)]
+    theirs = [
+        {k: v for k, v in t.items() if k not in _BOOKKEEPING} for t in reply["group_level_metrics"]
+    ]
+    mine = [
+        {k: v for k, v in t.items() if k not in _BOOKKEEPING} for t in group_level_metrics(group)
+    ]
     assert mine == theirs
 
 

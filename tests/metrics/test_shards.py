@@ -57,13 +57,15 @@ def test_read_lines_skips_a_torn_tail_only(tmp_path: Path) -> None:
     path.write_bytes(b'{"a": 1}\n{"a": 2}')
     assert [raw for _, raw, _ in read_lines(path, torn)] == [b'{"a": 1}\n', b'{"a": 2}\n']
     path.write_bytes(b'{"a": 1}\n{"a": \n{"a": 3}\n')
-    with pytest.raises(InputError, match="r.jsonl:2"):
+    with pytest.raises(InputError, match=r"r\.jsonl:2"):
         list(read_lines(path, torn))
 
 
 async def test_same_shard_twice_is_reported_and_counted_once(tmp_path: Path) -> None:
     """A shard copied under another name is skipped, reported, and not double counted."""
-    layout = write_run(tmp_path / "s0.jsonl", [landed(0, 0), landed(1, 0, 0.0)], plan=plan_for(2, 1))
+    layout = write_run(
+        tmp_path / "s0.jsonl", [landed(0, 0), landed(1, 0, 0.0)], plan=plan_for(2, 1)
+    )
     for sibling in (layout.rollouts, layout.materialized_inputs):
         shutil.copy(sibling, sibling.with_name(sibling.name.replace("s0", "s1")))
     shards = resolve_inputs(f"{tmp_path}/*.jsonl")
@@ -93,7 +95,9 @@ async def test_failure_in_one_shard_landed_in_another_counts_as_landed(tmp_path:
     """Whichever shard holds them, a landed row beats a failure of the same rollout."""
     write_run(tmp_path / "a.jsonl", [], failures=[failed(0, 0)], plan=plan_for(1, 1))
     write_run(tmp_path / "b.jsonl", [landed(0, 0)])
-    result = await aggregate_shards(resolve_inputs(f"{tmp_path}/*.jsonl"), output=tmp_path / "m" / "m.jsonl")
+    result = await aggregate_shards(
+        resolve_inputs(f"{tmp_path}/*.jsonl"), output=tmp_path / "m" / "m.jsonl"
+    )
     cov = result.coverage
     assert (cov.expected, cov.landed, cov.failed, cov.recovered) == (1, 1, {}, 1)
 
@@ -101,14 +105,29 @@ async def test_failure_in_one_shard_landed_in_another_counts_as_landed(tmp_path:
 async def test_merged_folder_aggregates_like_its_shards(tmp_path: Path) -> None:
     """The merged run folder (rollouts, sidecar, plan) gives the same metrics as its shards."""
     options = AggregateOptions(
-        count_failure_classes_as_zero=frozenset({"agent_run_error"}), count_missing_rollouts_as_zero=True
+        count_failure_classes_as_zero=frozenset({"agent_run_error"}),
+        count_missing_rollouts_as_zero=True,
     )
     plan = plan_for(6, 2)
-    write_run(tmp_path / "s" / "a.jsonl", [landed(0, 0), landed(1, 1, 0.0)], failures=[failed(2, 0)], plan=plan[:6])
-    write_run(tmp_path / "s" / "b.jsonl", [landed(3, 0), landed(4, 1, 0.5)], failures=[failed(5, 0, "x")], plan=plan[6:])
+    write_run(
+        tmp_path / "s" / "a.jsonl",
+        [landed(0, 0), landed(1, 1, 0.0)],
+        failures=[failed(2, 0)],
+        plan=plan[:6],
+    )
+    write_run(
+        tmp_path / "s" / "b.jsonl",
+        [landed(3, 0), landed(4, 1, 0.5)],
+        failures=[failed(5, 0, "x")],
+        plan=plan[6:],
+    )
     merged = tmp_path / "m" / "merged.jsonl"
-    first = await aggregate_shards(resolve_inputs(f"{tmp_path}/s/*.jsonl"), output=merged, options=options)
-    again = await aggregate_shards([merged], output=tmp_path / "m2" / "again.jsonl", options=options)
+    first = await aggregate_shards(
+        resolve_inputs(f"{tmp_path}/s/*.jsonl"), output=merged, options=options
+    )
+    again = await aggregate_shards(
+        [merged], output=tmp_path / "m2" / "again.jsonl", options=options
+    )
     assert first.coverage == again.coverage
     assert [g.local_metrics for g in first.groups] == [g.local_metrics for g in again.groups]
     (one,) = read_metrics(RunLayout.for_output(merged))
@@ -118,19 +137,22 @@ async def test_merged_folder_aggregates_like_its_shards(tmp_path: Path) -> None:
 
 
 async def test_output_that_is_an_input_is_refused(tmp_path: Path) -> None:
-    """Aggregation never overwrites an input file, sidecars included."""
+    """Aggregation never overwrites an input file, even one reached through a link."""
     layout = write_run(tmp_path / "a.jsonl", [landed(0, 0)], failures=[failed(1, 0)])
-    write_run(tmp_path / "b_failures.jsonl.d" / "x.jsonl", [])
     with pytest.raises(ConfigError, match="one of the input files"):
         await aggregate_shards([layout.output], output=layout.output)
     write_jsonl(tmp_path / "b.jsonl", [landed(2, 0)])
     with pytest.raises(ConfigError, match="one of the input files"):
         await aggregate_shards([tmp_path / "b.jsonl", layout.output], output=tmp_path / "a.jsonl")
+    (tmp_path / "link").symlink_to(tmp_path)
+    with pytest.raises(ConfigError, match="one of the input files"):
+        await aggregate_shards([layout.output], output=tmp_path / "link" / "a.jsonl")
+    assert layout.rollouts.read_bytes().count(b"\n") == 1
 
 
 async def test_several_shards_need_an_output(tmp_path: Path) -> None:
     """Without -o only a single shard can be aggregated (in place)."""
     a = write_run(tmp_path / "a.jsonl", [landed(0, 0)])
     b = write_run(tmp_path / "b.jsonl", [landed(1, 0)])
-    with pytest.raises(ConfigError, match="-o merged.jsonl"):
+    with pytest.raises(ConfigError, match=r"-o merged\.jsonl"):
         await aggregate_shards([a.output, b.output])

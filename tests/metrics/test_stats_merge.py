@@ -32,7 +32,8 @@ def test_metric_columns_follow_nemo_gym_rules() -> None:
         "output_tokens": 2.0,
     }
     assert list(metric_columns(row)) == ["reward", "terminated", "input_tokens", "output_tokens"]
-    assert is_masked({"mask_sample": True}) and not is_masked(row)
+    assert is_masked({"mask_sample": True})
+    assert not is_masked(row)
 
 
 def test_task_stats_widens_schema_with_nan_padding() -> None:
@@ -52,7 +53,9 @@ def test_task_stats_widens_schema_with_nan_padding() -> None:
 def rollout_rows(draw: st.DrawFn) -> list[tuple[int, int, dict[str, float], bool]]:
     """Draw rows (task, rollout, columns, masked) with unique (task, rollout) keys."""
     keys = draw(
-        st.lists(st.tuples(st.integers(0, 6), st.integers(0, 5)), min_size=1, max_size=40, unique=True)
+        st.lists(
+            st.tuples(st.integers(0, 6), st.integers(0, 5)), min_size=1, max_size=40, unique=True
+        )
     )
     binary = draw(st.booleans())
     rows = []

@@ -100,7 +100,10 @@ def _row(task: int, rollout: int, **fields: Any) -> dict[str, Any]:
 
 def test_aggregate_counts_booleans_and_skips_private_keys() -> None:
     """Booleans count as 0/1; keys starting with _ and non-numbers are not metrics."""
-    rows = [_row(0, 0, reward=1.0, terminated=True, _ng_x=5, note="a"), _row(0, 1, reward=0.0, terminated=False)]
+    rows = [
+        _row(0, 0, reward=1.0, terminated=True, _ng_x=5, note="a"),
+        _row(0, 1, reward=0.0, terminated=False),
+    ]
     agent = aggregate_metrics(rows)["agent_metrics"]
     assert agent["mean/terminated"] == 0.5
     assert not any("_ng_x" in k or "note" in k for k in agent)
@@ -114,7 +117,9 @@ def test_aggregate_usage_wins_over_a_top_level_number() -> None:
 
 def test_aggregate_single_values_get_zero_std() -> None:
     """When no std can be computed, present columns get 0.0."""
-    groups = aggregate_metrics([_row(0, 0, reward=1.0), _row(1, 0, reward=0.0)])["group_level_metrics"]
+    groups = aggregate_metrics([_row(0, 0, reward=1.0), _row(1, 0, reward=0.0)])[
+        "group_level_metrics"
+    ]
     assert [g["std/reward"] for g in groups] == [0.0, 0.0]
 
 
@@ -129,7 +134,11 @@ def test_aggregate_drops_a_std_that_cannot_be_computed() -> None:
 
 def test_aggregate_leaves_masked_rows_out_and_reports_coverage() -> None:
     """Masked samples do not enter the statistics; coverage keys say so."""
-    rows = [_row(0, 0, reward=1.0), _row(0, 1, reward=0.0, mask_sample=True), _row(1, 0, reward=0.0, mask_sample=True)]
+    rows = [
+        _row(0, 0, reward=1.0),
+        _row(0, 1, reward=0.0, mask_sample=True),
+        _row(1, 0, reward=0.0, mask_sample=True),
+    ]
     result = aggregate_metrics(rows)
     coverage = {
         "coverage/measured_rollouts": 1,

@@ -87,7 +87,10 @@ async def test_head_config_environment_server_fronts_its_agent(
     config = await _config(client, fake)
     block = config["math_agent_environment_server"]["environment_servers"]["legacy_agent"]  # type: ignore[index]
     assert block["agent_server"] == {"type": "responses_api_agents", "name": "math_agent"}
-    assert block["resources_server"] == {"type": "resources_servers", "name": "math_agent_resources"}
+    assert block["resources_server"] == {
+        "type": "resources_servers",
+        "name": "math_agent_resources",
+    }
     assert fake.run_urls["math_agent"] == f"http://127.0.0.1:{block['port']}"
 
 
@@ -110,7 +113,9 @@ async def test_legacy_config_has_no_environment_servers(client: httpx.AsyncClien
         assert fake.urls.environment_servers == {}
 
 
-async def test_every_server_answers_liveness(fake: FakeDeployment, client: httpx.AsyncClient) -> None:
+async def test_every_server_answers_liveness(
+    fake: FakeDeployment, client: httpx.AsyncClient
+) -> None:
     """GET / answers {"status": "ok"} on every server."""
     for port in fake.urls.ports.values():
         reply = await client.get(f"http://127.0.0.1:{port}/")
@@ -133,7 +138,9 @@ async def test_environment_run_replies_like_nemo_gym_0_7_0(
     assert body["failure_reason"] is None
 
 
-async def test_run_response_is_responses_like(fake: FakeDeployment, client: httpx.AsyncClient) -> None:
+async def test_run_response_is_responses_like(
+    fake: FakeDeployment, client: httpx.AsyncClient
+) -> None:
     """The response has an id, an output message with the answer and usage counts."""
     reply = await client.post(f"{fake.run_urls['math_agent']}/run", json=_row())
     response = reply.json()["response"]
@@ -147,7 +154,9 @@ async def test_run_response_is_responses_like(fake: FakeDeployment, client: http
     assert reply.json()["reward"] == (1.0 if correct else 0.0)
 
 
-async def test_agent_run_echoes_request_fields(fake: FakeDeployment, client: httpx.AsyncClient) -> None:
+async def test_agent_run_echoes_request_fields(
+    fake: FakeDeployment, client: httpx.AsyncClient
+) -> None:
     """An agent server echoes every request field and adds response and reward."""
     row = _row(task=3, rollout=2) | {"extra_field": [1, 2]}
     reply = await client.post(f"{fake.agent_urls['math_agent']}/run", json=row)
@@ -162,7 +171,11 @@ async def test_agent_run_echoes_request_fields(fake: FakeDeployment, client: htt
         (b"{}", "missing", ["body", "responses_create_params"]),
         (b"[1, 2]", "model_attributes_type", ["body"]),
         (b"{not json", "json_invalid", ["body", 0]),
-        (b'{"responses_create_params": 3}', "model_attributes_type", ["body", "responses_create_params"]),
+        (
+            b'{"responses_create_params": 3}',
+            "model_attributes_type",
+            ["body", "responses_create_params"],
+        ),
     ],
 )
 async def test_run_invalid_body_is_422_like_fastapi(
@@ -289,10 +302,12 @@ async def test_stats_endpoint_serves_counters_and_runs(
 
 
 async def test_stats_without_detail_still_count(client: httpx.AsyncClient) -> None:
-    """With record_runs off, runs are counted but not logged."""
-    async with open_fake_deployment(DeploymentSpec(agents=("a",)), record_runs=False) as fake:
-        await client.post(f"{fake.run_urls['a']}/run", json=_row())
-        assert (fake.stats.runs_total, fake.stats.runs) == (1, [])
+    """With record_runs off (argument or spec), runs are counted but not logged."""
+    spec = DeploymentSpec(agents=("a",))
+    for fake_spec, record in ((spec, False), (DeploymentSpec.for_benchmark(["a"]), None)):
+        async with open_fake_deployment(fake_spec, record_runs=record) as fake:
+            await client.post(f"{fake.run_urls['a']}/run", json=_row())
+            assert (fake.stats.runs_total, fake.stats.runs) == (1, [])
 
 
 async def test_max_in_flight_reaches_the_concurrency(
@@ -334,7 +349,9 @@ async def test_port_base_assigns_ports_in_order(client: httpx.AsyncClient) -> No
         pytest.skip("a port after the probed one is in use")
 
 
-async def test_fault_free_run_is_deterministic(fake: FakeDeployment, client: httpx.AsyncClient) -> None:
+async def test_fault_free_run_is_deterministic(
+    fake: FakeDeployment, client: httpx.AsyncClient
+) -> None:
     """The same row gets byte-identical replies."""
     row = _row("Reverse the string 'trollout'.", task=1, rollout=3)
     first = await client.post(f"{fake.run_urls['string_agent']}/run", json=row)

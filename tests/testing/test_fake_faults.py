@@ -43,7 +43,7 @@ def _row(fault: dict[str, Any] | None = None, **identity: int) -> dict[str, Any]
 
 
 @pytest.fixture
-async def one(spec: DeploymentSpec) -> AsyncIterator[FakeDeployment]:
+async def one() -> AsyncIterator[FakeDeployment]:
     """Serve a one-agent deployment with no latency and no planned faults."""
     async with open_fake_deployment(DeploymentSpec(agents=("a",))) as fake:
         yield fake
@@ -53,7 +53,9 @@ def _url(fake: FakeDeployment) -> str:
     return f"{fake.run_urls['a']}/run"
 
 
-async def _raw_exchange(fake: FakeDeployment, row: dict[str, Any]) -> tuple[bytes, BaseException | None]:
+async def _raw_exchange(
+    fake: FakeDeployment, row: dict[str, Any]
+) -> tuple[bytes, BaseException | None]:
     """Send one request on a raw socket; return the bytes received and the error that ended it."""
     body = orjson.dumps(row)
     head = b"POST /run HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body)
@@ -124,6 +126,11 @@ async def test_fault_reset_mid_request_sends_nothing(one: FakeDeployment) -> Non
     assert isinstance(error, ConnectionResetError)
 
 
+async def test_fault_disconnect_closes_without_a_reply(one: FakeDeployment) -> None:
+    """The connection is closed cleanly before a single reply byte."""
+    assert await _raw_exchange(one, _row({"kind": "disconnect"})) == (b"", None)
+
+
 async def test_fault_reset_mid_response_cuts_the_body(one: FakeDeployment) -> None:
     """The head and part of the body arrive, then a reset."""
     received, error = await _raw_exchange(one, _row({"kind": "reset_mid_response"}))
@@ -151,8 +158,8 @@ async def test_fault_hang_holds_until_the_client_leaves(
         await trio.sleep(3600)
         assert one.stats.in_flight == 1
         nursery.cancel_scope.cancel()
-    while one.stats.in_flight:
-        await trio.sleep(0.01)
+    await trio.testing.wait_all_tasks_blocked()
+    assert one.stats.in_flight == 0
     assert one.stats.by_status == {}
     assert one.stats.by_fault == {"hang": 1}
 
@@ -163,7 +170,7 @@ async def test_fault_not_json_is_a_200_that_does_not_parse(
     """A not_json fault answers 200 with a body that is not JSON."""
     reply = await client.post(_url(one), json=_row({"kind": "not_json"}))
     assert reply.status_code == 200
-    with pytest.raises(ValueError):
+    with pytest.raises(orjson.JSONDecodeError):
         orjson.loads(reply.content)
 
 
@@ -199,7 +206,9 @@ async def test_fault_failure_class_sentinel_in_a_200(
     assert "reward" not in body
 
 
-async def test_fault_no_persist_sentinel_in_a_200(one: FakeDeployment, client: httpx.AsyncClient) -> None:
+async def test_fault_no_persist_sentinel_in_a_200(
+    one: FakeDeployment, client: httpx.AsyncClient
+) -> None:
     """A no_persist fault answers 200 with _ng_no_persist: true and no reward."""
     body = (await client.post(_url(one), json=_row({"kind": "no_persist"}))).json()
     assert body["_ng_no_persist"] is True
@@ -210,7 +219,7 @@ async def test_fault_no_persist_sentinel_in_a_200(one: FakeDeployment, client: h
 async def test_fault_judge_failed_scores_zero_with_its_class(
     one: FakeDeployment, client: httpx.AsyncClient
 ) -> None:
-    """judge_failed carries reward 0.0, the class and the judge's error, as NeMo Gym's judge does."""
+    """judge_failed carries reward 0.0, its class and the judge's error, like NeMo Gym's."""
     body = (await client.post(_url(one), json=_row({"kind": "judge_failed"}))).json()
     assert body["reward"] == 0.0
     assert body["_ng_failure_class"] == "judge_failed"
@@ -223,11 +232,17 @@ async def test_fault_masked_is_a_success_with_mask_sample(
 ) -> None:
     """A masked sample is a plain success whose reward is not a measurement."""
     body = (await client.post(_url(one), json=_row({"kind": "masked"}))).json()
-    assert (body["mask_sample"], body["failure_kind"], body["reward"]) == (True, "session_lost", 0.0)
+    assert (body["mask_sample"], body["failure_kind"], body["reward"]) == (
+        True,
+        "session_lost",
+        0.0,
+    )
     assert not any(k.startswith("_ng_") for k in body)
 
 
-async def test_row_fault_limited_to_attempts(one: FakeDeployment, client: httpx.AsyncClient) -> None:
+async def test_row_fault_limited_to_attempts(
+    one: FakeDeployment, client: httpx.AsyncClient
+) -> None:
     """A row's fake_fault with attempts applies only to those attempts."""
     fault = {"kind": "status", "status": 502, "attempts": [0, 2]}
     statuses = []
@@ -263,7 +278,10 @@ async def test_fault_callable_sees_the_request_and_ranks_after_the_row(
         overridden = await client.post(_url(fake), json=_row({"kind": "not_object"}, rollout=1))
     assert [r.status_code for r in (plain, scripted)] == [200, 418]
     assert isinstance(overridden.json(), list)
-    assert [(c.task_index, c.rollout_index, c.attempt_index) for c in seen] == [(5, 0, 0), (5, 1, 2)]
+    assert [(c.task_index, c.rollout_index, c.attempt_index) for c in seen] == [
+        (5, 0, 0),
+        (5, 1, 2),
+    ]
     assert seen[0].server == "a_environment_server"
     assert seen[0].agent == "a"
 

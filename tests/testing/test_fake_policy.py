@@ -79,8 +79,8 @@ def test_answer_rewards_vary_with_seed_and_follow_accuracy() -> None:
     assert rewards[0.0] > 20
 
 
-def test_answer_accuracy_one_and_zero_are_extremes() -> None:
-    """A perfect agent never errs on an easy draw; a hopeless one never succeeds."""
+def test_answer_accuracy_zero_never_scores() -> None:
+    """An agent with accuracy 0 never answers right."""
     hopeless = [
         answer_row(_seeded("What is 6 * 7?", s), agent="a", accuracy=0.0, policy_seed=0).reward
         for s in range(50)
@@ -113,7 +113,10 @@ def test_write_tasks_is_deterministic_and_unique(tmp_path: Path) -> None:
     lines = (tmp_path / "a.jsonl").read_bytes().splitlines()
     assert (tmp_path / "b.jsonl").read_bytes() == (tmp_path / "a.jsonl").read_bytes()
     assert len(lines) == len(set(lines)) == 300
-    kinds = Counter(orjson.loads(line)["responses_create_params"]["input"][0]["content"].split()[0] for line in lines)
+    kinds = Counter(
+        orjson.loads(line)["responses_create_params"]["input"][0]["content"].split()[0]
+        for line in lines
+    )
     assert set(kinds) == {"What", "Reverse", "Convert", "How"}
 
 

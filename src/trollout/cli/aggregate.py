@@ -41,6 +41,7 @@ _OVERRIDES = frozenset(
         "seed",
     }
 )
+_PATH_KEYS = frozenset({"input_glob", "output_jsonl_fpath"})
 _HELP = """Merge rollouts shards and compute metrics that say what they cover.
 
 INPUT is a rollouts file, a glob, or comma-separated globs (quote them); sidecars and
@@ -134,7 +135,7 @@ def _settings(args: Sequence[str], opts: dict[str, Any]) -> dict[str, Any]:
         "seed": opts["seed"],
     }
     for token in (a for a in args if a.startswith("+")):
-        key, value = parse_override(token)
+        key, value = _override(token)
         if key not in _OVERRIDES:
             raise ConfigError(f"unknown aggregate setting {key!r}; known: {sorted(_OVERRIDES)}")
         if key == "input_glob":
@@ -144,6 +145,14 @@ def _settings(args: Sequence[str], opts: dict[str, Any]) -> dict[str, Any]:
     if not inputs:
         raise ConfigError("no INPUT given; pass a glob such as 'shards/*.jsonl' or +input_glob=...")
     return {**opts, **values, "inputs": inputs, "targets": _targets(opts)}
+
+
+def _override(token: str) -> tuple[str, Any]:
+    """Parse ``+key=value``; a path or glob is taken as written (it may hold commas)."""
+    key, _, raw = token.lstrip("+").partition("=")
+    if key.strip() in _PATH_KEYS and raw and raw[0] not in "[{'\"":
+        return key.strip(), raw
+    return parse_override(token)
 
 
 def _targets(opts: dict[str, Any]) -> list[Target]:

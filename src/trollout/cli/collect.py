@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO
 
 import click
@@ -61,12 +61,14 @@ async def load_deployment(config: RunConfig) -> Deployment:
     if config.agent_urls:
         return Deployment.from_agent_urls(config.agent_urls)
     head = config.head_server or "http://127.0.0.1:11000"
-    transport = H11Transport(connect_timeout_s=config.connect_timeout_s, read_timeout_s=60.0)
+    transport = H11Transport(
+        connect_timeout_s=config.connect_timeout_s, read_timeout_s=min(config.read_timeout_s, 60.0)
+    )
     async with httpx.AsyncClient(transport=transport) as client:
         return await discover(client, head)
 
 
-def resolver_for(deployment: Deployment) -> object:
+def resolver_for(deployment: Deployment) -> Callable[[Identity], str]:
     """Return a function from a rollout's identity to its ``/run`` URL."""
     cache: dict[tuple[str | None, str | None], str] = {}
 
@@ -114,16 +116,18 @@ async def collect_run(
         deployment = await load_deployment(config)
     plan = plan_rollouts(config.input_jsonl_fpath, config, deployment)
     layout = RunLayout.for_output(config.output_jsonl_fpath)
-    layout.output.parent.mkdir(parents=True, exist_ok=True)
     started = trio.current_time()
     async with open_run_store(layout, config, expected=plan.expected, fresh=True) as store:
         await store.write_materialized_inputs(plan.rows())
         reporter = ProgressReporter(total=plan.expected, stream=progress_stream or sys.stderr,
                                     live=live)
         async with open_collector(
-            config=config, resolve=resolver_for(deployment), sink=store  # type: ignore[arg-type]
-        ) as collector:
-            await _collect_with_progress(collector, reporter, _materialized(layout))
+            config=config, resolve=resolver_for(deployment), sink=store
+        ) as collector, trio.open_nursery() as nursery:
+            nursery.start_soon(reporter.run, collector)
+            await nursery.start(store.run_housekeeping)
+            await collector.collect(_materialized(layout))
+            nursery.cancel_scope.cancel(reason="run finished")
     return RunResult(
         layout=layout,
         expected=plan.expected,
@@ -133,15 +137,6 @@ async def collect_run(
         max_in_flight=collector.limiter.total_tokens,
         max_resident=collector.max_resident,
     )
-
-
-async def _collect_with_progress(
-    collector: Collector, reporter: ProgressReporter, rows: Iterator[MaterializedRow]
-) -> None:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(reporter.run, collector)
-        await collector.collect(rows)
-        nursery.cancel_scope.cancel(reason="run finished")
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -8,7 +8,7 @@ row, unknown agent: one line on stderr, nothing dispatched, nothing written); 13
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -42,17 +42,43 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
 
 
 def run_trio(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run an async function under Trio, turning trollout's errors into exit codes."""
+    """Run an async function under Trio, turning trollout's errors into exit codes.
+
+    Nurseries may wrap an error in exception groups; when every leaf is one of ours, each is
+    reported on its own line and the exit code is the most severe one's.
+    """
     try:
         return trio.run(fn, *args)
-    except (ConfigError, DeploymentError) as exc:
-        fail(str(exc))
-    except RunFolderError as exc:
-        fail(str(exc))
-    except RunStoppedError as exc:
-        fail(f"run stopped: {exc}", EXIT_FAILED)
     except TrolloutError as exc:
-        fail(str(exc), EXIT_FAILED)
+        report_errors([exc])
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        if not all(isinstance(leaf, TrolloutError) for leaf in leaves):
+            raise
+        report_errors(leaves)
+
+
+def report_errors(errors: Sequence[BaseException]) -> NoReturn:
+    """Print each error on its own line and exit with the most severe code among them."""
+    codes = [_exit_code(error) for error in errors]
+    for error, code in zip(errors, codes, strict=True):
+        prefix = "run stopped: " if isinstance(error, RunStoppedError) else ""
+        click.echo(f"trollout: error: {prefix}{error}", err=True)
+    sys.exit(EXIT_FAILED if EXIT_FAILED in codes else EXIT_USAGE)
+
+
+def _exit_code(error: BaseException) -> int:
+    if isinstance(error, ConfigError | DeploymentError | RunFolderError):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -16,7 +16,7 @@ import click
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..testing import DeploymentSpec, open_fake_deployment
+from ..testing import DeploymentSpec, load_spec, open_fake_deployment
 from .collect import RunResult, collect_run
 from .common import build_run_config, collect_options, fail, live_mode, print_summary, run_trio
 
@@ -58,7 +58,7 @@ def _load_spec(path: str) -> DeploymentSpec:
         raise ConfigError(
             f"fake deployment spec {path!r} not found; run from the repository root or pass --spec"
         )
-    return DeploymentSpec.from_yaml(path)
+    return load_spec(path)
 
 
 async def _demo(spec: DeploymentSpec, config: RunConfig, live: bool | None) -> RunResult:

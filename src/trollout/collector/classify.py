@@ -224,9 +224,7 @@ def _status_failure(
         failure_class=failure_class.value,
         kind=f"http_{response.status}",
         exception_type="HTTPStatusError",
-        message=one_line_message(
-            f"HTTP {response.status} {_reason(response.status)} from {_where(response)}"
-        ),
+        message=one_line_message(f"{_status_line(response.status)} from {_where(response)}"),
         http_status=response.status,
         response_body=_body_text(response),
         max_attempts=max_attempts,
@@ -298,11 +296,11 @@ def _optional_str(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-def _reason(status: int) -> str:
+def _status_line(status: int) -> str:
     try:
-        return http.HTTPStatus(status).phrase
+        return f"HTTP {status} {http.HTTPStatus(status).phrase}"
     except ValueError:
-        return ""
+        return f"HTTP {status}"
 
 
 def _where(response: RawResponse) -> str:

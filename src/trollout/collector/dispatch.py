@@ -114,7 +114,8 @@ async def dispatch(
         ConfigError: `url` is not a plain ``http://`` URL.
 
     Cancellation: a checkpoint; `trio.Cancelled` propagates (the engine records the attempt as
-    omitted). The request may have reached the server, so the attempt number is spent.
+    omitted) and the connection in use is closed. Whether the server got the request is then
+    unknown, so re-sending it is not automatically safe.
     """
     body = orjson.dumps(row.request_body(attempt_index))
     start = trio.current_time()

@@ -331,6 +331,7 @@ async def open_collector(
         retain_outcomes=retain_outcomes,
         rng=random.Random(seed),
     )
+    driver_error: Exception | None = None
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(collector._writer)
@@ -338,19 +339,30 @@ async def open_collector(
                 async with trio.open_nursery() as workers:
                     collector._run_scope = workers.cancel_scope
                     _start_workers(collector, workers)
-                    yield collector
-                    collector._rows_tx.close()
+                    try:
+                        yield collector
+                    except Exception as exc:
+                        # The driver's own error: cancel the run, flush, and re-raise it as it
+                        # was, not wrapped in the nurseries' exception groups.
+                        driver_error = exc
+                        workers.cancel_scope.cancel(reason=f"the driver raised {exc!r}")
+                    else:
+                        collector._rows_tx.close()
             except BaseException:
-                # An error or a cancellation: bound the writer's final, shielded flush.
+                # A cancellation or a crash: bound the writer's final, shielded flush.
                 collector._writer_scope.deadline = trio.current_time() + _SHIELDED_FLUSH_S
                 raise
             finally:
+                if driver_error is not None:
+                    collector._writer_scope.deadline = trio.current_time() + _SHIELDED_FLUSH_S
                 with trio.CancelScope(shield=True):
                     await collector._writer_done.wait()
     finally:
         if own_transport:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await transport.aclose()
+    if driver_error is not None:
+        raise driver_error
     if collector.stop_reason is not None:
         raise RunStoppedError(collector.stop_reason)
 

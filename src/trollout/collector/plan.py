@@ -7,7 +7,8 @@ stream of `MaterializedRow` records in dispatch order. The rules live in three h
 fan-out, environment servers, repeats; the `Router` protocol) and `seeds` (stale keys,
 overrides, seeds, stamps).
 
-Passes. Planning reads the input twice: pass 1 checks every row and records task identity, and
+Passes. Planning reads the input twice: pass 1 checks every row (rows that `limit` or
+`task_ids` will drop included, so a broken file never half-runs) and records task identity, and
 every problem (bad lines, unknown or refused agents, missing routes, bad settings) is raised
 together as one `InputError` before anything can be dispatched; pass 2 walks the kept rows to
 count rollouts and find the round-robin groups. Each ``rows()`` call reads the input again:
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import attrs
@@ -57,6 +58,7 @@ __all__ = ["Plan", "Router", "plan_rollouts", "plan_rows", "rollout_seed"]
 
 _Source = FileSource | RowsSource
 _Group = tuple[str | None, str | None]
+_Rows = Generator[MaterializedRow, None, None]
 
 
 def plan_rollouts(input_path: str | os.PathLike[str], config: RunConfig, router: Router) -> Plan:
@@ -111,20 +113,21 @@ class _Walker:
         counters: dict[int, int] = {}  # next rollout index, for tasks on several lines only
         repeated = self._table.repeated
         for line in self._source.lines():
-            label = self._source.label(line.number)
-            if line.row is None:
-                raise InputError([f"{label}: this line changed after planning; plan again"])
-            task = self._table.index_of(line, label)
+            row = line.row
+            task = self._table.index_of(row, line.text) if row is not None else None
+            if row is None or task is None:
+                label = self._source.label(line.number)
+                raise InputError([f"{label}: this row changed after planning; plan the run again"])
             if not self._selection.includes(task):
                 continue
-            copies = self._resolver.resolve(line.row).copies
+            copies = self._resolver.resolve(row).copies
             base = 0
             if task in repeated:
                 if self._selection.each_once and task in counters:
                     continue
                 base = counters.get(task, 0)
                 counters[task] = base + sum(copy.repeats for copy in copies)
-            yield _Entry(line.row, task, base, copies)
+            yield _Entry(row, task, base, copies)
 
 
 class _Orders:
@@ -147,29 +150,27 @@ class _Orders:
         self._interleave = interleave
         self._round_robin = round_robin
 
-    def rows(self) -> Iterator[MaterializedRow]:
+    def rows(self) -> _Rows:
         """Return a fresh stream of every materialized row, in dispatch order."""
         if self._round_robin and len(self._groups) > 1:
             return self._round_robin_rows()
         return self._base(None)
 
-    def _base(self, group: _Group | None) -> Iterator[MaterializedRow]:
+    def _base(self, group: _Group | None) -> _Rows:
         if self._interleave:
             return self._interleaved(group)
         return self._row_by_row(group)
 
-    def _row_by_row(self, group: _Group | None) -> Iterator[MaterializedRow]:
+    def _row_by_row(self, group: _Group | None) -> _Rows:
         for entry in self._walker.entries():
             yield from self._emit(entry, group, None)
 
-    def _interleaved(self, group: _Group | None) -> Iterator[MaterializedRow]:
+    def _interleaved(self, group: _Group | None) -> _Rows:
         for round_ in range(self._rounds):
             for entry in self._walker.entries():
                 yield from self._emit(entry, group, round_)
 
-    def _emit(
-        self, entry: _Entry, group: _Group | None, round_: int | None
-    ) -> Iterator[MaterializedRow]:
+    def _emit(self, entry: _Entry, group: _Group | None, round_: int | None) -> _Rows:
         """Yield an entry's rollouts (all, or only repeat ``round_``), of ``group`` or all."""
         prepared: Prepared | None = None
         start = entry.base
@@ -182,18 +183,18 @@ class _Orders:
                     yield self._materializer.make(prepared, entry.task, start + j, copy)
             start += copy.repeats
 
-    def _round_robin_rows(self) -> Iterator[MaterializedRow]:
+    def _round_robin_rows(self) -> _Rows:
         streams = deque(self._base(group) for group in self._groups)
         try:
             while streams:
                 stream = streams.popleft()
                 row = next(stream, None)
                 if row is not None:
+                    streams.append(stream)  # before yielding, so closing us closes it too
                     yield row
-                    streams.append(stream)
         finally:
             for stream in streams:
-                stream.close()  # type: ignore[attr-defined]
+                stream.close()
 
 
 @frozen
@@ -209,8 +210,12 @@ class Plan:
     expected: int
     _orders: _Orders = attrs.field(alias="orders", repr=False, eq=False)
 
-    def rows(self) -> Iterator[MaterializedRow]:
+    def rows(self) -> Generator[MaterializedRow, None, None]:
         """Stream every materialized row in dispatch order (re-reads the input).
+
+        Each call starts a fresh pass; close the generator to stop early (it closes the file).
+        Reading is blocking file I/O: a Trio feeder should pull rows from a worker thread
+        (``trio.to_thread.run_sync``) or in small batches.
 
         Raises:
             InputError: the input changed since it was planned.

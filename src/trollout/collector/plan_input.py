@@ -13,6 +13,11 @@ may appear after the rows that must avoid it: the first pass numbers distinct un
 the ``k``-th smallest non-negative integer that no row of the input is stamped with. So with rows
 stamped 0 and 2, the unstamped rows take 1, 3, 4, ... in order of first occurrence.
 
+Selection (`Selection`): ``limit N`` keeps every line of the first N distinct tasks in order of
+first appearance (duplicates included); ``task_ids`` then keeps the listed tasks among those, each
+on its first line only, so its repeats come from ``num_repeats`` alone. A listed id that no row
+of the input has is refused.
+
 Design note: the rejected alternative numbered unstamped rows from ``max(stamped) + 1``, which
 needs no second step but leaves holes, and a single stamped row with a large index (a shard of
 an earlier run) would push every other task far away from 0.
@@ -329,21 +334,13 @@ class TaskTable:
             candidate += 1
         return finals
 
-    def index_of(self, line: SourceLine, label: str) -> int:
-        """Return the task index of a row recorded in the first pass.
-
-        Raises:
-            InputError: the row was not in the input when it was planned.
-        """
+    def index_of(self, row: Mapping[str, Any], text: bytes) -> int | None:
+        """Return the task index of a row recorded in the first pass (None: not recorded)."""
         assert self._finished, "index_of() before finish()"
-        assert line.row is not None
-        stamped = line.row.get(TASK_INDEX)
+        stamped = row.get(TASK_INDEX)
         if stamped is not None:
             return int(stamped)
-        index = self._by_digest.get(_digest(line.text))
-        if index is None:
-            raise InputError([f"{label}: this row was not in the input when it was planned"])
-        return index
+        return self._by_digest.get(_digest(text))
 
     def contains(self, task: int) -> bool:
         """Return whether some row of the input has task index ``task``."""

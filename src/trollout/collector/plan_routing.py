@@ -119,14 +119,17 @@ class Resolver:
         self._known = router.known_agents
         self._via_default = "agent_name" if config.agent_name else f"agent_map.{DEFAULT}"
         self._agent_map = {DEFAULT: config.agent_name} if config.agent_name else config.agent_map
-        self._fan_out = {k: v for k, v in config.fan_out.items() if not _fan_out_problems({k: v})}
+        bad_fan_out = _fan_out_problems(config.fan_out)
+        self._fan_out = {k: v for k, v in config.fan_out.items() if k not in bad_fan_out}
         self._repeats = config.num_repeats
         self._mode = config.environment_routing_mode
         self._legacy_server = config.environment_server_name
         self._legacy_type: str | None = None
         self._routes = config.environment_server_routes
         self._cache: dict[Hashable, Resolution] = {}
-        self._check_config(problems)
+        for message in _repeats_problems(self._repeats) + list(bad_fan_out.values()):
+            problems.config(message)
+        self._check_routing_mode(problems)
 
     def resolve(self, row: Mapping[str, Any]) -> Resolution:
         """Return the copies of a row (valid shape), or its routing issues."""
@@ -232,9 +235,7 @@ class Resolver:
 
     # --- settings -------------------------------------------------------------------------
 
-    def _check_config(self, problems: Problems) -> None:
-        for message in _repeats_problems(self._repeats) + _fan_out_problems(self._fan_out):
-            problems.config(message)
+    def _check_routing_mode(self, problems: Problems) -> None:
         if self._mode not in _MODES:
             problems.config(
                 f"environment_routing_mode must be one of {', '.join(_MODES)} "
@@ -283,12 +284,12 @@ def _repeats_problems(value: Any) -> list[str]:
     return problems
 
 
-def _fan_out_problems(fan_out: Mapping[str, Any]) -> list[str]:
-    return [
-        f"fan_out.{key} must be a non-empty list of agent names (got {agents!r}); "
-        f"list at least one agent"
+def _fan_out_problems(fan_out: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        key: f"fan_out.{key} must be a non-empty list of agent names (got {agents!r}); "
+        "list at least one agent"
         for key, agents in fan_out.items()
         if not isinstance(agents, list)
         or not agents
         or not all(isinstance(a, str) and a for a in agents)
-    ]
+    }

@@ -19,6 +19,12 @@ Run-level ``responses_create_params`` overrides are shallow-merged over the row'
 wins per top-level key, so an override's ``metadata`` replaces the row's); the seed is added after
 the merge. Rows without ``responses_create_params`` (0.7.0 task rows) get neither.
 
+Stamps: ``_ng_task_index``, ``_ng_rollout_index``, ``agent_ref`` (extra fields such as ``type``
+kept when the agent is the row's own), and when the route has them ``_ng_environment_server`` and
+``_ng_result_type``. Both routing stamps go on the body, not only in the `Identity`, because
+resume and the CLI rebuild identities from the materialized-inputs file
+(`MaterializedRow.from_body`), so the body must carry everything the identity holds.
+
 Stale collector keys: every ``_ng_*`` key of an input row is dropped except ``_ng_task_index``
 and ``_ng_rollout_id`` (protocol.md section 2), so an earlier run's failure sentinels, attempt
 numbers or ``_ng_no_persist`` never reach a server. Top-level ``reward`` and ``response`` are
@@ -45,6 +51,7 @@ TASK_INDEX: Final = "_ng_task_index"
 ROLLOUT_INDEX: Final = "_ng_rollout_index"
 ROLLOUT_ID: Final = "_ng_rollout_id"
 ENVIRONMENT_SERVER: Final = "_ng_environment_server"
+RESULT_TYPE: Final = "_ng_result_type"
 PARAMS: Final = "responses_create_params"
 _KEPT_COLLECTOR_KEYS: Final = frozenset({TASK_INDEX, ROLLOUT_ID})
 _STALE_RESULT_KEYS: Final = frozenset({"reward", "response"})
@@ -130,6 +137,8 @@ class Materializer:
         body[ROLLOUT_INDEX] = rollout
         if copy.environment_server is not None:
             body[ENVIRONMENT_SERVER] = copy.environment_server
+        if copy.result_type is not None:
+            body[RESULT_TYPE] = copy.result_type
         identity = Identity(
             task_index=task,
             rollout_index=rollout,

@@ -25,6 +25,10 @@ Errors are httpx's exception types, so httpx callers and the hot path share one 
 write and read failures mean it may have been delivered. Failures after the response's status
 line arrived are the `ResponseBegan` subclasses: the server certainly got the request
 (`Delivery.DELIVERED`) and a retry is never allowed.
+
+The module runs past the house's ~400 lines on purpose: the pool, the exchange state machine and
+the error vocabulary change together, and splitting them would spread the hot path's invariants
+(who closes a connection, when it may be pooled) over several files.
 """
 
 from __future__ import annotations
@@ -282,7 +286,7 @@ class H11Transport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         """Close every idle connection; later exchanges close their connection when done.
 
-        Cancellation: not a checkpoint beyond a final one; nothing is left half-closed.
+        Cancellation: closes everything first, then checkpoints; no idle connection is left open.
         """
         self._closed = True
         idle, self._idle = self._idle, {}

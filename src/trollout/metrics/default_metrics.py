@@ -28,24 +28,31 @@ from typing import Any, Final
 
 from .estimators import ColumnStats, describe
 from .stats import GroupStats, TaskStats, popcount
+from .streaming import Chunks, describe_chunks
 
-__all__ = ["agent_metrics", "describe_columns", "group_level_metrics", "key_metrics"]
+__all__ = [
+    "agent_metrics",
+    "column_chunks",
+    "describe_columns",
+    "group_level_metrics",
+    "key_metrics",
+]
 
 STATS: Final = ("mean", "max", "min", "median", "std")
 
 
 def describe_columns(
-    columns: Sequence[str], values_of: Callable[[str], list[float]], rows: int
+    columns: Sequence[str], stats_of: Callable[[str], ColumnStats | None], rows: int
 ) -> dict[str, float]:
     """Return ``{stat/column: value}`` over ``rows`` rows, stat-major, with pandas' std rule."""
     stats: dict[str, ColumnStats] = {}
     for column in columns:
-        values = values_of(column)
-        if values:
-            stats[column] = describe(values)
+        found = stats_of(column)
+        if found is not None:
+            stats[column] = found
     stds = {c: s.std for c, s in stats.items()}
     if all(v is None for v in stds.values()):
-        stds = {c: 0.0 if s.count == rows else None for c, s in stats.items()}
+        stds = {c: 0.0 if s.size == rows else None for c, s in stats.items()}
     out: dict[str, float] = {}
     for stat in STATS:
         for column, s in stats.items():
@@ -53,6 +60,17 @@ def describe_columns(
             if value is not None:
                 out[f"{stat}/{column}"] = value
     return out
+
+
+def column_chunks(parts: Sequence[GroupStats], column: str) -> Chunks:
+    """Return a factory of one column's values, one chunk per task, over group states."""
+
+    def chunks() -> Iterator[list[float]]:
+        for part in parts:
+            for state in part.tasks.values():
+                yield state.values(column)
+
+    return chunks
 
 
 def _parts(landed: GroupStats, imputed: GroupStats | None) -> list[GroupStats]:
@@ -87,10 +105,10 @@ def agent_metrics(landed: GroupStats, imputed: GroupStats | None = None) -> dict
         return dict(coverage)
     columns = landed.column_order(*parts[1:])
 
-    def values_of(column: str) -> list[float]:
-        return [v for p in parts for v in p.values(column)]
+    def stats_of(column: str) -> ColumnStats | None:
+        return describe_chunks(column_chunks(parts, column))
 
-    metrics: dict[str, Any] = describe_columns(columns, values_of, rows) | coverage
+    metrics: dict[str, Any] = describe_columns(columns, stats_of, rows) | coverage
     rollout_indices = 0
     for part in parts:
         rollout_indices |= part.rollout_indices
@@ -126,8 +144,9 @@ def _task_entry(
     present = set().union(*(s.schema for s in states))
     mine = [c for c in columns if c in present]
 
-    def values_of(column: str) -> list[float]:
-        return [v for s in states for v in s.values(column)]
+    def stats_of(column: str) -> ColumnStats | None:
+        values = [v for s in states for v in s.values(column)]
+        return describe(values) if values else None
 
     landed = known = 0
     for s in states:
@@ -136,7 +155,7 @@ def _task_entry(
     expected = popcount(known | landed)
     missing = expected - popcount(landed)
     entry: dict[str, Any] = {"_ng_task_index": task}
-    entry.update(describe_columns(mine, values_of, rows))
+    entry.update(describe_columns(mine, stats_of, rows))
     entry["num_rollouts"] = rows
     entry["expected_num_rollouts"] = expected
     entry["missing_num_rollouts"] = missing

@@ -29,6 +29,7 @@ import math
 import random
 from collections.abc import Iterable, Sequence
 from statistics import NormalDist
+from typing import NamedTuple
 
 from attrs import frozen
 
@@ -45,11 +46,10 @@ __all__ = [
 ]
 
 
-@frozen
-class ColumnStats:
+class ColumnStats(NamedTuple):
     """NeMo Gym's default statistics of one column (``std`` None when n < 2)."""
 
-    count: int
+    size: int
     mean: float
     max: float
     min: float
@@ -74,15 +74,14 @@ def describe(values: Iterable[float]) -> ColumnStats:
     """
     data = sorted(values)
     n = len(data)
-    if n == 1:
-        x = data[0]
-        return ColumnStats(1, x, x, x, x, None)
     if not n:
         raise ValueError("describe() needs at least one value; skip empty columns")
+    low, high = data[0], data[-1]
+    if low == high:  # one value, or all equal: nothing to compute
+        return ColumnStats(n, low, low, low, low, 0.0 if n > 1 else None)
     mid = n // 2
     median = data[mid] if n % 2 else (data[mid - 1] + data[mid]) / 2
-    std = sample_std(data) if n > 1 else None
-    return ColumnStats(n, math.fsum(data) / n, data[-1], data[0], median, std)
+    return ColumnStats(n, math.fsum(data) / n, high, low, median, sample_std(data))
 
 
 def sample_std(values: Sequence[float]) -> float:
@@ -92,22 +91,29 @@ def sample_std(values: Sequence[float]) -> float:
     sx = sum(scaled)
     sxx = sum(v * v for v in scaled)
     numerator = n * sxx - sx * sx  # n * sum of squared deviations, exact, scaled by 4**exponent
-    return _sqrt_of_fraction(numerator, n * (n - 1) << (2 * exponent))
+    return sqrt_of_fraction(numerator, n * (n - 1) << (2 * exponent))
 
 
 def _as_scaled_integers(values: Sequence[float]) -> tuple[list[int], int]:
     """Return integers I and e with values == I / 2**e exactly (floats are dyadic)."""
-    if all(float(v).is_integer() for v in values):
-        return [int(v) for v in values], 0
-    ratios = [float(v).as_integer_ratio() for v in values]
-    exponent = max(d.bit_length() - 1 for _, d in ratios)
-    return [p << (exponent - (d.bit_length() - 1)) for p, d in ratios], exponent
+    ints = list(map(int, values))
+    if ints == values:  # int == float compares exactly
+        return ints, 0
+    # v == m * 2**x with an integer 53-bit mantissa m, so v * 2**(53 - x) is an exact integer;
+    # the largest such shift makes every value one (it is > 0: some value is not integral).
+    exponent = max(53 - math.frexp(v)[1] for v in values if v)
+    try:
+        return [int(math.ldexp(v, exponent)) for v in values], exponent
+    except OverflowError:  # a spread beyond the float range: scale the exact ratios instead
+        ratios = [float(v).as_integer_ratio() for v in values]
+        exponent = max(d.bit_length() - 1 for _, d in ratios)
+        return [p << (exponent - (d.bit_length() - 1)) for p, d in ratios], exponent
 
 
 _SQRT_BITS = 2 * 53 + 3
 
 
-def _sqrt_of_fraction(n: int, m: int) -> float:
+def sqrt_of_fraction(n: int, m: int) -> float:
     """Return sqrt(n / m) correctly rounded (round-to-odd then one float rounding)."""
     if n <= 0:
         return 0.0

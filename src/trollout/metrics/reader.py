@@ -150,7 +150,7 @@ class Collection:
             self._read_plan(path, merge)
         self._planned = bool(self._plans)
         for order, lay in enumerate(layouts):
-            if lay.rollouts not in same:
+            if lay.rollouts.is_file() and lay.rollouts not in same:  # absent: nothing landed
                 self._read_rollouts(lay.rollouts, merge)
             if lay.failures.is_file() and lay.failures not in same:
                 self._read_failures(lay.failures, order, merge)
@@ -208,12 +208,13 @@ class Collection:
         pending: dict[RolloutKey, tuple[str, Mapping[str, Any]]] = {}
         failed_bits: defaultdict[tuple[GroupKey, int], int] = defaultdict(int)
         tallies: defaultdict[GroupKey, Counter[str]] = defaultdict(Counter)
+        recovered: Counter[GroupKey] = Counter()
         for (key, task, rollout), mark in self.ledger.marks.items():
             state = self.group(key).task(task)
             bit = 1 << rollout
             state.known |= bit
             if state.landed & bit:
-                tallies[key]["recovered"] += 1
+                recovered[key] += 1
                 continue
             failed_bits[key, task] |= bit
             tallies[key][mark.failure_class] += 1
@@ -230,7 +231,7 @@ class Collection:
         for (key, _, _), (label, _) in pending.items():
             imputed[key][label] += 1
         for key, group in self.groups.items():
-            self.coverage[key] = _coverage(group, tallies[key], imputed[key])
+            self.coverage[key] = _coverage(group, tallies[key], imputed[key], recovered[key])
 
     def _impute(self, pending: dict[RolloutKey, tuple[str, Mapping[str, Any]]]) -> None:
         """Add the imputed rows to the metric input, task fields taken from the plan."""
@@ -272,11 +273,13 @@ def _bits(mask: int) -> Iterator[int]:
         index += 1
 
 
-def _coverage(group: GroupStats, tallies: Counter[str], imputed: Counter[str]) -> Coverage:
+def _coverage(
+    group: GroupStats, tallies: Counter[str], imputed: Counter[str], recovered: int
+) -> Coverage:
     states = group.tasks.values()
     scored = sum(len(s.values("reward")) for s in states)
     rows = sum(s.rows for s in states)
-    failed = {c: n for c, n in tallies.items() if c not in (MISSING, OMITTED, "recovered")}
+    failed = {c: n for c, n in tallies.items() if c not in (MISSING, OMITTED)}
     return Coverage(
         expected=sum(popcount(s.known) for s in states),
         landed=sum(popcount(s.landed) for s in states),
@@ -287,5 +290,5 @@ def _coverage(group: GroupStats, tallies: Counter[str], imputed: Counter[str]) -
         omitted=tallies[OMITTED],
         missing=tallies[MISSING],
         imputed=dict(imputed),
-        recovered=tallies["recovered"],
+        recovered=recovered,
     )

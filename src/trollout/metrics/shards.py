@@ -21,7 +21,9 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+import orjson
 
 from ..errors import ConfigError
 from ..jsonl import parse_line
@@ -30,6 +32,7 @@ from ..recovery.layout import RunLayout, is_auxiliary
 __all__ = ["MergeWriter", "identical_files", "read_lines", "refuse_overwrite", "resolve_inputs"]
 
 _GLOB_CHARS = frozenset("*?[")
+_BLANK_START = (b"\n", b"\r", b" ", b"\t", b"")
 
 
 def resolve_inputs(patterns: str | Sequence[str]) -> list[Path]:
@@ -63,7 +66,10 @@ def _expand(piece: str) -> list[Path]:
 
 
 def identical_files(paths: Sequence[Path]) -> dict[Path, Path]:
-    """Map each path whose content repeats an earlier path's to that earlier path."""
+    """Map each path whose content repeats an earlier path's to that earlier path.
+
+    Empty files are never reported as copies of one another.
+    """
     same: dict[Path, Path] = {}
     by_size: defaultdict[int, list[Path]] = defaultdict(list)
     inodes: dict[tuple[int, int], Path] = {}
@@ -72,7 +78,7 @@ def identical_files(paths: Sequence[Path]) -> dict[Path, Path]:
         first = inodes.setdefault((st.st_dev, st.st_ino), path)
         if first is not path:
             same[path] = first
-        else:
+        elif st.st_size:  # empty files hold nothing to count twice
             by_size[st.st_size].append(path)
     for group in by_size.values():
         if len(group) > 1:
@@ -99,7 +105,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_lines(path: Path, torn: list[str]) -> Iterator[tuple[int, bytes, dict[str, object]]]:
+def read_lines(path: Path, torn: list[str]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
     """Yield ``(line number, raw line, row)`` for every non-blank line of a JSONL file.
 
     A last line without newline that does not parse is skipped and its ``file:line`` appended
@@ -110,7 +116,7 @@ def read_lines(path: Path, torn: list[str]) -> Iterator[tuple[int, bytes, dict[s
     """
     with open(path, "rb") as f:
         for number, line in enumerate(f, start=1):
-            if not line.strip():
+            if line[:1] in _BLANK_START and not line.strip():
                 continue
             if not line.endswith(b"\n"):
                 try:
@@ -120,7 +126,13 @@ def read_lines(path: Path, torn: list[str]) -> Iterator[tuple[int, bytes, dict[s
                     return
                 yield number, line + b"\n", row
                 return
-            yield number, line, parse_line(path, number, line)
+            try:
+                parsed = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                parsed = None
+            if type(parsed) is not dict:
+                parsed = parse_line(path, number, line)  # raises, naming the file and line
+            yield number, line, parsed
 
 
 def refuse_overwrite(outputs: Iterable[Path], inputs: Iterable[Path]) -> None:

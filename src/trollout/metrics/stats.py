@@ -26,30 +26,33 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 __all__ = ["MASK_SAMPLE", "GroupStats", "TaskStats", "is_masked", "metric_columns", "popcount"]
 
 MASK_SAMPLE: Final = "mask_sample"
 _NAN: Final = math.nan
+_NUMBER_TYPES: Final = frozenset({int, float, bool})  # exact types: subclasses are not numbers
 
 
 def metric_columns(row: Mapping[str, Any]) -> dict[str, float]:
     """Return a row's metric columns in NeMo Gym's order (row keys, then usage keys)."""
     response = row.get("response")
     usage = response.get("usage") if isinstance(response, Mapping) else None
-    merged = {**row, **usage} if isinstance(usage, Mapping) and usage else row
-    out: dict[str, float] = {}
-    for key, value in merged.items():
-        if key.startswith("_") or key == MASK_SAMPLE:
-            continue
-        kind = type(value)
-        if kind is float:
-            out[key] = value
-        elif kind is int or kind is bool:
-            out[key] = float(value)
-    return out
+    if isinstance(usage, Mapping) and usage:
+        if any(key in row for key in usage):  # a clash: usage's value at the row key's place
+            return _numbers({**row, **usage})
+        return _numbers(row) | _numbers(usage)
+    return _numbers(row)
+
+
+def _numbers(mapping: Mapping[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in mapping.items()
+        if type(v) in _NUMBER_TYPES and k[:1] != "_" and k != MASK_SAMPLE
+    }
 
 
 def is_masked(row: Mapping[str, Any]) -> bool:
@@ -74,13 +77,14 @@ class TaskStats:
         data: the kept rows' values, row by row under `schema`; NaN where a row lacks a column.
     """
 
-    __slots__ = ("data", "known", "landed", "masked", "rows", "schema")
+    __slots__ = ("data", "known", "landed", "masked", "ragged", "rows", "schema")
 
     def __init__(self) -> None:
         self.landed = 0
         self.known = 0
         self.masked = 0
         self.rows = 0
+        self.ragged = False  # some row lacks some column (NaN in data)
         self.schema: tuple[str, ...] = ()
         self.data = array("d")
 
@@ -91,6 +95,8 @@ class TaskStats:
             self.data.extend(columns.values())
             return
         self._widen(schema)
+        if len(columns) < len(self.schema):
+            self.ragged = True
         self.data.extend(columns.get(name, _NAN) for name in self.schema)
 
     def _widen(self, schema: tuple[str, ...]) -> None:
@@ -99,6 +105,7 @@ class TaskStats:
         if not new:
             return
         width, old = len(self.schema), self.data
+        self.ragged = self.ragged or self.rows > 1
         widened = self.schema + new
         self.schema = schema if widened == schema else widened  # keep the interned tuple
         if width == 0:
@@ -116,7 +123,7 @@ class TaskStats:
         except ValueError:
             return []
         column = self.data[index :: len(self.schema)]
-        return [v for v in column if v == v]
+        return [v for v in column if v == v] if self.ragged else column.tolist()
 
     def iter_rows(self) -> Iterator[dict[str, float]]:
         """Yield the kept rows' columns (rows without any column yield nothing)."""
@@ -200,11 +207,3 @@ class GroupStats:
             self._intern(schema, at)
         self.rollout_indices |= other.rollout_indices
         self.environment_servers.update(other.environment_servers)
-
-    def values(self, name: str, tasks: Iterable[int] | None = None) -> list[float]:
-        """Return one column's values over the given tasks (all by default)."""
-        chosen = self.tasks.values() if tasks is None else (self.tasks[t] for t in tasks)
-        out: list[float] = []
-        for state in chosen:
-            out.extend(state.values(name))
-        return out

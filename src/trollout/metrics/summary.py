@@ -7,18 +7,20 @@ HTML report read one record and never recompute.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
 from attrs import frozen
 
 from .coverage import Coverage, GroupKey
-from .default_metrics import agent_metrics
+from .default_metrics import agent_metrics, column_chunks
 from .reader import Collection
 from .server import ServerOutcome
 from .stats import GroupStats, popcount
+from .streaming import Chunks
 from .views import AS_ZERO, EXCLUDED, TaskRewards, ViewSummary, summarize_view
 
 __all__ = ["GroupSummary", "Histogram", "SummaryOptions", "histogram", "summarize"]
@@ -38,21 +40,27 @@ class Histogram:
         return {"labels": list(self.labels), "counts": list(self.counts)}
 
 
-def histogram(values: Sequence[float], *, bins: int = 20) -> Histogram | None:
+def histogram(chunks: Chunks, *, bins: int = 20) -> Histogram | None:
     """Return a bar per distinct value when there are few, else ``bins`` equal-width bins."""
-    if not values:
+    distinct: Counter[float] | None = Counter()
+    n, low, high = 0, math.inf, -math.inf
+    for chunk in chunks():
+        if chunk:
+            n, low, high = n + len(chunk), min(low, min(chunk)), max(high, max(chunk))
+            if distinct is not None:
+                distinct.update(chunk)
+                distinct = distinct if len(distinct) <= _MAX_DISTINCT_BARS else None
+    if not n:
         return None
-    distinct = Counter(values)
-    if len(distinct) <= _MAX_DISTINCT_BARS:
+    if distinct is not None:
         keys = sorted(distinct)
         return Histogram(tuple(_fmt(k) for k in keys), tuple(distinct[k] for k in keys))
-    low, high = min(values), max(values)
     width = (high - low) / bins
     counts = [0] * bins
-    for v in values:
-        counts[min(bins - 1, int((v - low) / width))] += 1
-    labels = tuple(_fmt(low + i * width) for i in range(bins))
-    return Histogram(labels, tuple(counts))
+    for chunk in chunks():
+        for v in chunk:
+            counts[min(bins - 1, int((v - low) / width))] += 1
+    return Histogram(tuple(_fmt(low + i * width) for i in range(bins)), tuple(counts))
 
 
 def _fmt(x: float) -> str:
@@ -145,11 +153,11 @@ def _summarize_group(
 ) -> GroupSummary:
     env = next(iter(group.environment_servers), None) or key[1]
     label = key[0] or env or ""
-    excluded, as_zero = [], []
-    for state in group.tasks.values():
-        rewards = state.values("reward")
-        excluded.append(TaskRewards.of(rewards))
-        as_zero.append(TaskRewards.of(rewards, popcount(state.known & ~state.landed)))
+    excluded = (TaskRewards.of(s.values("reward")) for s in group.tasks.values())
+    as_zero = (
+        TaskRewards.of(s.values("reward"), popcount(s.known & ~s.landed))
+        for s in group.tasks.values()
+    )
     return GroupSummary(
         agent=key[0],
         environment_server=env,
@@ -157,12 +165,14 @@ def _summarize_group(
         excluded=_view(EXCLUDED, excluded, label, options),
         as_zero=_view(AS_ZERO, as_zero, label, options),
         local_metrics=agent_metrics(group, collection.imputed.get(key)),
-        reward_histogram=histogram(group.values("reward")),
-        latency_histogram=histogram(group.values("elapsed_seconds")),
+        reward_histogram=histogram(column_chunks([group], "reward")),
+        latency_histogram=histogram(column_chunks([group], "elapsed_seconds")),
     )
 
 
-def _view(name: str, tasks: list[TaskRewards], label: str, options: SummaryOptions) -> ViewSummary:
+def _view(
+    name: str, tasks: Iterable[TaskRewards], label: str, options: SummaryOptions
+) -> ViewSummary:
     return summarize_view(
         name,
         tasks,

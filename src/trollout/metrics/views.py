@@ -39,8 +39,7 @@ EXCLUDED: Final = "failures_excluded"
 AS_ZERO: Final = "failures_as_zero"
 
 
-@frozen
-class TaskRewards:
+class TaskRewards(NamedTuple):
     """One task's rewards in a view: rollouts, sum, correct (reward 1), all binary."""
 
     n: int
@@ -51,8 +50,8 @@ class TaskRewards:
     @classmethod
     def of(cls, rewards: Sequence[float], zeros: int = 0) -> TaskRewards:
         """Summarize a task's rewards, plus ``zeros`` rollouts counted as 0."""
-        correct = sum(1 for r in rewards if r == 1.0)
-        binary = all(r == 1.0 or r == 0.0 for r in rewards)
+        correct = rewards.count(1.0)
+        binary = correct + rewards.count(0.0) == len(rewards)
         return cls(len(rewards) + zeros, math.fsum(rewards), correct, binary)
 
 

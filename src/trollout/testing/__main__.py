@@ -12,7 +12,7 @@ import click
 import trio
 
 from ..errors import ConfigError
-from .process import serve_until_signal
+from .process import raise_fd_limit, serve_until_signal
 from .spec import load_spec
 from .tasks import write_tasks
 
@@ -39,7 +39,9 @@ def serve(
         raise click.UsageError(str(exc)) from exc
     if sleep_s is not None:
         spec = spec.with_sleep(sleep_s)
-    trio.run(partial(serve_until_signal, spec, port_base=port_base, record_runs=not no_record_runs))
+    raise_fd_limit()
+    record_runs = False if no_record_runs else None
+    trio.run(partial(serve_until_signal, spec, port_base=port_base, record_runs=record_runs))
 
 
 @main.command("write-tasks")

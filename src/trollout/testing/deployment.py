@@ -55,6 +55,7 @@ class FakeUrls:
         environment_servers: agent name -> instance name of its environment server (0.7.0).
         metrics_urls: the model servers' ``/metrics`` URLs.
         ports: instance name -> port, every server (refused ones included).
+        pid: the serving process (set in the subprocess's ready line), or None.
     """
 
     head_url: str
@@ -63,6 +64,7 @@ class FakeUrls:
     environment_servers: dict[str, str]
     metrics_urls: tuple[str, ...]
     ports: dict[str, int]
+    pid: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return the URLs as a JSON-able mapping."""
@@ -73,6 +75,7 @@ class FakeUrls:
             "environment_servers": self.environment_servers,
             "metrics_urls": list(self.metrics_urls),
             "ports": self.ports,
+            "pid": self.pid,
         }
 
     @classmethod
@@ -85,6 +88,7 @@ class FakeUrls:
             environment_servers=dict(data["environment_servers"]),
             metrics_urls=tuple(data["metrics_urls"]),
             ports=dict(data["ports"]),
+            pid=data.get("pid"),
         )
 
 
@@ -231,6 +235,7 @@ def _resolve(spec: DeploymentSpec | str | os.PathLike[str] | None) -> Deployment
 
 
 def _closed_port() -> int:
+    # A port that was free a moment ago and is closed now; nothing of ours will listen there.
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         port: int = sock.getsockname()[1]
@@ -262,7 +267,7 @@ async def open_fake_deployment(
     spec: DeploymentSpec | str | os.PathLike[str] | None = None,
     *,
     port_base: int | None = None,
-    record_runs: bool = True,
+    record_runs: bool | None = None,
     fault_fn: FaultFn | None = None,
 ) -> AsyncIterator[FakeDeployment]:
     """Serve a fake deployment on loopback for the duration of the block.
@@ -271,7 +276,7 @@ async def open_fake_deployment(
         spec: a `DeploymentSpec`, a path to a spec YAML file, or None for the default spec.
         port_base: give the servers ports ``port_base``, ``port_base + 1``, ... (head first);
             by default every server binds port 0.
-        record_runs: keep the detailed log of every ``/run`` (turn off for benchmarks).
+        record_runs: keep the detailed log of every ``/run``; None: as the spec says.
         fault_fn: an in-process fault callable, consulted after a row's own override.
 
     Cancellation:
@@ -280,13 +285,15 @@ async def open_fake_deployment(
         closes every connection, including hung ones.
     """
     resolved = _resolve(spec)
-    state = DeploymentState(resolved, FakeStats(record_runs=record_runs), fault_fn=fault_fn)
+    detail = resolved.record_runs if record_runs is None else record_runs
+    state = DeploymentState(resolved, FakeStats(record_runs=detail), fault_fn=fault_fn)
     ports, listeners = _listen(resolved, port_base)
     config = build_config(resolved, ports)
     state.config_yaml = yaml.safe_dump(config, sort_keys=False)
     servers = {
         name: FakeServer(name, role, state, agent) for name, role, agent in _servers(resolved)
     }
+    # Each serve_listener closes its socket when it ends, even if cancelled before it ran.
     async with trio.open_nursery() as nursery:
         for name, sock in listeners.items():
             # start_soon is enough: the socket already listens, the kernel queues connections.

@@ -49,6 +49,7 @@ class FaultKind(enum.Enum):
     LATENCY = "latency"  # answer normally after an extra `delay_s`
     STATUS = "status"  # answer `status` with `body` (JSON string) and optional Retry-After
     RESET_MID_REQUEST = "reset_mid_request"  # read the request, then RST without a reply byte
+    DISCONNECT = "disconnect"  # read the request, then close (FIN) without a reply byte
     RESET_MID_RESPONSE = "reset_mid_response"  # send the head and half the body, then RST
     HANG = "hang"  # never answer; hold the connection until the client leaves
     NOT_JSON = "not_json"  # 200 whose body is not JSON
@@ -81,11 +82,13 @@ class Fault:
     Attributes:
         kind: what happens.
         status: HTTP status for STATUS and OVERSIZED.
-        body: the error body for STATUS (sent as a JSON string, as Gym servers do).
+        body: the error body for STATUS (sent as a JSON string, as Gym servers do); the
+            failure reason for JUDGE_FAILED and MASKED.
         retry_after: a ``Retry-After`` header value in seconds (STATUS), or None.
         delay_s: extra seconds before answering (LATENCY; added to any kind).
         size: body size in bytes for OVERSIZED.
-        failure_class: the class for FAILURE_CLASS (and optionally NO_PERSIST).
+        failure_class: the class for FAILURE_CLASS (optional for NO_PERSIST); the
+            ``failure_kind`` for MASKED (default ``session_lost``).
         terminal: whether FAILURE_CLASS also sets ``_ng_failure_terminal: true``.
         attempts: only these attempt indices get the fault (row overrides); None means all.
     """

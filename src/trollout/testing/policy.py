@@ -18,7 +18,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
 from attrs import frozen
 
 from .faults import unit_hash
@@ -70,12 +69,16 @@ def _messages(params: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return []
 
 
-def question_of(params: Mapping[str, Any]) -> str:
-    """Return the text of the last user message of ``responses_create_params``."""
-    for message in reversed(_messages(params)):
+def _question(messages: list[Mapping[str, Any]]) -> str:
+    for message in reversed(messages):
         if message.get("role", "user") == "user":
             return " ".join(_texts(message.get("content")))
     return ""
+
+
+def question_of(params: Mapping[str, Any]) -> str:
+    """Return the text of the last user message of ``responses_create_params``."""
+    return _question(_messages(params))
 
 
 def seed_of(row: Mapping[str, Any]) -> int:
@@ -101,6 +104,7 @@ class Answer:
     reward: float
     input_tokens: int
     output_tokens: int
+    key: str  # a hex digest of the draw, for response and message ids
 
 
 def _wrong(answer: str, draw: float) -> str:
@@ -119,23 +123,24 @@ def _facts(question: str, expected: str | None) -> tuple[str, float]:
 
 def answer_row(row: Mapping[str, Any], *, agent: str, accuracy: float, policy_seed: int) -> Answer:
     """Answer one row as ``agent`` would; the result depends only on its arguments."""
-    params = row["responses_create_params"]
-    question = question_of(params)
+    messages = _messages(row["responses_create_params"])
+    question = _question(messages)
     raw = row.get("expected_answer")
     expected = None if raw is None else str(raw).strip()
     truth, difficulty = _facts(question, expected)
-    draw = unit_hash(policy_seed, agent, question, seed_of(row))
+    parts = (policy_seed, agent, question, seed_of(row))
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=20).digest()
+    draw = int.from_bytes(digest[:8], "big") / 2.0**64
     text = truth if draw < accuracy * (1.0 - 0.5 * difficulty) else _wrong(truth, draw)
     reward = 1.0 if text.strip() == expected else 0.0
-    words = sum(len(t.split()) for m in _messages(params) for t in _texts(m.get("content")))
-    return Answer(text, reward, 8 + words * 2, 4 + len(text) // 3)
+    words = sum(len(t.split()) for m in messages for t in _texts(m.get("content")))
+    return Answer(text, reward, 8 + words * 2, 4 + len(text) // 3, digest.hex())
 
 
 def build_response(row: Mapping[str, Any], answer: Answer, *, model: str) -> dict[str, Any]:
     """Return an OpenAI Responses-like object carrying ``answer``."""
     params = row["responses_create_params"]
-    canonical = orjson.dumps([params, answer.text], option=orjson.OPT_SORT_KEYS)
-    key = hashlib.blake2b(canonical, digest_size=20).hexdigest()
+    key = answer.key
     usage = {
         "input_tokens": answer.input_tokens,
         "input_tokens_details": {"cached_tokens": 0},

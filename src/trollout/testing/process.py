@@ -12,6 +12,7 @@ its own GIL, and the collector under test can be killed without taking the serve
 from __future__ import annotations
 
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import attrs
 import orjson
 import trio
 import yaml
@@ -30,11 +32,18 @@ from ..errors import DeploymentError
 from .deployment import FakeUrls, open_fake_deployment
 from .spec import DeploymentSpec, load_spec, spec_to_dict
 
-__all__ = ["serve_until_signal", "spawn_fake_deployment"]
+__all__ = ["raise_fd_limit", "serve_until_signal", "spawn_fake_deployment"]
+
+
+def raise_fd_limit() -> None:
+    """Raise this process's open-file limit to its hard limit (10k connections need it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 async def serve_until_signal(
-    spec: DeploymentSpec, *, port_base: int | None = None, record_runs: bool = True
+    spec: DeploymentSpec, *, port_base: int | None = None, record_runs: bool | None = None
 ) -> None:
     """Serve ``spec``, print the ready line, and return on SIGTERM or SIGINT.
 
@@ -44,7 +53,7 @@ async def serve_until_signal(
     """
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_fake_deployment(spec, port_base=port_base, record_runs=record_runs) as fake:
-            ready = fake.urls.to_json() | {"pid": os.getpid()}
+            ready = attrs.evolve(fake.urls, pid=os.getpid()).to_json()
             sys.stdout.write(orjson.dumps(ready).decode() + "\n")
             sys.stdout.flush()
             async for _ in signals:
@@ -62,14 +71,14 @@ def _spec_file(stack: ExitStack, spec: DeploymentSpec | str | os.PathLike[str]) 
 
 
 def _command(
-    spec_path: str, port_base: int | None, sleep_s: float | None, record_runs: bool
+    spec_path: str, port_base: int | None, sleep_s: float | None, record_runs: bool | None
 ) -> list[str]:
     command = [sys.executable, "-m", "trollout.testing", "serve", "--spec", spec_path]
     if port_base is not None:
         command += ["--port-base", str(port_base)]
     if sleep_s is not None:
         command += ["--sleep", repr(sleep_s)]
-    if not record_runs:
+    if record_runs is False:
         command.append("--no-record-runs")
     return command
 
@@ -112,7 +121,7 @@ def spawn_fake_deployment(
     *,
     port_base: int | None = None,
     sleep_s: float | None = None,
-    record_runs: bool = True,
+    record_runs: bool | None = None,
     ready_timeout_s: float = 30.0,
     extra_args: Sequence[str] = (),
 ) -> Iterator[FakeUrls]:
@@ -122,7 +131,8 @@ def spawn_fake_deployment(
         spec: a `DeploymentSpec` (written to a temporary YAML file) or a spec file path.
         port_base: fixed ports from this number (head first); default: any free ports.
         sleep_s: every ``/run`` sleeps this long and nothing fails (memory benchmarks).
-        record_runs: keep the detailed ``/run`` log (``GET /_fake/runs`` on the head).
+        record_runs: False drops the detailed ``/run`` log (``GET /_fake/runs`` on the
+            head); None keeps what the spec says.
         ready_timeout_s: how long to wait for the ready line.
         extra_args: more arguments for ``python -m trollout.testing serve``.
 

@@ -33,7 +33,7 @@ from .faults import Fault, FaultContext, FaultFn, FaultKind, row_fault
 from .httpserver import Action, Reply, Request
 from .policy import MODEL_ID, answer_row, build_response
 from .spec import AgentSpec, DeploymentSpec
-from .stats import FakeStats, RunSeen
+from .stats import FakeStats
 
 __all__ = ["DeploymentState", "FakeServer", "Role"]
 
@@ -98,6 +98,12 @@ class FakeServer:
         self.state = state
         self.agent = agent
         self._routes = self._route_table()
+
+    @property
+    def _agent(self) -> AgentSpec:
+        # Only agent and environment servers route /run, and both are built with an agent.
+        assert self.agent is not None
+        return self.agent
 
     def _route_table(self) -> dict[tuple[str, str], Callable[[Request], Awaitable[Reply]]]:
         routes: dict[tuple[str, str], Callable[[Request], Awaitable[Reply]]] = {
@@ -173,6 +179,9 @@ class FakeServer:
         return Reply(body=orjson.dumps(aggregate_metrics(rows)))
 
     async def _run(self, request: Request) -> Reply:
+        # Section 3 (episodes) goes here: an environment server will tell an episode request
+        # ({"episode_id", "task"}) from a flat row before this validation and answer it with
+        # its own handler. A flat row needs its responses_create_params object.
         row = parse_object(request.body, "responses_create_params")
         if isinstance(row, Reply):
             return row
@@ -180,50 +189,34 @@ class FakeServer:
             msg = "Input should be a valid dictionary or object to extract fields from"
             loc = ["body", "responses_create_params"]
             return _detail("model_attributes_type", loc, msg, row["responses_create_params"])
-        assert self.agent is not None  # only agent and environment servers route /run
-        context = FaultContext(
-            server=self.name,
-            agent=self.agent.name,
-            task_index=_index(row, "_ng_task_index"),
-            rollout_index=_index(row, "_ng_rollout_index"),
-            attempt_index=_index(row, "_ng_attempt_index"),
-            row=row,
+        key = (
+            _index(row, "_ng_task_index"),
+            _index(row, "_ng_rollout_index"),
+            _index(row, "_ng_attempt_index"),
         )
-        fault = self._fault_for(context)
-        self.state.stats.run_seen(
-            RunSeen(
-                self.name,
-                context.agent,
-                context.task_index,
-                context.rollout_index,
-                context.attempt_index,
-                None if fault is None else fault.kind.value,
-            )
-        )
-        return await self._run_in_flight(row, context, fault)
+        fault = self._fault_for(row, key)
+        kind = None if fault is None else fault.kind.value
+        self.state.stats.run_seen(self.name, self._agent.name, key, kind)
+        return await self._run_in_flight(row, key, fault)
 
-    def _fault_for(self, context: FaultContext) -> Fault | None:
-        fault = row_fault(context.row, context.attempt_index)
+    def _fault_for(self, row: dict[str, Any], key: tuple[int, int, int]) -> Fault | None:
+        fault = row_fault(row, key[2])
         if fault is None and self.state.fault_fn is not None:
-            fault = self.state.fault_fn(context)
+            fault = self.state.fault_fn(FaultContext(self.name, self._agent.name, *key, row))
         if fault is None:
-            assert self.agent is not None
-            plan = self.agent.faults or self.state.spec.faults
-            fault = plan.fault_for(context.task_index, context.rollout_index, context.attempt_index)
+            plan = self._agent.faults or self.state.spec.faults
+            fault = plan.fault_for(*key)
         return fault
 
     async def _run_in_flight(
-        self, row: dict[str, Any], context: FaultContext, fault: Fault | None
+        self, row: dict[str, Any], key: tuple[int, int, int], fault: Fault | None
     ) -> Reply:
         stats = self.state.stats
         stats.run_started(self.name)
         done = partial(stats.run_ended, self.name)
         try:
-            assert self.agent is not None
-            latency = self.agent.latency or self.state.spec.latency
-            delay = latency.delay_for(
-                context.task_index, context.rollout_index, context.attempt_index
-            )
+            latency = self._agent.latency or self.state.spec.latency
+            delay = latency.delay_for(*key)
             delay += fault.delay_s if fault is not None else 0.0
             if delay > 0:
                 await trio.sleep(delay)
@@ -236,10 +229,9 @@ class FakeServer:
 
     def _result(self, row: dict[str, Any]) -> dict[str, Any]:
         """Return the success reply to ``row`` as a mapping."""
-        assert self.agent is not None
-        spec = self.state.spec
+        agent, spec = self._agent, self.state.spec
         answer = answer_row(
-            row, agent=self.agent.name, accuracy=self.agent.accuracy, policy_seed=spec.policy_seed
+            row, agent=agent.name, accuracy=agent.accuracy, policy_seed=spec.policy_seed
         )
         response = build_response(row, answer, model=MODEL_ID)
         if self.role is Role.AGENT:
@@ -299,6 +291,8 @@ def _fault_reply(
         return Reply(status=fault.status or 500, body=b'"' + b"x" * max(fault.size - 2, 0) + b'"')
     if kind is FaultKind.RESET_MID_REQUEST:
         return Reply(action=Action.RESET)
+    if kind is FaultKind.DISCONNECT:
+        return Reply(action=Action.CLOSE)
     if kind is FaultKind.RESET_MID_RESPONSE:
         return Reply(body=orjson.dumps(result(row)), action=Action.RESET_MID_BODY)
     if kind is FaultKind.HANG:

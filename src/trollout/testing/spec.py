@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -111,6 +111,7 @@ class DeploymentSpec:
         model_name: the model server's instance name.
         max_running: model-server slots; /run requests beyond this count as waiting in
             ``vllm:num_requests_waiting``.
+        record_runs: keep the detailed log of every ``/run`` (benchmarks turn it off).
     """
 
     agents: tuple[AgentSpec, ...] = field(
@@ -123,6 +124,7 @@ class DeploymentSpec:
     policy_seed: int = 0
     model_name: str = "policy_model"
     max_running: int = 256
+    record_runs: bool = True
 
     def __attrs_post_init__(self) -> None:
         names = [a.name for a in self.agents]
@@ -138,6 +140,22 @@ class DeploymentSpec:
                 return agent
         raise ConfigError(
             f"the spec has no agent {name!r}; known: {[a.name for a in self.agents]!r}"
+        )
+
+    @classmethod
+    def for_benchmark(
+        cls,
+        agents: Iterable[str],
+        *,
+        latency_s: float = 0.0,
+        generation: Generation | str = Generation.V0_7_0,
+    ) -> DeploymentSpec:
+        """Return a spec for benchmarks: fixed latency, no faults, no detailed /run log."""
+        return cls(
+            agents=tuple(AgentSpec(name=a) for a in agents),
+            generation=generation,
+            latency=Latency(fixed_s=latency_s),
+            record_runs=False,
         )
 
     def with_sleep(self, seconds: float) -> DeploymentSpec:
@@ -172,6 +190,7 @@ _SPEC_KEYS = {
     "policy_seed",
     "model_name",
     "max_running",
+    "record_runs",
 }
 
 
@@ -244,6 +263,7 @@ def spec_to_dict(spec: DeploymentSpec) -> dict[str, Any]:
         "policy_seed": spec.policy_seed,
         "model_name": spec.model_name,
         "max_running": spec.max_running,
+        "record_runs": spec.record_runs,
         "latency": attrs.asdict(spec.latency),
         "faults": _plan_to_dict(spec.faults),
         "agents": [_agent_to_dict(a) for a in spec.agents],

@@ -72,13 +72,15 @@ class FakeStats:
         self.in_flight -= 1
         self.in_flight_by_server[server] -= 1
 
-    def run_seen(self, seen: RunSeen) -> None:
-        """Record the identity of one ``/run``."""
+    def run_seen(
+        self, server: str, agent: str, key: tuple[int, int, int], fault: str | None
+    ) -> None:
+        """Record one ``/run``: who got it, its (task, rollout, attempt), the fault applied."""
         self.runs_total += 1
-        if seen.fault is not None:
-            self.by_fault[seen.fault] += 1
+        if fault is not None:
+            self.by_fault[fault] += 1
         if self.record_runs:
-            self.runs.append(seen)
+            self.runs.append(RunSeen(server, agent, *key, fault))
 
     def run_keys(self) -> Counter[tuple[int, int, int]]:
         """Return how often each ``(task, rollout, attempt)`` was received."""

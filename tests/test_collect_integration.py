@@ -1,0 +1,149 @@
+"""End to end over loopback: `collect_run` against the fake deployment with scripted faults."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from trollout import jsonl
+from trollout.cli.collect import collect_run
+from trollout.config import RunConfig
+from trollout.recovery.layout import RunLayout
+from trollout.testing import (
+    AgentSpec,
+    DeploymentSpec,
+    Fault,
+    FaultPlan,
+    open_fake_deployment,
+    write_tasks,
+)
+
+# Every fault kind, with the class (or place) each must end in.
+FAULTS: list[tuple[Fault, str]] = [
+    (Fault(kind="status", status=503, retry_after=1), "agent_request_failed"),
+    (Fault(kind="status", status=429, retry_after=2), "agent_request_failed"),
+    (Fault(kind="status", status=502), "agent_request_failed"),
+    (Fault(kind="status", status=500, body="Hit an exception"), "agent_run_error"),
+    (Fault(kind="status", status=422, body="validation"), "agent_run_error"),
+    (Fault(kind="reset_mid_request"), "agent_request_failed"),
+    (Fault(kind="disconnect"), "agent_request_failed"),
+    (Fault(kind="reset_mid_response"), "agent_request_failed"),
+    (Fault(kind="hang"), "agent_request_failed"),
+    (Fault(kind="not_json"), "agent_run_error"),
+    (Fault(kind="not_object"), "agent_run_error"),
+    (Fault(kind="oversized", status=500), "agent_run_error"),
+    (Fault(kind="failure_class", failure_class="transient"), "transient"),
+    (Fault(kind="failure_class", failure_class="skipped", terminal=True), "skipped"),
+    (Fault(kind="judge_failed"), "judge_failed"),
+    (Fault(kind="no_persist"), "nowhere"),
+    (Fault(kind="latency", delay_s=0.05), "landed"),
+    (Fault(kind="masked"), "landed"),
+]
+
+
+def faulty_spec(rate: float) -> DeploymentSpec:
+    """A 0.7.0 deployment whose first attempts get every fault kind at `rate`."""
+    plan = FaultPlan(seed=3, rate=rate, mix=tuple((fault, 1.0) for fault, _ in FAULTS))
+    return DeploymentSpec(agents=(AgentSpec(name="math_agent"),), faults=plan, policy_seed=5,
+                          record_runs=False)
+
+
+def expected_place(spec: DeploymentSpec, task: int, rollout: int) -> str:
+    """Where the scripted fault of a rollout's first attempt must send it."""
+    fault = spec.faults.fault_for(task, rollout, 0)
+    if fault is None:
+        return "landed"
+    return next(place for f, place in FAULTS if f == fault)
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """Read a JSONL file (empty when absent)."""
+    return list(jsonl.read_rows(path)) if path.exists() else []
+
+
+@pytest.mark.slow
+async def test_collect_every_rollout_ends_in_exactly_one_place(tmp_path: Path) -> None:
+    """1,000 rows x 4 repeats, ~10% faults of every kind: each rollout lands once, in its place."""
+    source = tmp_path / "tasks.jsonl"
+    write_tasks(source, 1000, seed=1)
+    spec = faulty_spec(0.10)
+    async with open_fake_deployment(spec) as fake:
+        config = RunConfig(
+            input_jsonl_fpath=str(source), output_jsonl_fpath=str(tmp_path / "run" / "r.jsonl"),
+            head_server=fake.head_url, agent_name="math_agent", num_repeats=4,
+            num_repeats_add_seed=True, num_samples_in_parallel=128, read_timeout_s=1.0,
+        )
+        result = await collect_run(config, live=False)
+    layout = RunLayout.for_output(config.output_jsonl_fpath or "")
+    materialized = read(layout.materialized_inputs)
+    keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in materialized]
+    assert len(keys) == len(set(keys)) == result.expected == 4000
+
+    landed = Counter((r["_ng_task_index"], r["_ng_rollout_index"]) for r in read(layout.rollouts))
+    failures = {(r["_ng_task_index"], r["_ng_rollout_index"]): r for r in read(layout.failures)}
+    assert max(landed.values()) == 1
+    assert len(failures) == len(read(layout.failures))
+    assert not set(landed) & set(failures)
+    places = Counter()
+    for key in keys:
+        want = expected_place(spec, *key)
+        places[want] += 1
+        got = ("landed" if key in landed
+               else failures[key]["_ng_failure_class"] if key in failures else "nowhere")
+        assert got == want, (key, spec.faults.fault_for(*key, 0))
+    assert places["landed"] < 4000 * 0.95  # the faults really happened
+    assert len(places) == len({place for _, place in FAULTS})
+
+    status = json.loads(layout.batch_status.read_text())
+    assert status["expected"] == 4000
+    assert status["completed"] == len(landed)
+    assert status["failed"] == len(failures)
+    assert status["no_persist"] == places["nowhere"]
+    assert status["finished"] is True
+    assert result.progress.landed == len(landed)
+
+
+async def test_collect_concurrency_reaches_and_never_exceeds_limit(tmp_path: Path) -> None:
+    """The server sees at most num_samples_in_parallel /run in flight, and reaches it."""
+    source = tmp_path / "tasks.jsonl"
+    write_tasks(source, 100, seed=2)
+    spec = attrs.evolve(faulty_spec(0.0), latency=attrs.evolve(DeploymentSpec().latency,
+                                                               fixed_s=0.05))
+    async with open_fake_deployment(spec) as fake:
+        config = RunConfig(
+            input_jsonl_fpath=str(source), output_jsonl_fpath=str(tmp_path / "r.jsonl"),
+            head_server=fake.head_url, agent_name="math_agent", num_repeats=3,
+            num_samples_in_parallel=16, max_resident_rollout_tasks=24,
+        )
+        result = await collect_run(config, live=False)
+        assert fake.stats.max_in_flight == 16
+    assert result.max_resident == 24
+    assert result.progress.landed == 300
+
+
+async def test_collect_cancelled_run_keeps_settled_outcomes(tmp_path: Path) -> None:
+    """Cancelling a run mid-way leaves every settled outcome on disk and a finished status."""
+    source = tmp_path / "tasks.jsonl"
+    write_tasks(source, 200, seed=4)
+    spec = attrs.evolve(faulty_spec(0.0), latency=attrs.evolve(DeploymentSpec().latency,
+                                                               fixed_s=0.2))
+    async with open_fake_deployment(spec) as fake:
+        config = RunConfig(
+            input_jsonl_fpath=str(source), output_jsonl_fpath=str(tmp_path / "r.jsonl"),
+            head_server=fake.head_url, agent_name="math_agent", num_samples_in_parallel=20,
+        )
+        with trio.move_on_after(1.0):
+            await collect_run(config, live=False)
+    layout = RunLayout.for_output(tmp_path / "r.jsonl")
+    landed = read(layout.rollouts)
+    status = json.loads(layout.batch_status.read_text())
+    assert 0 < len(landed) < 200
+    assert status["completed"] == len(landed)
+    assert status["omitted"] == 20  # the rollouts in flight at the cancellation
+    assert status["finished"] is True
