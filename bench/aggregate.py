@@ -18,6 +18,7 @@ Usage: ``python bench/aggregate.py [--cases 100k,1M,1M-fixed-tasks] [--keep DIR]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 import orjson
 
@@ -38,7 +40,7 @@ CASES = {
 SHARDS = 8
 AGENT = "math_agent"
 ENV = "math_environment_server"
-WORDS = "the of and to in is that for it as with was on be by this are or at from".split()
+WORDS = ("the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on")
 
 
 def text(rng: random.Random, n: int) -> str:
@@ -66,9 +68,11 @@ def landed_row(rng: random.Random, task: int, rollout: int, prompt: list[dict[st
             "model": "policy-model",
             "object": "response",
             "output": [
-                {"type": "message", "role": "assistant", "content": [
-                    {"type": "output_text", "text": text(rng, out // 4)}
-                ]}
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text(rng, out // 4)}],
+                }
             ],
             "usage": {
                 "input_tokens": inp,
@@ -109,33 +113,35 @@ def failure_row(task: int, rollout: int, attempt: int) -> bytes:
 def generate(folder: Path, tasks: int, repeats: int, seed: int = 7) -> int:
     """Write the shards (task t goes to shard t % 8); return the number of landed rows."""
     rng = random.Random(seed)
-    files = []
-    for s in range(SHARDS):
-        stem = folder / f"shard{s}"
-        files.append(
-            tuple(open(f"{stem}{suffix}.jsonl", "wb") for suffix in ("", "_failures", "_materialized_inputs"))  # noqa: SIM115
-        )
+    suffixes = ("", "_failures", "_materialized_inputs")
     landed = 0
-    for task in range(tasks):
-        rollouts, failures, plan = files[task % SHARDS]
-        prompt = [{"role": "user", "content": text(rng, 40)}]
-        for rollout in range(repeats):
-            body = {"responses_create_params": {"input": prompt}, **stamps(task, rollout)}
-            plan.write(orjson.dumps(body) + b"\n")
-            fate = rng.random()
-            if fate < 0.01:
-                continue  # never ran
-            if fate < 0.04:
-                failures.write(failure_row(task, rollout, 0))
-                if fate > 0.03:  # a retry landed
-                    rollouts.write(landed_row(rng, task, rollout, prompt))
-                    landed += 1
+    with contextlib.ExitStack() as stack:
+        files = [
+            [stack.enter_context(open(folder / f"shard{s}{x}.jsonl", "wb")) for x in suffixes]
+            for s in range(SHARDS)
+        ]
+        for task in range(tasks):
+            landed += _write_task(rng, task, repeats, *files[task % SHARDS])
+    return landed
+
+
+def _write_task(rng: random.Random, task: int, repeats: int, *files: IO[bytes]) -> int:
+    """Write one task's rollouts: 1% never run, 3% failed (a third of those landed later)."""
+    rollouts, failures, plan = files
+    prompt = [{"role": "user", "content": text(rng, 40)}]
+    landed = 0
+    for rollout in range(repeats):
+        body = {"responses_create_params": {"input": prompt}, **stamps(task, rollout)}
+        plan.write(orjson.dumps(body) + b"\n")
+        fate = rng.random()
+        if fate < 0.01:
+            continue
+        if fate < 0.04:
+            failures.write(failure_row(task, rollout, 0))
+            if fate <= 0.03:
                 continue
-            rollouts.write(landed_row(rng, task, rollout, prompt))
-            landed += 1
-    for group in files:
-        for f in group:
-            f.close()
+        rollouts.write(landed_row(rng, task, rollout, prompt))
+        landed += 1
     return landed
 
 
@@ -177,8 +183,11 @@ def bench_case(name: str, root: Path) -> dict[str, object]:
     t0 = time.perf_counter()
     gen = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import aggregate as a; "
     gen += f"from pathlib import Path; print(a.generate(Path({str(folder)!r}), {tasks}, {repeats}))"
-    landed = int(subprocess.run([sys.executable, "-c", gen], capture_output=True, text=True,
-                                check=True).stdout.strip())
+    landed = int(
+        subprocess.run(
+            [sys.executable, "-c", gen], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     generated = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in folder.glob("shard*.jsonl"))
     figures = run_child(CHILD, str(folder))

@@ -119,3 +119,15 @@ def test_aggregate_server_failure_exits_1_after_writing(tmp_path: Path) -> None:
     assert entry["agent_metrics"] == {}
     assert "ConnectError" in entry["aggregation_error"]
     assert entry["trollout"]["local_agent_metrics"]["mean/reward"] == 0.5
+
+
+def test_aggregate_unreachable_head_server_exits_2(tmp_path: Path) -> None:
+    """A head server that does not answer is a usage error that suggests aggregating locally."""
+    shards(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = invoke(str(tmp_path / "s0.jsonl"), f"+head_server={{host:127.0.0.1,port:{port}}}")
+    assert result.exit_code == 2
+    assert "drop --head-server to aggregate locally" in result.output
+    assert not (tmp_path / "s0_aggregate_metrics.json").exists()

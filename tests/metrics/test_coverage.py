@@ -6,7 +6,13 @@ from pathlib import Path
 
 from run_folders import failed, landed, omitted, plan_for, planned, read_metrics, write_run
 
-from trollout.metrics import AggregateOptions, AggregateResult, Coverage, aggregate_shards
+from trollout.metrics import (
+    AggregateOptions,
+    AggregateResult,
+    Coverage,
+    aggregate_run,
+    aggregate_shards,
+)
 from trollout.metrics.coverage import coverage_lines
 
 
@@ -140,3 +146,17 @@ def test_coverage_lines_say_what_is_left_out() -> None:
     assert coverage_lines(Coverage(expected=2, landed=2, scored=2)) == [
         "Metrics cover: 2 of 2 rollouts"
     ]
+
+
+async def test_aggregate_run_without_a_rollouts_file(tmp_path: Path) -> None:
+    """A run where nothing landed yet (no rollouts file) is aggregated: all planned, none scored."""
+    layout = write_run(tmp_path / "run.jsonl", [], failures=[failed(0, 0)], plan=plan_for(2, 1))
+    layout.rollouts.unlink()
+    result = await aggregate_run(layout)
+    assert result.metrics_path == layout.aggregate_metrics
+    cov = result.coverage
+    assert (cov.expected, cov.landed, cov.failed, cov.missing) == (2, 0, {"agent_run_error": 1}, 1)
+    (entry,) = read_metrics(layout)
+    assert entry["agent_metrics"] == {}
+    assert entry["group_level_metrics"] == []
+    assert entry["trollout"]["failures_as_zero"]["rollouts"] == 2

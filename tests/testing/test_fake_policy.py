@@ -96,13 +96,14 @@ def test_answer_without_expected_answer_scores_zero() -> None:
 
 
 def test_example_fixture_rows_are_well_formed() -> None:
-    """About 40 rows, all routable by the run, some identical, all solvable."""
+    """About 40 rows, routed by task_source to the two agents, some identical, all solvable."""
     lines = (FIXTURES / "example_tasks.jsonl").read_bytes().splitlines()
     rows = [orjson.loads(line) for line in lines]
     assert 35 <= len(rows) <= 45
     assert len(set(lines)) < len(lines)
     for row in rows:
         assert "agent_ref" not in row
+        assert row["task_source"] in {"math_agent_tasks", "string_agent_tasks"}
         assert solve(question_of(row["responses_create_params"])) == row["expected_answer"]
 
 

@@ -150,7 +150,7 @@ def _axes(y_max: float, y_label: str) -> str:
 def _bars(hist: Histogram | None, title: str, color: str) -> str:
     if hist is None or not hist.counts:
         return _empty(title)
-    top = max(hist.counts)
+    top = -(-max(hist.counts) // 4) * 4  # a multiple of 4: whole-number ticks
     plot_w, plot_h = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
     step = plot_w / len(hist.counts)
     every = max(1, len(hist.counts) // 10)
