@@ -135,9 +135,12 @@ def client_main(argv: list[str]) -> None:
 
 
 def run_client(kind: str, url: str, rows_path: Path, out: Path, concurrency: int) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--client", kind, url, str(rows_path), str(out)]
     proc = subprocess.run(
-        [sys.executable, __file__, "--client", kind, url, str(rows_path), str(out), str(concurrency)],
-        capture_output=True, text=True, check=False,
+        [*command, str(concurrency)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} client failed:\n{proc.stderr[-3000:]}")
@@ -147,8 +150,10 @@ def run_client(kind: str, url: str, rows_path: Path, out: Path, concurrency: int
 def report(kind: str, concurrency: int, r: dict[str, Any]) -> str:
     rate = r["landed"] / r["wall_s"]
     cpu_per_k = 1000 * r["cpu_s"] / r["n"]
-    return (f"{kind:9s} c={concurrency:<5d} {r['landed']:>7d}/{r['n']:<7d} {rate:9.0f} rollouts/s "
-            f"{cpu_per_k:7.3f} CPU s/1k  peak RSS {r['peak_rss_mib']:.0f} MiB")
+    return (
+        f"{kind:9s} c={concurrency:<5d} {r['landed']:>7d}/{r['n']:<7d} {rate:9.0f} rollouts/s "
+        f"{cpu_per_k:7.3f} CPU s/1k  peak RSS {r['peak_rss_mib']:.0f} MiB"
+    )
 
 
 def main() -> None:
@@ -176,8 +181,9 @@ def main() -> None:
                 if not part.exists():
                     write_materialized(part, n, "bench_agent")
                 for kind in ("trollout", "baseline"):
-                    r = run_client(kind, url, part, folder / f"{kind}_{concurrency}.jsonl",
-                                   concurrency)
+                    r = run_client(
+                        kind, url, part, folder / f"{kind}_{concurrency}.jsonl", concurrency
+                    )
                     print(report(kind, concurrency, r), flush=True)
         if not args.skip_memory:
             memory_figures(folder)
@@ -192,8 +198,10 @@ def memory_figures(folder: Path) -> None:
         rows = folder / "inflight.jsonl"
         write_materialized(rows, 10000, "bench_agent")
         r = run_client("trollout", url, rows, folder / "inflight_out.jsonl", 10000)
-        print(f"10,000 in flight (server sleeps 5 s): peak RSS {r['peak_rss_mib']:.0f} MiB, "
-              f"wall {r['wall_s']:.1f} s")
+        print(
+            f"10,000 in flight (server sleeps 5 s): peak RSS {r['peak_rss_mib']:.0f} MiB, "
+            f"wall {r['wall_s']:.1f} s"
+        )
         r = run_client("baseline", url, rows, folder / "inflight_base.jsonl", 10000)
         print(f"  baseline, same: peak RSS {r['peak_rss_mib']:.0f} MiB, wall {r['wall_s']:.1f} s")
     spec = DeploymentSpec.for_benchmark(agents=["bench_agent"], latency_s=0.0)
@@ -204,8 +212,10 @@ def memory_figures(folder: Path) -> None:
             write_materialized(rows, n, "bench_agent")
             for kind in ("trollout", "baseline"):
                 r = run_client(kind, url, rows, folder / f"{kind}_in_{n}.jsonl", 64)
-                print(f"{n:>7d}-row input, {kind}: peak RSS {r['peak_rss_mib']:.0f} MiB "
-                      f"({r['landed']} landed in {r['wall_s']:.1f} s)")
+                print(
+                    f"{n:>7d}-row input, {kind}: peak RSS {r['peak_rss_mib']:.0f} MiB "
+                    f"({r['landed']} landed in {r['wall_s']:.1f} s)"
+                )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ FAULTS: list[tuple[Fault, str]] = [
 def faulty_spec(rate: float) -> DeploymentSpec:
     """A 0.7.0 deployment whose first attempts get every fault kind at `rate`."""
     plan = FaultPlan(seed=3, rate=rate, mix=tuple((fault, 1.0) for fault, _ in FAULTS))
-    return DeploymentSpec(agents=(AgentSpec(name="math_agent"),), faults=plan, policy_seed=5,
-                          record_runs=False)
+    return DeploymentSpec(
+        agents=(AgentSpec(name="math_agent"),), faults=plan, policy_seed=5, record_runs=False
+    )
 
 
 def expected_place(spec: DeploymentSpec, task: int, rollout: int) -> str:
@@ -75,9 +76,14 @@ async def test_collect_every_rollout_ends_in_exactly_one_place(tmp_path: Path) -
     spec = faulty_spec(0.10)
     async with open_fake_deployment(spec) as fake:
         config = RunConfig(
-            input_jsonl_fpath=str(source), output_jsonl_fpath=str(tmp_path / "run" / "r.jsonl"),
-            head_server=fake.head_url, agent_name="math_agent", num_repeats=4,
-            num_repeats_add_seed=True, num_samples_in_parallel=128, read_timeout_s=1.0,
+            input_jsonl_fpath=str(source),
+            output_jsonl_fpath=str(tmp_path / "run" / "r.jsonl"),
+            head_server=fake.head_url,
+            agent_name="math_agent",
+            num_repeats=4,
+            num_repeats_add_seed=True,
+            num_samples_in_parallel=128,
+            read_timeout_s=1.0,
         )
         result = await collect_run(config, live=False)
     layout = RunLayout.for_output(config.output_jsonl_fpath or "")
@@ -94,8 +100,13 @@ async def test_collect_every_rollout_ends_in_exactly_one_place(tmp_path: Path) -
     for key in keys:
         want = expected_place(spec, *key)
         places[want] += 1
-        got = ("landed" if key in landed
-               else failures[key]["_ng_failure_class"] if key in failures else "nowhere")
+        got = (
+            "landed"
+            if key in landed
+            else failures[key]["_ng_failure_class"]
+            if key in failures
+            else "nowhere"
+        )
         assert got == want, (key, spec.faults.fault_for(*key, 0))
     assert places["landed"] < 4000 * 0.95  # the faults really happened
     assert len(places) == len({place for _, place in FAULTS})
@@ -113,13 +124,18 @@ async def test_collect_concurrency_reaches_and_never_exceeds_limit(tmp_path: Pat
     """The server sees at most num_samples_in_parallel /run in flight, and reaches it."""
     source = tmp_path / "tasks.jsonl"
     write_tasks(source, 100, seed=2)
-    spec = attrs.evolve(faulty_spec(0.0), latency=attrs.evolve(DeploymentSpec().latency,
-                                                               fixed_s=0.05))
+    spec = attrs.evolve(
+        faulty_spec(0.0), latency=attrs.evolve(DeploymentSpec().latency, fixed_s=0.05)
+    )
     async with open_fake_deployment(spec) as fake:
         config = RunConfig(
-            input_jsonl_fpath=str(source), output_jsonl_fpath=str(tmp_path / "r.jsonl"),
-            head_server=fake.head_url, agent_name="math_agent", num_repeats=3,
-            num_samples_in_parallel=16, max_resident_rollout_tasks=24,
+            input_jsonl_fpath=str(source),
+            output_jsonl_fpath=str(tmp_path / "r.jsonl"),
+            head_server=fake.head_url,
+            agent_name="math_agent",
+            num_repeats=3,
+            num_samples_in_parallel=16,
+            max_resident_rollout_tasks=24,
         )
         result = await collect_run(config, live=False)
         assert fake.stats.max_in_flight == 16
@@ -131,12 +147,16 @@ async def test_collect_cancelled_run_keeps_settled_outcomes(tmp_path: Path) -> N
     """Cancelling a run mid-way leaves every settled outcome on disk and a finished status."""
     source = tmp_path / "tasks.jsonl"
     write_tasks(source, 200, seed=4)
-    spec = attrs.evolve(faulty_spec(0.0), latency=attrs.evolve(DeploymentSpec().latency,
-                                                               fixed_s=0.2))
+    spec = attrs.evolve(
+        faulty_spec(0.0), latency=attrs.evolve(DeploymentSpec().latency, fixed_s=0.2)
+    )
     async with open_fake_deployment(spec) as fake:
         config = RunConfig(
-            input_jsonl_fpath=str(source), output_jsonl_fpath=str(tmp_path / "r.jsonl"),
-            head_server=fake.head_url, agent_name="math_agent", num_samples_in_parallel=20,
+            input_jsonl_fpath=str(source),
+            output_jsonl_fpath=str(tmp_path / "r.jsonl"),
+            head_server=fake.head_url,
+            agent_name="math_agent",
+            num_samples_in_parallel=20,
         )
         with trio.move_on_after(1.0):
             await collect_run(config, live=False)

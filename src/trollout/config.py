@@ -105,6 +105,28 @@ class RunConfig:
     dispatch_connect_grace_s: float = attrs.field(default=30.0, validator=_non_negative)
     max_connect_retries: int = attrs.field(default=4, validator=_non_negative)
     fail_fast: bool = False
+    # retries, budgets, breaker and the per-rollout limit (collector/retry.py's design note)
+    retry_requests: bool = False  # re-send possibly-delivered requests (new attempt numbers)
+    max_request_retries: int = attrs.field(default=3, validator=_non_negative)  # per rollout
+    retry_backoff_base_s: float = attrs.field(default=0.5, validator=_non_negative)
+    retry_backoff_max_s: float = attrs.field(default=30.0, validator=_non_negative)
+    retry_budget_per_endpoint: int = attrs.field(default=100, validator=_non_negative)  # a count
+    breaker_failure_threshold: int = attrs.field(default=20, validator=_positive)
+    breaker_open_s: float = attrs.field(default=30.0, validator=_positive)
+    rollout_timeout_s: float | None = attrs.field(default=None, validator=_positive)
+    timeout_is_terminal: bool = False
+    # the run timing report (protocol.md section 9; collector/timing.py)
+    server_queue_metrics_urls: list[str] = attrs.field(factory=list)
+    server_queue_sample_interval_s: float = attrs.field(default=10.0, validator=_positive)
+    server_queue_max_waiting_ratio: float = attrs.field(default=1.0, validator=_non_negative)
+    timing_summary_interval_s: float | None = attrs.field(default=300.0, validator=_positive)
+    dispatch_start_report_within_s: float = attrs.field(default=60.0, validator=_non_negative)
+    dispatch_start_report_min_fraction: float | None = None
+    dispatch_all_started_within_s: float | None = attrs.field(default=None, validator=_positive)
+    timed_out_max_fraction: float = attrs.field(default=0.01, validator=_non_negative)
+    long_rollout_s: float | None = attrs.field(default=None, validator=_positive)
+    long_rollout_max_fraction: float = attrs.field(default=0.05, validator=_non_negative)
+    straggler_p90_multiple: float = attrs.field(default=3.0, validator=_positive)
     # durability and reporting
     fsync: FsyncPolicy = FsyncPolicy.BATCH
     fsync_every_rows: int = attrs.field(default=256, validator=_positive)

@@ -109,7 +109,8 @@ class FailureClass(enum.StrEnum):
     """
 
     # The collector's own classes.
-    AGENT_REQUEST_FAILED = "agent_request_failed"  # no reply, or a gateway status: nothing proves it ran
+    # no reply, or a gateway status: nothing proves it ran
+    AGENT_REQUEST_FAILED = "agent_request_failed"
     AGENT_RUN_ERROR = "agent_run_error"  # the server answered with an error: it ran and broke
     ENVIRONMENT_SERVER_FAILED = "environment_server_failed"  # an episode reply held a `failure`
     ENVIRONMENT_PROTOCOL_VIOLATION = "environment_protocol_violation"  # a reply of the wrong shape

@@ -12,8 +12,11 @@ from click.testing import CliRunner
 
 from trollout.cli.main import cli
 
-ROW = {"responses_create_params": {"input": [{"role": "user", "content": "What is 1 + 1?"}]},
-       "expected_answer": "2", "agent_ref": {"name": "math_agent"}}
+ROW = {
+    "responses_create_params": {"input": [{"role": "user", "content": "What is 1 + 1?"}]},
+    "expected_answer": "2",
+    "agent_ref": {"name": "math_agent"},
+}
 
 
 @pytest.fixture
@@ -48,23 +51,33 @@ def write_input(path: Path, lines: list[str]) -> Path:
 def run_collect(tmp_path: Path, listener: socket.socket, lines: list[str], *extra: str):
     """Run collect on the given lines against the never-answering listener."""
     source = write_input(tmp_path / "in.jsonl", lines)
-    url = "http://127.0.0.1:%d" % listener.getsockname()[1]
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
     return CliRunner().invoke(
         cli,
-        ["collect", str(source), "-o", str(tmp_path / "out" / "r.jsonl"),
-         "--agent-url", f"math_agent={url}", "--progress", "plain", *extra],
+        [
+            "collect",
+            str(source),
+            "-o",
+            str(tmp_path / "out" / "r.jsonl"),
+            "--agent-url",
+            f"math_agent={url}",
+            "--progress",
+            "plain",
+            *extra,
+        ],
     )
 
 
 BAD_INPUTS = {
     "malformed line": ([json.dumps(ROW), "{not json", json.dumps(ROW)], (), "in.jsonl:2"),
-    "unknown agent": (
-        [json.dumps({**ROW, "agent_ref": {"name": "nobody"}})], (), "nobody"),
+    "unknown agent": ([json.dumps({**ROW, "agent_ref": {"name": "nobody"}})], (), "nobody"),
     "reserved rollout id": ([json.dumps({**ROW, "_ng_rollout_id": "x-a3"})], (), "-a3"),
     "num_repeats 0": ([json.dumps(ROW)], ("+num_repeats=0",), "num_repeats"),
     "missing responses_create_params": (
-        [json.dumps({"expected_answer": "2", "agent_ref": {"name": "math_agent"}})], (),
-        "responses_create_params"),
+        [json.dumps({"expected_answer": "2", "agent_ref": {"name": "math_agent"}})],
+        (),
+        "responses_create_params",
+    ),
     "unknown setting": ([json.dumps(ROW)], ("+num_repeat=2",), "num_repeats"),
 }
 

@@ -78,7 +78,10 @@ async def test_engine_bounds_requests_and_resident_tasks(autojump_clock: Any) ->
     sink = ListSink()
     config = RunConfig(num_samples_in_parallel=8, max_resident_rollout_tasks=12)
     async with open_collector(
-        config=config, urls=URLS, sink=sink, transport=transport  # type: ignore[arg-type]
+        config=config,
+        urls=URLS,
+        sink=sink,
+        transport=transport,  # type: ignore[arg-type]
     ) as collector:
         await collector.collect(make_rows(100))
     assert transport.max_in_flight == 8
@@ -91,7 +94,8 @@ async def test_engine_runs_in_exact_virtual_time(autojump_clock: Any) -> None:
     """100 one-second rollouts at concurrency 10 take exactly 10 virtual seconds."""
     start = trio.current_time()
     async with open_collector(
-        config=RunConfig(num_samples_in_parallel=10), urls=URLS,
+        config=RunConfig(num_samples_in_parallel=10),
+        urls=URLS,
         transport=ScriptedTransport(),  # type: ignore[arg-type]
     ) as collector:
         progress = await collector.collect(make_rows(100))
@@ -105,7 +109,9 @@ async def test_engine_failed_rollout_does_not_abort_run(autojump_clock: Any) -> 
     transport = ScriptedTransport(status=lambda row: 500 if row["_ng_task_index"] % 5 == 0 else 200)
     sink = ListSink()
     async with open_collector(
-        config=RunConfig(num_samples_in_parallel=4), urls=URLS, sink=sink,
+        config=RunConfig(num_samples_in_parallel=4),
+        urls=URLS,
+        sink=sink,
         transport=transport,  # type: ignore[arg-type]
     ) as collector:
         await collector.collect(make_rows(20))
@@ -121,7 +127,9 @@ async def test_engine_cancellation_settles_in_flight_as_omitted(autojump_clock: 
     sink = ListSink()
     with trio.move_on_after(5.0):
         async with open_collector(
-            config=RunConfig(num_samples_in_parallel=4), urls=URLS, sink=sink,
+            config=RunConfig(num_samples_in_parallel=4),
+            urls=URLS,
+            sink=sink,
             transport=transport,  # type: ignore[arg-type]
         ) as collector:
             await collector.collect(make_rows(20))
@@ -140,7 +148,9 @@ async def test_engine_fail_fast_stops_run(autojump_clock: Any) -> None:
     sink = ListSink()
     with pytest.raises(RunStoppedError, match="fail-fast"):
         async with open_collector(
-            config=RunConfig(num_samples_in_parallel=2, fail_fast=True), urls=URLS, sink=sink,
+            config=RunConfig(num_samples_in_parallel=2, fail_fast=True),
+            urls=URLS,
+            sink=sink,
             transport=transport,  # type: ignore[arg-type]
         ) as collector:
             await collector.collect(make_rows(50))
@@ -152,7 +162,9 @@ async def test_engine_submit_and_next_outcome_for_drivers(autojump_clock: Any) -
     """An embedding driver submits rows and reads settled outcomes as they come."""
     transport = ScriptedTransport(delay=lambda row: float(10 - row["_ng_task_index"]))
     async with open_collector(
-        config=RunConfig(num_samples_in_parallel=10), urls=URLS, retain_outcomes=True,
+        config=RunConfig(num_samples_in_parallel=10),
+        urls=URLS,
+        retain_outcomes=True,
         transport=transport,  # type: ignore[arg-type]
     ) as collector:
         for row in make_rows(3):
@@ -168,14 +180,20 @@ async def test_engine_early_exit_drains_settled_outcomes(autojump_clock: Any) ->
     """Leaving the block with an error still flushes settled outcomes to the sink."""
     transport = ScriptedTransport(delay=lambda row: 1.0 if row["_ng_task_index"] == 0 else 50.0)
     sink = ListSink()
-    with pytest.raises(KeyError, match="driver bug"):
+
+    async def drive() -> None:
         async with open_collector(
-            config=RunConfig(num_samples_in_parallel=4), urls=URLS, sink=sink,
+            config=RunConfig(num_samples_in_parallel=4),
+            urls=URLS,
+            sink=sink,
             transport=transport,  # type: ignore[arg-type]
         ) as collector:
             for row in make_rows(4):
                 await collector.submit(row)
             await trio.sleep(2)
             raise KeyError("driver bug")
+
+    with pytest.raises(KeyError, match="driver bug"):
+        await drive()
     kinds = sorted((type(o).__name__, o.identity.task_index) for o in sink.outcomes)
     assert kinds == [("Landed", 0), ("Omitted", 1), ("Omitted", 2), ("Omitted", 3)]

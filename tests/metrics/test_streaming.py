@@ -33,10 +33,19 @@ def chunked(data: list[float], rng: random.Random) -> streaming.Chunks:
     return chunks
 
 
-@given(st.lists(values, min_size=1, max_size=300), st.randoms(use_true_random=False))
-def test_describe_chunks_equals_describe(data: list[float], rng: random.Random) -> None:
-    """Mean, extremes, median and std match `describe`, bit for bit, through the selection path."""
-    with mock.patch.object(streaming, "_FEW", 4):
+@given(
+    st.lists(values, min_size=1, max_size=300),
+    st.randoms(use_true_random=False),
+    st.sampled_from([0, 8, 4096]),
+)
+def test_describe_chunks_equals_describe(
+    data: list[float], rng: random.Random, max_distinct: int
+) -> None:
+    """Mean, extremes, median and std match `describe` bit for bit: value counts or selection."""
+    with (
+        mock.patch.object(streaming, "_FEW", 4),
+        mock.patch.object(streaming, "_MAX_DISTINCT", max_distinct),
+    ):
         assert describe_chunks(chunked(data, rng)) == describe(data)
 
 

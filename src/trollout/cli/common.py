@@ -61,7 +61,7 @@ def run_trio(fn: Callable[..., Any], *args: Any) -> Any:
 def report_errors(errors: Sequence[BaseException]) -> NoReturn:
     """Print each error on its own line and exit with the most severe code among them."""
     codes = [_exit_code(error) for error in errors]
-    for error, code in zip(errors, codes, strict=True):
+    for error in errors:
         prefix = "run stopped: " if isinstance(error, RunStoppedError) else ""
         click.echo(f"trollout: error: {prefix}{error}", err=True)
     sys.exit(EXIT_FAILED if EXIT_FAILED in codes else EXIT_USAGE)
@@ -91,38 +91,89 @@ def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
 def collect_options(f: F) -> F:
     """Attach the options of a collection run (shared by collect and demo)."""
     options = [
-        click.option("-o", "--output", "output_jsonl_fpath", type=click.Path(dir_okay=False),
-                     help="Rollouts file to write; its siblings hold failures, inputs, status."),
-        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-                     help="YAML file of settings (NeMo Gym key names)."),
+        click.option(
+            "-o",
+            "--output",
+            "output_jsonl_fpath",
+            type=click.Path(dir_okay=False),
+            help="Rollouts file to write; its siblings hold failures, inputs, status.",
+        ),
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(exists=True, dir_okay=False),
+            help="YAML file of settings (NeMo Gym key names).",
+        ),
         click.option("--head-server", help="Head server URL (default http://127.0.0.1:11000)."),
-        click.option("--agent-url", "agent_urls", multiple=True, metavar="NAME=URL",
-                     help="Send agent NAME's rollouts to URL; no head server needed. Repeatable."),
+        click.option(
+            "--agent-url",
+            "agent_urls",
+            multiple=True,
+            metavar="NAME=URL",
+            help="Send agent NAME's rollouts to URL; no head server needed. Repeatable.",
+        ),
         click.option("--agent", "agent_name", help="Route every row to this agent."),
         click.option("--limit", type=int, help="Keep the rows of the first N tasks."),
         click.option("--num-repeats", type=int, help="Rollouts per task row (default 1)."),
-        click.option("--concurrency", "num_samples_in_parallel", type=int,
-                     help="Requests in flight at most (num_samples_in_parallel, default 64)."),
-        click.option("--max-resident", "max_resident_rollout_tasks", type=int,
-                     help="Rollout tasks alive at once (default: the concurrency)."),
-        click.option("--add-seed/--no-add-seed", "num_repeats_add_seed", default=None,
-                     help="Put a seed in responses_create_params.metadata.extra_body."),
+        click.option(
+            "--concurrency",
+            "num_samples_in_parallel",
+            type=int,
+            help="Requests in flight at most (num_samples_in_parallel, default 64).",
+        ),
+        click.option(
+            "--max-resident",
+            "max_resident_rollout_tasks",
+            type=int,
+            help="Rollout tasks alive at once (default: the concurrency).",
+        ),
+        click.option(
+            "--add-seed/--no-add-seed",
+            "num_repeats_add_seed",
+            default=None,
+            help="Put a seed in responses_create_params.metadata.extra_body.",
+        ),
         click.option("--seed", type=int, help="Run seed for seeding rollouts (default 0)."),
-        click.option("--seed-mode", type=click.Choice(["hash", "rollout-index"]),
-                     help="hash(run seed, task, rollout) (default) or NeMo Gym's rollout index."),
-        click.option("--interleave-repeats/--no-interleave-repeats", default=None,
-                     help="Dispatch abcabc instead of aabbcc."),
-        click.option("--connect-timeout", "connect_timeout_s", type=float,
-                     help="Seconds to establish a connection (default 10)."),
-        click.option("--read-timeout", "read_timeout_s", type=float,
-                     help="Seconds of silence allowed while waiting for a reply (default 3600)."),
-        click.option("--fsync", type=click.Choice(["row", "batch", "never"]),
-                     help="When appended rows are fsynced (default batch)."),
-        click.option("--fail-fast/--no-fail-fast", default=None,
-                     help="Stop the run at the first failed rollout (NeMo Gym's old default)."),
-        click.option("--progress", "live", type=click.Choice(["auto", "live", "plain"]),
-                     default="auto", show_default=True,
-                     help="Live display on a terminal, periodic lines otherwise."),
+        click.option(
+            "--seed-mode",
+            type=click.Choice(["hash", "rollout-index"]),
+            help="hash(run seed, task, rollout) (default) or NeMo Gym's rollout index.",
+        ),
+        click.option(
+            "--interleave-repeats/--no-interleave-repeats",
+            default=None,
+            help="Dispatch abcabc instead of aabbcc.",
+        ),
+        click.option(
+            "--connect-timeout",
+            "connect_timeout_s",
+            type=float,
+            help="Seconds to establish a connection (default 10).",
+        ),
+        click.option(
+            "--read-timeout",
+            "read_timeout_s",
+            type=float,
+            help="Seconds of silence allowed while waiting for a reply (default 3600).",
+        ),
+        click.option(
+            "--fsync",
+            type=click.Choice(["row", "batch", "never"]),
+            help="When appended rows are fsynced (default batch).",
+        ),
+        click.option(
+            "--fail-fast/--no-fail-fast",
+            default=None,
+            help="Stop the run at the first failed rollout (NeMo Gym's old default).",
+        ),
+        click.option(
+            "--progress",
+            "live",
+            type=click.Choice(["auto", "live", "plain"]),
+            default="auto",
+            show_default=True,
+            help="Live display on a terminal, periodic lines otherwise.",
+        ),
     ]
     for option in reversed(options):
         f = option(f)
@@ -164,8 +215,9 @@ def print_summary(result: Any, *, title: str) -> None:
     """Print the final summary table of a run on stdout."""
     console = Console()
     console.print(
-        summary_table(result.progress, total=result.expected, elapsed_s=result.elapsed_s,
-                      title=title)
+        summary_table(
+            result.progress, total=result.expected, elapsed_s=result.elapsed_s, title=title
+        )
     )
     console.print(f"rollouts: {result.layout.rollouts}")
     console.print(f"failures: {result.layout.failures}")
@@ -174,5 +226,3 @@ def print_summary(result: Any, *, title: str) -> None:
 def live_mode(value: str) -> bool | None:
     """Map ``--progress`` to the reporter's ``live`` flag (None: decide by terminal)."""
     return {"auto": None, "live": True, "plain": False}[value]
-
-

@@ -29,8 +29,14 @@ DEFAULT_OUTPUT = "runs/demo/rollouts.jsonl"
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[INPUT] [+key=value ...]")
-@click.option("--spec", "spec_path", default=DEFAULT_SPEC, show_default=True,
-              type=click.Path(dir_okay=False), help="Fake deployment to start (YAML spec).")
+@click.option(
+    "--spec",
+    "spec_path",
+    default=DEFAULT_SPEC,
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Fake deployment to start (YAML spec).",
+)
 @collect_options
 def demo(args: tuple[str, ...], spec_path: str, live: str, **options: Any) -> None:
     """Start the bundled fake deployment, collect INPUT from it, print the summary.

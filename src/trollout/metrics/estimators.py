@@ -87,14 +87,14 @@ def describe(values: Iterable[float]) -> ColumnStats:
 def sample_std(values: Sequence[float]) -> float:
     """Return the sample standard deviation, correctly rounded (as ``statistics.stdev``)."""
     n = len(values)
-    scaled, exponent = _as_scaled_integers(values)
+    scaled, exponent = as_scaled_integers(values)
     sx = sum(scaled)
     sxx = sum(v * v for v in scaled)
     numerator = n * sxx - sx * sx  # n * sum of squared deviations, exact, scaled by 4**exponent
     return sqrt_of_fraction(numerator, n * (n - 1) << (2 * exponent))
 
 
-def _as_scaled_integers(values: Sequence[float]) -> tuple[list[int], int]:
+def as_scaled_integers(values: Sequence[float]) -> tuple[list[int], int]:
     """Return integers I and e with values == I / 2**e exactly (floats are dyadic)."""
     ints = list(map(int, values))
     if ints == values:  # int == float compares exactly

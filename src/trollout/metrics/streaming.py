@@ -8,9 +8,10 @@ compute on the concatenation:
 
 - count, min, max, and the mean as a correctly rounded sum (``math.fsum`` streams) over n;
 - the sample std from exact integer sums of the values scaled by one power of two;
-- the median by exact selection: bucket the candidate range into 1024 bins, keep the bin that
-  holds the wanted rank, and repeat until few candidates are left (or they are all equal), then
-  sort those. Each pass is one sweep over the chunks.
+- with few distinct values (rewards, token counts), everything from the value counts gathered
+  in the first pass; otherwise the median by exact selection: bucket the candidate range into
+  1024 bins, keep the bin that holds the wanted rank, and repeat until few candidates are left
+  (or they are all equal), then sort those. Each pass is one sweep over the chunks.
 
 Design note: the rejected alternatives were a sketch (t-digest, P²), whose median is
 approximate and would not match NeMo Gym's, and a value counter, exact and mergeable but as large
@@ -22,9 +23,10 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from .estimators import ColumnStats, describe, sqrt_of_fraction
+from .estimators import ColumnStats, as_scaled_integers, describe, sqrt_of_fraction
 
 __all__ = ["Chunks", "describe_chunks", "kth_smallest"]
 
@@ -32,24 +34,53 @@ Chunks = Callable[[], Iterator[Sequence[float]]]  # a fresh iterator of chunks p
 _BINS = 1024
 _FEW = 1 << 16  # candidates sorted directly below this many
 _MAX_PASSES = 40
+_MAX_DISTINCT = 4096  # columns with fewer distinct values are summarized from value counts
 
 
 def describe_chunks(chunks: Chunks) -> ColumnStats | None:
     """Return `describe` of the concatenated chunks (None when there is no value)."""
     n, low, high, integral = 0, math.inf, -math.inf, True
+    counts: Counter[float] | None = Counter()
     for chunk in chunks():
         if chunk:
             n += len(chunk)
             low, high = min(low, min(chunk)), max(high, max(chunk))
             integral = integral and list(map(int, chunk)) == list(chunk)
+            if counts is not None:
+                counts.update(chunk)
+                counts = counts if len(counts) <= _MAX_DISTINCT else None
     if n == 0:
         return None
     if n <= _FEW:
         return describe(itertools.chain.from_iterable(chunks()))
     if low == high:
         return ColumnStats(n, low, low, low, low, 0.0)
+    if counts is not None:
+        return _from_counts(counts, n)
     mean = math.fsum(itertools.chain.from_iterable(chunks())) / n
     return ColumnStats(n, mean, high, low, _median(chunks, n, low, high), _std(chunks, n, integral))
+
+
+def _from_counts(counts: Counter[float], n: int) -> ColumnStats:
+    """Return the statistics of a multiset given as value counts (exact, like `describe`)."""
+    keys = sorted(counts)
+    scaled, exponent = as_scaled_integers(keys)
+    sx = sum(counts[k] * v for k, v in zip(keys, scaled, strict=True))
+    sxx = sum(counts[k] * v * v for k, v in zip(keys, scaled, strict=True))
+    mean = sx / (1 << exponent) / n  # int / int is correctly rounded, as fsum is
+    std = sqrt_of_fraction(n * sxx - sx * sx, n * (n - 1) << (2 * exponent))
+    return ColumnStats(n, mean, keys[-1], keys[0], _counted_median(keys, counts, n), std)
+
+
+def _counted_median(keys: Sequence[float], counts: Counter[float], n: int) -> float:
+    ranks = (n // 2,) if n % 2 else (n // 2 - 1, n // 2)
+    found: list[float] = []
+    seen = 0
+    for key in keys:
+        seen += counts[key]
+        while len(found) < len(ranks) and ranks[len(found)] < seen:
+            found.append(key)
+    return found[0] if n % 2 else (found[0] + found[1]) / 2
 
 
 def _median(chunks: Chunks, n: int, low: float, high: float) -> float:
