@@ -45,7 +45,7 @@ async def test_report_is_self_contained_and_escaped(tmp_path: Path) -> None:
     assert "<b>evil</b>" not in page
     assert "&lt;b&gt;evil&lt;/b&gt;" in page
     assert page.count("<svg") == 8
-    for title in ("Reward distribution", "pass@k", "Rollouts not scored", "Latency"):
+    for title in ("Reward distribution", "pass@k", "Rollouts that did not land", "Latency"):
         assert title in page
     assert "Metrics cover: 50 of 53 rollouts" in page
     assert "agent_run_error" in page

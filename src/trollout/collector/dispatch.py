@@ -1,19 +1,20 @@
-"""One attempt of one rollout: POST the materialized row to `/run` and classify the result.
+"""One rollout: POST the materialized row to `/run`, re-send what is safe, classify the result.
 
-Design note (retries). Within one attempt, `dispatch` re-sends only what provably never left:
-a connection that was refused or never established (`httpx.ConnectError`,
-`httpx.ConnectTimeout`, `Delivery.NOT_SENT`). Such a retry cannot run a rollout twice, so it does
-not spend an attempt. It is bounded twice: at most `max_connect_retries` retries, and none that
-would start later than `dispatch_connect_grace_s` after the attempt began (a server that is
-restarting gets a grace period; a dead one fails the rollout promptly). The wait before retry
-``n`` (0-based) is drawn uniformly from ``[0, min(backoff_max_s, backoff_base_s * 2**n)]``
-("full jitter"), from the caller's seeded `random.Random`, so many workers that lost the same
-server spread their reconnects instead of stampeding it, and tests replay exact schedules.
+Design note (retries; the rules themselves are in `retry`'s design note). `dispatch` re-sends
+only what cannot run a rollout twice, or what the user asked for:
 
-Everything else ends the attempt: a request that may have been delivered is never re-sent here,
-because `/run` is not idempotent (NeMo Gym's replay after a disconnect runs the rollout twice),
-and the decision to spend another attempt belongs to the engine's policy, which sees the
-outcome's `delivery`, `terminal` and `retry_after_s`.
+- a connection that was refused or never established (`Delivery.NOT_SENT`): at most
+  `max_connect_retries` retries, none starting later than `dispatch_connect_grace_s` after the
+  rollout began (a restarting server gets a grace period; a dead one fails the rollout promptly);
+  the wait before retry ``n`` is uniform in ``[0, min(backoff_max_s, backoff_base_s * 2**n)]``;
+- a 429 or 503 refusal: after its ``Retry-After`` plus jitter, at most `max_request_retries`;
+- a possibly-delivered request: only with ``retry_requests`` and a ``new_attempt`` hook, as a new
+  attempt.
+
+Every draw comes from the caller's seeded `random.Random`, so tests replay exact schedules. With
+a shared `RetryState`, every re-send also takes a token of the endpoint's budget and every
+request passes its circuit breaker. The whole loop runs in one scope bounded by
+``rollout_timeout_s``.
 
 Rejected alternative: one generic retry loop around the whole request (httpx-style
 ``retries=``, or tenacity) that retries any transport error. It cannot tell a refused connect
@@ -23,7 +24,9 @@ conservative, never retries at all; and it hides the attempts it made from the r
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -34,11 +37,25 @@ from attrs import frozen
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..records import Failed, Landed, MaterializedRow
+from ..records import Delivery, Failed, FailureClass, Landed, MaterializedRow
 from .classify import one_line_message, outcome_from_error, outcome_from_response
+from .retry import (
+    REFUSAL_STATUSES,
+    Admission,
+    BreakerState,
+    RetryPolicy,
+    RetryState,
+)
 from .transport import H11Transport
 
-__all__ = ["DispatchPolicy", "dispatch"]
+__all__ = ["DispatchPolicy", "NewAttempt", "dispatch"]
+
+NewAttempt = Callable[[Failed], Awaitable[int]]
+"""Record a superseded failed attempt and return the next attempt number, reserved durably.
+
+It runs inside the rollout's time limit: a write that must not be lost belongs in a shielded
+scope (the engine's writer channel send already is, for omitted outcomes).
+"""
 
 
 def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -46,23 +63,26 @@ def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: floa
         raise ConfigError(f"{attribute.name} must be >= 0 (got {value!r}); use 0 or more")
 
 
-def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if value <= 0:
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and value <= 0:
         raise ConfigError(f"{attribute.name} must be > 0 (got {value!r}); use a positive number")
 
 
 @frozen
 class DispatchPolicy:
-    """How one attempt talks to its server: timeouts, connect retries, backoff.
+    """How one rollout talks to its server: timeouts, retries, backoff, its time limit.
 
     Attributes:
         connect_timeout_s: the longest wait to establish a connection.
         read_timeout_s: the longest silence while the server holds a request.
-        max_connect_retries: retries of a never-established connection per attempt.
-        dispatch_connect_grace_s: no connect retry starts later than this after the attempt began.
-        backoff_base_s: the first retry's backoff cap; it doubles per retry.
-        backoff_max_s: the backoff cap's ceiling.
+        max_connect_retries: retries of a never-established connection per rollout.
+        dispatch_connect_grace_s: no connect retry starts later than this after the rollout began.
+        backoff_base_s: the first connect retry's backoff cap; it doubles per retry.
+        backoff_max_s: the connect backoff cap's ceiling.
         max_attempts: the attempt cap in force, written on failure rows.
+        retry: the retry policy for refusals and possibly-delivered requests.
+        rollout_timeout_s: the per-rollout limit, retries and waits included (None: none).
+        timeout_is_terminal: a rollout that hits the limit is never retried.
     """
 
     connect_timeout_s: float = attrs.field(validator=_positive)
@@ -72,6 +92,9 @@ class DispatchPolicy:
     backoff_base_s: float = attrs.field(default=0.25, kw_only=True, validator=_non_negative)
     backoff_max_s: float = attrs.field(default=8.0, kw_only=True, validator=_non_negative)
     max_attempts: int = attrs.field(default=3, kw_only=True, validator=_positive)
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy, kw_only=True)
+    rollout_timeout_s: float | None = attrs.field(default=None, kw_only=True, validator=_positive)
+    timeout_is_terminal: bool = attrs.field(default=False, kw_only=True)
 
     @classmethod
     def from_config(cls, config: RunConfig, *, max_attempts: int = 3) -> DispatchPolicy:
@@ -82,6 +105,9 @@ class DispatchPolicy:
             config.max_connect_retries,
             config.dispatch_connect_grace_s,
             max_attempts=max_attempts,
+            retry=RetryPolicy.from_config(config),
+            rollout_timeout_s=config.rollout_timeout_s,
+            timeout_is_terminal=config.timeout_is_terminal,
         )
 
     def make_transport(self, *, max_idle_per_host: int | None = None) -> H11Transport:
@@ -105,75 +131,234 @@ async def dispatch(
     policy: DispatchPolicy,
     *,
     rng: random.Random,
+    retry_state: RetryState | None = None,
+    new_attempt: NewAttempt | None = None,
 ) -> Landed | Failed:
-    """Run one attempt of `row` against `url` (the full ``.../run`` URL).
+    """Run one rollout of `row` against `url` (the full ``.../run`` URL), starting at an attempt.
 
-    A failed rollout is returned as `Failed`, never raised.
+    A failed rollout is returned as `Failed`, never raised. The attempt index of the outcome is
+    `attempt_index`, or a later one handed out by `new_attempt`.
+
+    Args:
+        transport: the `/run` transport.
+        url: the full URL.
+        row: the materialized row.
+        attempt_index: the attempt number of the first request.
+        policy: timeouts, retries and the rollout's time limit.
+        rng: the seeded source of backoff jitter.
+        retry_state: the run's shared budgets, breakers and counters (None: no per-endpoint
+            bounds, nothing counted).
+        new_attempt: the engine's hook for possibly-delivered retries under ``retry_requests``;
+            without it such requests are not re-sent.
 
     Raises:
         ConfigError: `url` is not a plain ``http://`` URL.
 
     Cancellation: a checkpoint; `trio.Cancelled` propagates (the engine records the attempt as
     omitted) and the connection in use is closed. Whether the server got the request is then
-    unknown, so re-sending it is not automatically safe.
+    unknown, so re-sending it is not automatically safe. Hitting ``rollout_timeout_s`` is not
+    a cancellation of the caller: it returns ``Failed(kind="timeout")``.
     """
-    body = orjson.dumps(row.request_body(attempt_index))
-    start = trio.current_time()
-    retries = 0
-    while True:
+    rollout = _Rollout(transport, url, row, attempt_index, policy, rng, retry_state, new_attempt)
+    limit = policy.rollout_timeout_s
+    with trio.move_on_after(math.inf if limit is None else limit):
+        return await rollout.run()
+    return rollout.timed_out()
+
+
+class _Rollout:
+    """The state of one rollout's request loop: attempt, retries so far, what was last seen."""
+
+    def __init__(
+        self,
+        transport: H11Transport,
+        url: str,
+        row: MaterializedRow,
+        attempt_index: int,
+        policy: DispatchPolicy,
+        rng: random.Random,
+        state: RetryState | None,
+        new_attempt: NewAttempt | None,
+    ) -> None:
+        self.transport, self.url, self.row = transport, url, row
+        self.attempt, self.policy, self.rng = attempt_index, policy, rng
+        self.state = state
+        self.health = state.endpoint(url) if state is not None else None
+        self.new_attempt = new_attempt
+        self.start = trio.current_time()
+        self.connect_retries = 0
+        self.request_retries = 0
+        self.delivery = Delivery.NOT_SENT
+        self.last: Failed | None = None
+        self.note = ""
+
+    async def run(self) -> Landed | Failed:
+        """Send, and re-send while the rules allow; return the final outcome."""
+        body = orjson.dumps(self.row.request_body(self.attempt))
+        while True:
+            outcome = await self._send_once(body)
+            if isinstance(outcome, Landed):
+                return outcome
+            self.last = outcome
+            delay = self._retry_delay(outcome)
+            if delay is None:
+                return self._final(outcome)
+            if outcome.delivery is Delivery.POSSIBLY_DELIVERED:
+                # The superseded attempt is recorded before the wait, the next one is new.
+                assert self.new_attempt is not None
+                self.attempt = await self.new_attempt(self._final(outcome))
+                self.delivery = Delivery.NOT_SENT
+                body = orjson.dumps(self.row.request_body(self.attempt))
+            await trio.sleep(delay)
+
+    async def _send_once(self, body: bytes) -> Landed | Failed:
+        admission = Admission.ALLOWED if self.health is None else self.health.admit(self._now())
+        if admission is Admission.REJECTED:
+            return self._breaker_open()
+        probe = admission is Admission.PROBE
         try:
-            response = await transport.post(url, body)
+            outcome = await self._post(body)
+        except BaseException:
+            if probe and self.health is not None:
+                self.health.abandon_probe()  # a cancelled probe must not block the endpoint
+            raise
+        if self.health is not None:
+            self.health.record(outcome, self._now(), probe=probe)
+        return outcome
+
+    async def _post(self, body: bytes) -> Landed | Failed:
+        # What a timeout during the request must assume; between requests the last one decides.
+        self.delivery = Delivery.POSSIBLY_DELIVERED
+        try:
+            response = await self.transport.post(self.url, body)
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise ConfigError(
-                f"cannot POST to {url!r}: {exc}; give agent URLs as http://host:port"
+                f"cannot POST to {self.url!r}: {exc}; give agent URLs as http://host:port"
             ) from exc
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            delay = _connect_retry_delay(policy, retries, start, rng)
-            if delay is None:
-                return _failed(row, attempt_index, exc, start, policy, retries)
-            retries += 1
-            await trio.sleep(delay)
-            continue
         except httpx.TransportError as exc:
-            return _failed(row, attempt_index, exc, start, policy, retries)
-        elapsed = trio.current_time() - start
+            failed = outcome_from_error(
+                self.row.identity,
+                self.attempt,
+                exc,
+                elapsed_seconds=self._now() - self.start,
+                max_attempts=self.policy.max_attempts,
+            )
+            self.delivery = failed.delivery
+            return failed
+        self.delivery = Delivery.DELIVERED
         return outcome_from_response(
-            row.identity,
-            attempt_index,
+            self.row.identity,
+            self.attempt,
             response,
-            elapsed_seconds=elapsed,
-            max_attempts=policy.max_attempts,
+            elapsed_seconds=self._now() - self.start,
+            max_attempts=self.policy.max_attempts,
         )
 
+    def _retry_delay(self, failed: Failed) -> float | None:
+        """Return the wait before re-sending after `failed`, or None to stop here."""
+        reason, delay = self._rule(failed)
+        if delay is None:
+            return None
+        if self.health is not None and self.health.state is not BreakerState.CLOSED:
+            self.note = f"; the circuit breaker of {self.health.endpoint} opened"
+            return None
+        if self.health is not None and not self.health.take_retry():
+            self.note = f"; the retry budget of {self.health.endpoint} is spent"
+            return None
+        if reason == "connect":
+            self.connect_retries += 1
+        else:
+            self.request_retries += 1
+        if self.state is not None:
+            self.state.counters.retries[reason] += 1
+            self.state.counters.retry_wait_s += delay
+        return delay
 
-def _connect_retry_delay(
-    policy: DispatchPolicy, retries: int, start: float, rng: random.Random
-) -> float | None:
-    """Return the wait before the next connect retry, or None when none is allowed."""
-    if retries >= policy.max_connect_retries:
-        return None
-    delay = policy.backoff_s(retries, rng)
-    if trio.current_time() + delay - start > policy.dispatch_connect_grace_s:
-        return None
-    return delay
+    def _rule(self, failed: Failed) -> tuple[str, float | None]:
+        """Return the retry reason and wait the policy allows for `failed` (wait None: none)."""
+        if failed.kind == "breaker_open":
+            return "", None
+        if failed.delivery is Delivery.NOT_SENT:
+            return "connect", self._connect_delay()
+        retry = self.policy.retry
+        if self.request_retries >= retry.max_request_retries:
+            return "", None
+        if failed.http_status in REFUSAL_STATUSES and failed.failure_class == _REQUEST_FAILED:
+            wait = retry.refusal_wait_s(failed, self.request_retries, self.rng)
+            return f"http_{failed.http_status}", wait
+        possibly = failed.delivery is Delivery.POSSIBLY_DELIVERED
+        if possibly and retry.retry_requests and self.new_attempt is not None:
+            return "possibly_delivered", retry.backoff_s(self.request_retries, self.rng)
+        return "", None
+
+    def _connect_delay(self) -> float | None:
+        if self.connect_retries >= self.policy.max_connect_retries:
+            return None
+        delay = self.policy.backoff_s(self.connect_retries, self.rng)
+        if self._now() + delay - self.start > self.policy.dispatch_connect_grace_s:
+            return None
+        return delay
+
+    def _final(self, failed: Failed) -> Failed:
+        parts = []
+        if self.connect_retries:
+            n = self.connect_retries
+            parts.append(f"{n} connect retr{'y' if n == 1 else 'ies'}")
+        if self.request_retries:
+            n = self.request_retries
+            parts.append(f"{n} request retr{'y' if n == 1 else 'ies'}")
+        if not parts and not self.note:
+            return failed
+        note = f" (after {' and '.join(parts)})" if parts else ""
+        message = one_line_message((failed.message or "") + note + self.note)
+        return attrs.evolve(failed, message=message)
+
+    def _breaker_open(self) -> Failed:
+        assert self.health is not None
+        health = self.health
+        reopen = health.opened_at + health.policy.breaker_open_s - self._now()
+        message = (
+            f"not sent: the circuit breaker of {health.endpoint} is {health.state.value} after "
+            f"{health.consecutive_failures} consecutive request failures (next probe in "
+            f"{max(reopen, 0.0):.1f}s); resume re-runs this rollout"
+        )
+        return Failed(
+            identity=self.row.identity,
+            attempt_index=self.attempt,
+            failure_class=_REQUEST_FAILED,
+            kind="breaker_open",
+            exception_type="CircuitOpen",
+            message=message,
+            max_attempts=self.policy.max_attempts,
+            delivery=Delivery.NOT_SENT,
+            elapsed_seconds=self._now() - self.start,
+        )
+
+    def timed_out(self) -> Failed:
+        """Return the failure of a rollout that hit ``rollout_timeout_s``."""
+        if self.state is not None:
+            self.state.counters.timeouts += 1
+        last = f"; last: {self.last.message}" if self.last is not None else ""
+        message = (
+            f"rollout {self.row.identity.key} ran past rollout_timeout_s="
+            f"{self.policy.rollout_timeout_s!r}{last}"
+        )
+        return Failed(
+            identity=self.row.identity,
+            attempt_index=self.attempt,
+            failure_class=_REQUEST_FAILED,
+            kind="timeout",
+            terminal=self.policy.timeout_is_terminal,
+            exception_type="RolloutTimeout",
+            message=one_line_message(message),
+            max_attempts=self.policy.max_attempts,
+            delivery=self.delivery,
+            elapsed_seconds=self._now() - self.start,
+        )
+
+    @staticmethod
+    def _now() -> float:
+        return trio.current_time()
 
 
-def _failed(
-    row: MaterializedRow,
-    attempt_index: int,
-    error: Exception,
-    start: float,
-    policy: DispatchPolicy,
-    retries: int,
-) -> Failed:
-    failed = outcome_from_error(
-        row.identity,
-        attempt_index,
-        error,
-        elapsed_seconds=trio.current_time() - start,
-        max_attempts=policy.max_attempts,
-    )
-    if not retries:
-        return failed
-    note = f" (after {retries} connect retr{'y' if retries == 1 else 'ies'})"
-    return attrs.evolve(failed, message=one_line_message((failed.message or "") + note))
+_REQUEST_FAILED = FailureClass.AGENT_REQUEST_FAILED.value

@@ -13,6 +13,11 @@ of a run (unless ``disable_aggregation``). Both:
 
 Nothing is renamed into place before step 5, so a cancelled aggregation leaves no half-written
 file; an input file is never written (`shards.refuse_overwrite`).
+
+Design note: reading a million rows takes most of a minute of CPU. Running it on the Trio
+thread (rejected) would freeze everything else the caller's loop does meanwhile: ``collect``'s
+signal handling and progress display. A worker thread keeps the loop live; the cost is that the
+read cannot be abandoned halfway, which is harmless because it writes only temporary files.
 """
 
 from __future__ import annotations

@@ -146,6 +146,13 @@ class Coverage:
         """Whether the score covers every planned rollout."""
         return self.covered == self.expected
 
+    def did_not_land(self) -> dict[str, int]:
+        """Return the rollouts that did not land, by failure class, `OMITTED` or `MISSING`."""
+        reasons = dict(self.failed)
+        reasons[OMITTED] = reasons.get(OMITTED, 0) + self.omitted
+        reasons[MISSING] = reasons.get(MISSING, 0) + self.missing
+        return {k: v for k, v in sorted(reasons.items()) if v > 0}
+
     def not_scored(self) -> dict[str, int]:
         """Return the rollouts left out of the score, by reason (imputed ones excluded)."""
         reasons: Counter[str] = Counter(self.failed)

@@ -26,6 +26,7 @@ bootstrap gives intervals of the same accuracy and aggregates exactly over categ
 from __future__ import annotations
 
 import math
+import operator
 import random
 from collections.abc import Iterable, Sequence
 from statistics import NormalDist
@@ -89,7 +90,7 @@ def sample_std(values: Sequence[float]) -> float:
     n = len(values)
     scaled, exponent = as_scaled_integers(values)
     sx = sum(scaled)
-    sxx = sum(v * v for v in scaled)
+    sxx = sum(map(operator.mul, scaled, scaled))
     numerator = n * sxx - sx * sx  # n * sum of squared deviations, exact, scaled by 4**exponent
     return sqrt_of_fraction(numerator, n * (n - 1) << (2 * exponent))
 

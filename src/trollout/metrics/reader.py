@@ -11,6 +11,11 @@ asked for). The rules, documented where the user sees them (``trollout aggregate
   counted. A landed row beats any failure of the same rollout, whichever shard holds it.
 - The group of a row is its agent (``agent_ref.name``), or, for a row routed by taskset without
   an agent, its environment server.
+
+Design note: the rejected alternative loads every row of every shard, concatenates them and
+de-duplicates in memory (NeMo Gym's way); it needs memory for every payload, and a second
+reading of the rows for each statistic. Here a rollout's fate is a bit in its task's masks, so
+duplicate detection, coverage and the imputed zeros cost a few bytes per rollout.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def _group(g: GroupSummary) -> str:
     charts = [
         _bars(g.reward_histogram, "Reward distribution (landed)", _BLUE),
         _pass_curve(g.excluded, g.as_zero),
-        _hbars(sorted(g.coverage.not_scored().items()), "Rollouts not scored, by class"),
+        _hbars(list(g.coverage.did_not_land().items()), "Rollouts that did not land, by class"),
         _bars(g.latency_histogram, "Latency, elapsed_seconds (landed)", _ORANGE),
     ]
     parts.append('<div class="charts">' + "".join(f'<div class="chart">{c}</div>' for c in charts))
@@ -175,7 +175,7 @@ def _hbars(items: Sequence[tuple[str, int]], title: str) -> str:
         return _frame(
             title,
             f'<text x="{_W / 2}" y="{_H / 2}" text-anchor="middle">'
-            "every planned rollout is scored</text>",
+            "every planned rollout landed</text>",
         )
     top = max(n for _, n in items)
     left = 170

@@ -26,13 +26,13 @@ def summary_table(groups: Sequence[GroupSummary]) -> Table:
         table.add_column(name, justify="left" if name in ("agent", "view") else "right")
     for k in ks:
         table.add_column(f"pass@{k}", justify="right")
-    table.add_column("not scored", justify="left")
+    table.add_column("did not land", justify="left")
     for g in groups:
         cov = g.coverage
         share = f"{cov.covered}/{cov.expected}" + (
             f" ({100 * cov.covered / cov.expected:.0f}%)" if cov.expected else ""
         )
-        missing = ", ".join(f"{c} {n}" for c, n in cov.not_scored().items()) or "–"
+        missing = ", ".join(f"{c} {n}" for c, n in cov.did_not_land().items()) or "–"
         for i, view in enumerate((g.excluded, g.as_zero)):
             table.add_row(
                 g.label if i == 0 else "",

@@ -125,6 +125,13 @@ class TaskStats:
         column = self.data[index :: len(self.schema)]
         return [v for v in column if v == v] if self.ragged else column.tolist()
 
+    def extend_column(self, name: str, out: array[float]) -> None:
+        """Append one column's values to ``out`` (compact, no Python float per value)."""
+        if name not in self.schema:
+            return
+        column = self.data[self.schema.index(name) :: len(self.schema)]
+        out.extend(array("d", (v for v in column if v == v)) if self.ragged else column)
+
     def iter_rows(self) -> Iterator[dict[str, float]]:
         """Yield the kept rows' columns (rows without any column yield nothing)."""
         width = len(self.schema)

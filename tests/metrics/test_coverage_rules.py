@@ -141,6 +141,7 @@ def test_coverage_lines_say_what_is_left_out() -> None:
         "Metrics cover: 6 of 10 rollouts",
         "  not scored: agent_run_error 2, no row 1, unscored 1",
     ]
+    assert cov.did_not_land() == {"agent_run_error": 2, "no row": 1}
     zeroed = Coverage(expected=3, landed=2, scored=2, failed={"x": 1}, imputed={"x": 1})
     assert coverage_lines(zeroed) == ["Metrics cover: 3 of 3 rollouts", "  imputed zeros: x 1"]
     assert coverage_lines(Coverage(expected=2, landed=2, scored=2)) == [

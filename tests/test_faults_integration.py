@@ -1,0 +1,233 @@
+"""Time and faults over loopback: rate-limited, dead and hanging endpoints; model-server queues.
+
+These run against `trollout.testing`'s fake deployment on real sockets and the real clock, so
+their bounds are generous and each test stays within a few seconds.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+import httpx
+import trio
+
+from trollout.collector.dispatch import DispatchPolicy, dispatch
+from trollout.collector.engine import open_collector
+from trollout.collector.retry import BreakerState, RetryPolicy, RetryState
+from trollout.collector.sink import ListSink
+from trollout.collector.timing import RunTimer, TimingBounds
+from trollout.collector.transport import H11Transport
+from trollout.config import RunConfig
+from trollout.records import Delivery, Failed, Landed, MaterializedRow
+from trollout.testing import (
+    AgentSpec,
+    DeploymentSpec,
+    Fault,
+    FaultContext,
+    FaultPlan,
+    Generation,
+    Latency,
+    open_fake_deployment,
+)
+
+
+def always(fault: Fault) -> FaultPlan:
+    """A plan that gives every request `fault`."""
+    return FaultPlan(rate=1.0, mix=((fault, 1.0),))
+
+
+def rows_for(agent: str, n: int, *, first_task: int = 0) -> list[MaterializedRow]:
+    """Rows for `agent`, tasks first_task..first_task+n-1."""
+    return [
+        MaterializedRow.from_body(
+            {
+                "responses_create_params": {"input": [{"role": "user", "content": f"q{i}"}]},
+                "agent_ref": {"name": agent},
+                "_ng_task_index": i,
+                "_ng_rollout_index": 0,
+            }
+        )
+        for i in range(first_task, first_task + n)
+    ]
+
+
+RATE_LIMITED = DeploymentSpec(
+    agents=(
+        AgentSpec(name="busy", faults=always(Fault(kind="status", status=429, retry_after=1))),
+    ),
+    generation=Generation.LEGACY,
+)
+
+
+async def test_rate_limited_endpoint_gets_no_more_than_the_budget() -> None:
+    """429 + Retry-After: 1 forever: rollouts end agent_request_failed within the budget."""
+    budget, rollouts = 4, 6
+    state = RetryState(RetryPolicy(budget=budget, max_request_retries=10, backoff_base_s=0.05))
+    policy = DispatchPolicy(5.0, 5.0, 0, 0.0, retry=state.policy)
+    outcomes: list[Landed | Failed] = []
+    async with open_fake_deployment(RATE_LIMITED) as fake, policy.make_transport() as transport:
+        url = fake.run_urls["busy"] + "/run"
+        start = trio.current_time()
+
+        async def one(row: MaterializedRow) -> None:
+            rng = random.Random(row.identity.task_index)
+            outcomes.append(
+                await dispatch(transport, url, row, 0, policy, rng=rng, retry_state=state)
+            )
+
+        async with trio.open_nursery() as nursery:
+            for row in rows_for("busy", rollouts):
+                nursery.start_soon(one, row)
+        took = trio.current_time() - start
+        received = fake.stats.by_path["/run"]
+    assert received <= rollouts + budget
+    assert received == rollouts + budget  # the budget was used, not more
+    assert len(outcomes) == rollouts
+    assert {(o.failure_class, o.http_status) for o in outcomes if isinstance(o, Failed)} == {
+        ("agent_request_failed", 429)
+    }
+    assert state.counters.retries["http_429"] == budget
+    assert state.counters.budget_refusals == rollouts
+    assert 1.0 <= took < 3.0  # Retry-After was honoured, and only once per retry round
+
+
+async def test_rate_limited_run_through_the_engine_is_bounded_per_rollout() -> None:
+    """Through open_collector, each 429-forever rollout sends at most 1 + max_request_retries."""
+    config = RunConfig(num_samples_in_parallel=8, max_request_retries=1, retry_backoff_base_s=0.01)
+    sink = ListSink()
+    async with open_fake_deployment(RATE_LIMITED) as fake:
+        async with open_collector(config=config, urls=fake.run_urls, sink=sink, seed=1) as c:
+            await c.collect(rows_for("busy", 5))
+        received = fake.stats.by_path["/run"]
+    assert received == 5 * 2
+    assert {(o.failure_class, o.kind) for o in sink.outcomes if isinstance(o, Failed)} == {
+        ("agent_request_failed", "http_429")
+    }
+
+
+MIXED = DeploymentSpec(
+    agents=(
+        AgentSpec(name="good", latency=Latency(fixed_s=0.05)),
+        AgentSpec(name="dead", refuse=True),
+        AgentSpec(name="stuck", faults=always(Fault(kind="hang"))),
+    ),
+)
+
+
+async def test_dead_and_hanging_endpoints_fail_typed_while_others_complete() -> None:
+    """Refused and hanging endpoints end within their limits; the good agent's rollouts land."""
+    config = RunConfig(
+        num_samples_in_parallel=16,
+        connect_timeout_s=1.0,
+        max_connect_retries=2,
+        dispatch_connect_grace_s=0.5,
+        rollout_timeout_s=1.0,
+    )
+    rows = (
+        rows_for("good", 4)
+        + rows_for("dead", 4, first_task=10)
+        + rows_for("stuck", 4, first_task=20)
+    )
+    random.Random(0).shuffle(rows)
+    sink = ListSink()
+    async with open_fake_deployment(MIXED) as fake:
+        start = trio.current_time()
+        async with open_collector(config=config, urls=fake.run_urls, sink=sink, seed=3) as c:
+            await c.collect(rows)
+        took = trio.current_time() - start
+    by_agent: dict[str, list[Landed | Failed]] = {}
+    for outcome in sink.outcomes:
+        assert isinstance(outcome, Landed | Failed)
+        by_agent.setdefault(outcome.identity.agent_name or "", []).append(outcome)
+    assert all(isinstance(o, Landed) for o in by_agent["good"])
+    assert max(o.elapsed_seconds or 0.0 for o in by_agent["good"]) < 0.9  # not behind the hangs
+    dead = {
+        (o.failure_class, o.kind, o.delivery) for o in by_agent["dead"] if isinstance(o, Failed)
+    }
+    assert dead == {("agent_request_failed", "connect", Delivery.NOT_SENT)}
+    # No connect retry starts after the 0.5 s grace; the refusal itself is immediate.
+    assert max(o.elapsed_seconds or 0.0 for o in by_agent["dead"]) < 0.7
+    stuck = [o for o in by_agent["stuck"] if isinstance(o, Failed)]
+    assert {(o.failure_class, o.kind, o.terminal) for o in stuck} == {
+        ("agent_request_failed", "timeout", False)
+    }
+    assert all(1.0 <= (o.elapsed_seconds or 0.0) < 1.5 for o in stuck)
+    assert len(sink.outcomes) == 12
+    assert took < 2.5
+
+
+async def test_dead_endpoint_opens_its_breaker_and_fails_fast() -> None:
+    """With shared health, a refused endpoint trips its breaker; later rollouts are not sent."""
+    state = RetryState(RetryPolicy(breaker_failure_threshold=3, breaker_open_s=60.0))
+    policy = DispatchPolicy(1.0, 1.0, 5, 5.0, backoff_base_s=0.001, retry=state.policy)
+    outcomes: list[Landed | Failed] = []
+    async with open_fake_deployment(MIXED) as fake, policy.make_transport() as transport:
+        url = fake.run_urls["dead"] + "/run"
+        for row in rows_for("dead", 4):
+            outcomes.append(
+                await dispatch(
+                    transport, url, row, 0, policy, rng=random.Random(1), retry_state=state
+                )
+            )
+    kinds = [o.kind for o in outcomes if isinstance(o, Failed)]
+    assert kinds == ["connect", "breaker_open", "breaker_open", "breaker_open"]
+    assert state.counters.retries["connect"] == 2  # the third refusal opened the breaker
+    assert state.counters.breaker_rejections == 3
+    assert state.endpoint(url).state is BreakerState.OPEN
+    assert all(not o.spends_attempt for o in outcomes if isinstance(o, Failed))
+
+
+# --- model-server queues ------------------------------------------------------------------------
+
+QUEUED = DeploymentSpec(
+    agents=(AgentSpec(name="slow"),), generation=Generation.LEGACY, max_running=1
+)
+
+
+@asynccontextmanager
+async def busy_deployment(hanging: int) -> AsyncIterator[str]:
+    """Serve a fake whose model server reports `hanging` requests (1 running); yield /metrics."""
+    all_in = trio.Event()
+    seen: list[FaultContext] = []
+
+    def hang(context: FaultContext) -> Fault:
+        # Called as each /run arrives; the server counts it in flight before its next checkpoint.
+        seen.append(context)
+        if len(seen) == hanging:
+            all_in.set()
+        return Fault(kind="hang")
+
+    transport = H11Transport(connect_timeout_s=2, read_timeout_s=30)
+    async with (
+        open_fake_deployment(QUEUED, fault_fn=hang) as fake,
+        httpx.AsyncClient(transport=transport) as client,
+        trio.open_nursery() as nursery,
+    ):
+        for row in rows_for("slow", hanging):
+            url, body = fake.run_urls["slow"] + "/run", row.request_body()
+            nursery.start_soon(partial(client.post, url, json=body))
+        await all_in.wait()
+        yield fake.urls.metrics_urls[0]
+        nursery.cancel_scope.cancel()
+
+
+async def test_timing_report_sums_vllm_queues_over_servers() -> None:
+    """The sampler sums waiting/running over two model servers; the report warns on the ratio."""
+    timer = RunTimer(TimingBounds(server_queue_max_waiting_ratio=1.0), expected=5)
+    async with busy_deployment(3) as first, busy_deployment(2) as second:
+        transport = H11Transport(connect_timeout_s=2, read_timeout_s=2)
+        async with httpx.AsyncClient(transport=transport) as client, trio.open_nursery() as n:
+            await n.start(timer.run_queue_sampler, client, [first, second], 0.2)
+            await trio.sleep(0.3)
+            n.cancel_scope.cancel()
+    assert len(timer.samples) == 2
+    sample = timer.samples[0]
+    assert (sample.waiting, sample.running, sample.servers, sample.errors) == (3.0, 2.0, 2, 0)
+    report = timer.report()
+    (warning,) = report.warnings
+    assert warning.check == "model-server queue waiting/running"
+    assert warning.value.startswith("1.50 (mean waiting 3.0, peak 3; mean running 2.0;")
+    assert "WARN  model-server queue waiting/running" in report.render()
