@@ -26,8 +26,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 
-bench: $(STAMP)  ## print the benchmark figures (never part of make test)
+bench: $(STAMP)  ## print the benchmark figures (never part of make test); slow, noisy machine
 	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/fake_server_ceiling.py
+	$(BIN)/python bench/transport_cpu.py
+	$(BIN)/python bench/store_write.py
+	$(BIN)/python bench/aggregate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage

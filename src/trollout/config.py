@@ -33,9 +33,11 @@ from attrs import frozen
 from .errors import ConfigError
 
 __all__ = [
+    "MAX_ATTEMPTS_ENV",
     "FsyncPolicy",
     "RunConfig",
     "SeedMode",
+    "default_max_attempts",
     "load_config",
     "parse_override",
     "parse_value",
@@ -55,6 +57,29 @@ class FsyncPolicy(enum.Enum):
     ROW = "row"  # after every row: safest, slowest
     BATCH = "batch"  # every fsync_every_rows rows or fsync_every_s seconds (default)
     NEVER = "never"  # leave it to the OS
+
+
+MAX_ATTEMPTS_ENV = "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"
+
+
+def default_max_attempts() -> int:
+    """Return the attempt cap from env NEMO_GYM_MAX_ROLLOUT_ATTEMPTS, else 3.
+
+    Raises:
+        ConfigError: the variable is set but is not an integer >= 1.
+    """
+    raw = os.environ.get(MAX_ATTEMPTS_ENV, "").strip()
+    if not raw:
+        return 3
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(
+            f"{MAX_ATTEMPTS_ENV} must be an integer >= 1 (got {raw!r}); unset it or use e.g. 3"
+        )
+    return value
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -134,6 +159,13 @@ class RunConfig:
     status_interval_s: float = attrs.field(default=2.0, validator=_positive)
     record_omitted_rollouts: bool = False
     disable_aggregation: bool = False
+    # resume and attempts (protocol.md section 8); none changes the materialized rows, so none
+    # is fingerprinted: raising the cap or retrying terminal timeouts on resume is legitimate
+    resume_from_cache: bool = False
+    allow_unsafe_resume: bool = False
+    max_attempts: int = attrs.field(factory=default_max_attempts, validator=_positive)
+    retry_terminal_timeouts: bool = False
+    dispatch_longest_first: bool = False
 
     @property
     def resident_rollouts(self) -> int:

@@ -8,7 +8,8 @@ A failed rollout is data (`records.Failed`), never an exception. Only run-level 
     ├── DeploymentError                  the deployment cannot serve this run; exit 2
     │   └── UnknownAgentError(KeyError)  rows route to agents the deployment does not have
     ├── RunFolderError(OSError)          the run folder cannot be used (locked, changed, unreadable)
-    │   └── RunFolderLockedError         another collector owns the folder
+    │   ├── RunFolderLockedError         another collector owns the folder
+    │   └── RunChangedError              resume found a changed input, plan or agent set
     └── RunStoppedError(RuntimeError)    a run-level stop no retry can fix (exit 1)
 
 Every message names the thing, shows the bad value with ``!r``, says what was expected and ends
@@ -24,6 +25,7 @@ __all__ = [
     "ConfigError",
     "DeploymentError",
     "InputError",
+    "RunChangedError",
     "RunFolderError",
     "RunFolderLockedError",
     "RunStoppedError",
@@ -77,6 +79,10 @@ class RunFolderError(TrolloutError, OSError):
 
 class RunFolderLockedError(RunFolderError):
     """Another collector holds the run folder's lock."""
+
+
+class RunChangedError(RunFolderError):
+    """Resume refused: the run's input, plan settings or agent set changed since it began."""
 
 
 class RunStoppedError(TrolloutError, RuntimeError):

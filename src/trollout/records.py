@@ -385,6 +385,8 @@ class RunManifest:
         expected_rollouts: materialized rollouts.
         tasks: distinct tasks.
         settings: the resolved settings, for ``trollout resume``.
+        deployment: the agent set the run began with (``agents``, ``environment_servers``:
+            sorted names), to say what changed when the deployment fingerprint differs.
     """
 
     run_id: str
@@ -396,6 +398,7 @@ class RunManifest:
     expected_rollouts: int
     tasks: int
     settings: dict[str, Any] = attrs.field(factory=dict)
+    deployment: dict[str, Any] = attrs.field(factory=dict)
 
 
 # --- the converter -------------------------------------------------------------------------

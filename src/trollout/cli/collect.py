@@ -2,9 +2,17 @@
 
 The order is the contract (design.md, Durability): everything that can refuse the run (config,
 deployment discovery, every input row) is checked before a single file is touched; then the run
-folder is locked and cleared, the materialized inputs are written and fsynced, and only then does
-the first rollout go out. The rows dispatched are read back from the materialized-inputs file, so
-a fresh run and a resume dispatch from the same source.
+folder is locked and cleared, the materialized inputs and then the manifest are written and
+fsynced, and only then does the first rollout go out, its attempt number already in the ledger.
+The rows dispatched are read back from the materialized-inputs file, so a fresh run and a
+resume dispatch from the same source.
+
+A resume (``--resume``, ``+resume_from_cache=true``, ``trollout resume``) locks the folder
+first, then checks it under the lock: the manifest's fingerprints against the input, the plan
+settings and the agent set (`recovery.manifest`); then `recovery.resume` decides what to send
+and with which attempt numbers, and the store is seeded with what the folder already holds. A
+folder with no outcome is started afresh; one with outcomes but no manifest or no materialized
+inputs is refused and left as it was.
 
 `collect_run` uses only the public API an embedding driver has (`plan_rollouts`, `discover`,
 `open_run_store`, `open_collector`); the click command is a thin shell around it.
@@ -13,31 +21,50 @@ a fresh run and a resume dispatch from the same source.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
-from collections.abc import Callable, Iterator
-from typing import IO
-
-import click
+from typing import IO, Any, TypeVar
 
 import attrs
+import click
 import httpx
 import trio
 
 from .. import jsonl
 from ..collector.deployment import Deployment, discover
 from ..collector.engine import Collector, Progress, open_collector
-from ..collector.plan import plan_rollouts
+from ..collector.plan import Plan, plan_rollouts
 from ..collector.transport import H11Transport
 from ..config import RunConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, RunFolderError
 from ..records import Identity, MaterializedRow
 from ..recovery.layout import RunLayout
-from ..recovery.store import open_run_store
+from ..recovery.manifest import (
+    FolderState,
+    ManifestCheck,
+    build_manifest,
+    check_manifest,
+    folder_state,
+    read_manifest,
+    sha256_file,
+    write_manifest,
+)
+from ..recovery.resume import Resubmit, ResumePlan, ResumeRules, RunTally, scan_run
+from ..recovery.store import RunStore, open_run_store
 from .common import build_run_config, collect_options, fail, live_mode, print_summary, run_trio
 from .progress import ProgressReporter
 
-__all__ = ["RunResult", "collect", "collect_run", "load_deployment", "resolver_for"]
+__all__ = [
+    "RunResult",
+    "collect",
+    "collect_run",
+    "load_deployment",
+    "print_resumed",
+    "resolver_for",
+    "resume_options",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @attrs.frozen
@@ -51,6 +78,7 @@ class RunResult:
     elapsed_s: float
     max_in_flight: int
     max_resident: int
+    resumed: RunTally | None = None
 
 
 async def load_deployment(config: RunConfig) -> Deployment:
@@ -97,51 +125,249 @@ async def collect_run(
     deployment: Deployment | None = None,
     progress_stream: IO[str] | None = None,
     live: bool | None = None,
+    transport: H11Transport | None = None,
+    resubmit: Resubmit | None = None,
 ) -> RunResult:
-    """Collect a fresh run into ``config.output_jsonl_fpath``.
+    """Collect a run into ``config.output_jsonl_fpath``: fresh, or resumed.
+
+    With ``resume_from_cache`` (or ``resubmit``), a folder holding a run is resumed: its
+    manifest is checked against the input, plan settings and agent set, and only what
+    protocol.md section 8 says is not done is dispatched. A folder holding no outcome is
+    started afresh. A folder whose manifest or materialized inputs are missing while it holds
+    outcomes is refused, never cleared.
+
+    Args:
+        config: the run's settings.
+        deployment: the deployment; discovered from the config when None.
+        progress_stream: where progress lines go (stderr when None).
+        live: force the live display on or off (None: decide by terminal).
+        transport: the ``/run`` transport (tests); one is opened when None.
+        resubmit: also dispatch rollouts that are done but did not land (``trollout resubmit``).
 
     Raises:
         ConfigError: no input or output path given.
         InputError: bad input rows (nothing written, nothing dispatched).
         DeploymentError: the deployment cannot be found or lacks an agent the rows need.
+        RunChangedError: resuming a run whose input, plan settings or agent set changed.
+        RunFolderError: the folder is locked, or cannot be resumed (nothing is cleared).
 
     Cancellation: cancelling interrupts rollouts in flight; they are recorded as omitted and
     every settled outcome is flushed before this returns, so the folder stays resumable.
     """
-    if not config.input_jsonl_fpath:
-        raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
     if not config.output_jsonl_fpath:
         raise ConfigError("no output file: pass -o OUT.jsonl or +output_jsonl_fpath=<file.jsonl>")
+    resuming = config.resume_from_cache or resubmit is not None
+    if not config.input_jsonl_fpath and not resuming:
+        raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
     if deployment is None:
         deployment = await load_deployment(config)
-    plan = plan_rollouts(config.input_jsonl_fpath, config, deployment)
     layout = RunLayout.for_output(config.output_jsonl_fpath)
+    stream = progress_stream or sys.stderr
+    plan = None
+    if not resuming or folder_state(layout) is FolderState.NEW:
+        plan = _plan(config, deployment)  # bad input is refused before a file is touched
     started = trio.current_time()
-    async with open_run_store(layout, config, expected=plan.expected, fresh=True) as store:
-        await store.write_materialized_inputs(plan.rows())
-        reporter = ProgressReporter(total=plan.expected, stream=progress_stream or sys.stderr,
-                                    live=live)
-        async with open_collector(
-            config=config, resolve=resolver_for(deployment), sink=store
-        ) as collector, trio.open_nursery() as nursery:
-            nursery.start_soon(reporter.run, collector)
-            await nursery.start(store.run_housekeeping)
-            await collector.collect(_materialized(layout))
-            nursery.cancel_scope.cancel(reason="run finished")
+    expected = plan.expected if plan is not None else 0
+    async with open_run_store(layout, config, expected=expected, fresh=not resuming) as store:
+        if resuming and folder_state(layout) is not FolderState.NEW:
+            resumed = await _resume(store, config, deployment, resubmit, stream)
+            rows: Iterable[tuple[MaterializedRow, int]] = resumed.rows()
+            tally = resumed.tally
+            total, expected = tally.to_dispatch, tally.expected
+        else:
+            plan = plan if plan is not None else _plan(config, deployment)
+            if resuming:
+                store.reset(expected=plan.expected)
+            await _start(store, config, deployment, plan)
+            rows = ((row, 0) for row in _materialized(layout))
+            total, expected, tally = plan.expected, plan.expected, None
+        collector = await _dispatch(store, config, deployment, rows, total, stream, live, transport)
     return RunResult(
         layout=layout,
-        expected=plan.expected,
-        tasks=plan.tasks,
+        expected=expected,
+        tasks=plan.tasks if plan is not None else 0,
         progress=collector.progress,
         elapsed_s=trio.current_time() - started,
-        max_in_flight=collector.limiter.total_tokens,
+        max_in_flight=int(collector.limiter.total_tokens),
         max_resident=collector.max_resident,
+        resumed=tally,
     )
+
+
+def _plan(config: RunConfig, deployment: Deployment) -> Plan:
+    if not config.input_jsonl_fpath:
+        raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
+    return plan_rollouts(config.input_jsonl_fpath, config, deployment)
+
+
+async def _start(store: RunStore, config: RunConfig, deployment: Deployment, plan: Plan) -> None:
+    """Write the materialized inputs, then the manifest (both fsynced) of a new run."""
+    assert config.input_jsonl_fpath is not None
+    digest = await trio.to_thread.run_sync(sha256_file, config.input_jsonl_fpath)
+    await store.write_materialized_inputs(plan.rows())
+    manifest = build_manifest(
+        config, deployment, input_sha256=digest, expected=plan.expected, tasks=plan.tasks
+    )
+    await trio.to_thread.run_sync(write_manifest, store.layout, manifest)
+
+
+async def _resume(
+    store: RunStore,
+    config: RunConfig,
+    deployment: Deployment,
+    resubmit: Resubmit | None,
+    stream: IO[str],
+) -> ResumePlan:
+    """Check the folder against the manifest, decide what to dispatch, seed the store."""
+    layout = store.layout
+    state = folder_state(layout)
+    if state is FolderState.BROKEN:
+        raise RunFolderError(_broken_message(layout))
+    manifest = read_manifest(layout)
+    digest = await _input_digest(config, stream)
+    if manifest is None:
+        _check_adoptable(layout, config)
+    else:
+        current = ManifestCheck.of(config, deployment, input_sha256=digest)
+        for change in check_manifest(
+            layout, manifest, current, allow_unsafe=config.allow_unsafe_resume
+        ):
+            print(
+                f"trollout: warning: resuming anyway (--allow-unsafe-resume): {change}", file=stream
+            )
+    rules = ResumeRules(
+        max_attempts=config.max_attempts,
+        retry_terminal_timeouts=config.retry_terminal_timeouts,
+        longest_first=config.dispatch_longest_first,
+        resubmit=resubmit,
+    )
+    resumed = await trio.to_thread.run_sync(scan_run, layout, rules)
+    tally = resumed.tally
+    if manifest is not None and tally.expected != manifest.expected_rollouts:
+        raise RunFolderError(
+            f"the materialized inputs {str(layout.materialized_inputs)!r} hold {tally.expected} "
+            f"rollouts but the manifest says {manifest.expected_rollouts}; the file was changed "
+            "after the run began; restore it, or collect into a new output file"
+        )
+    store.seed(expected=tally.expected, landed=resumed.landed, statuses=resumed.take_statuses())
+    if manifest is None:  # adopting a folder trollout did not start: record what it is now
+        new = build_manifest(
+            config, deployment, input_sha256=digest or "", expected=tally.expected, tasks=0
+        )
+        await trio.to_thread.run_sync(write_manifest, layout, new)
+    return resumed
+
+
+async def _input_digest(config: RunConfig, stream: IO[str]) -> str | None:
+    path = config.input_jsonl_fpath
+    if path and await trio.Path(path).exists():
+        return await trio.to_thread.run_sync(sha256_file, path)
+    print(
+        f"trollout: warning: input file {path!r} is gone; resuming from the materialized "
+        "inputs without checking it",
+        file=stream,
+    )
+    return None
+
+
+def _check_adoptable(layout: RunLayout, config: RunConfig) -> None:
+    if not config.allow_unsafe_resume:
+        raise RunFolderError(
+            f"cannot resume {str(layout.output)!r}: it holds outcomes but no manifest "
+            f"({layout.manifest.name}), so nothing proves it was made from this input, these "
+            "settings and this deployment; its outcomes are kept. Collect into a new output "
+            "file, or pass --allow-unsafe-resume to adopt it as it is"
+        )
+
+
+def _broken_message(layout: RunLayout) -> str:
+    return (
+        f"cannot resume {str(layout.output)!r}: its materialized inputs "
+        f"({layout.materialized_inputs.name}) are missing, so what remains to do cannot be "
+        "known; its outcomes are kept, not cleared. Restore the file, or collect into a new "
+        "output file"
+    )
+
+
+async def _dispatch(
+    store: RunStore,
+    config: RunConfig,
+    deployment: Deployment,
+    rows: Iterable[tuple[MaterializedRow, int]],
+    total: int,
+    stream: IO[str],
+    live: bool | None,
+    transport: H11Transport | None,
+) -> Collector:
+    """Run the engine over ``rows`` into ``store`` with a progress reporter beside it."""
+    reporter = ProgressReporter(total=total, stream=stream, live=live)
+    async with (
+        open_collector(
+            config=config, resolve=resolver_for(deployment), sink=store, transport=transport
+        ) as collector,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(reporter.run, collector)
+        await nursery.start(store.run_housekeeping)
+        await collector.collect(rows)
+        nursery.cancel_scope.cancel(reason="run finished")
+    return collector
+
+
+def resume_options(f: F) -> F:
+    """Attach the options that steer a resume (shared by collect, resume and resubmit)."""
+    options = [
+        click.option(
+            "--allow-unsafe-resume",
+            is_flag=True,
+            default=None,
+            help="Resume even if the input, plan settings or agent set changed (the saved "
+            "materialized rows are still what is dispatched).",
+        ),
+        click.option(
+            "--max-attempts",
+            type=int,
+            help="Attempts per rollout before it counts as done (default: env "
+            "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS, else 3).",
+        ),
+        click.option(
+            "--retry-terminal-timeouts",
+            is_flag=True,
+            default=None,
+            help="Retry rollouts whose terminal failure was a timeout.",
+        ),
+        click.option(
+            "--longest-first",
+            "dispatch_longest_first",
+            is_flag=True,
+            default=None,
+            help="Dispatch the rollouts that took longest before first.",
+        ),
+        click.option(
+            "--record-omitted",
+            "record_omitted_rollouts",
+            is_flag=True,
+            default=None,
+            help="Write a row for each interrupted or never-started attempt.",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="INPUT [+key=value ...]")
 @collect_options
+@click.option(
+    "--resume",
+    "resume_from_cache",
+    is_flag=True,
+    default=None,
+    help="Resume the run in the output folder (+resume_from_cache=true): dispatch "
+    "only what is not done; a folder with no outcomes starts afresh.",
+)
+@resume_options
 def collect(args: tuple[str, ...], live: str, **options: Any) -> None:
     """Collect rollouts for every task row of INPUT (a JSONL file).
 
@@ -156,7 +382,21 @@ def collect(args: tuple[str, ...], live: str, **options: Any) -> None:
     except ConfigError as exc:
         fail(str(exc))
     result: RunResult = run_trio(_collect, config, live_mode(live))
-    print_summary(result, title=f"trollout collect: {Path(result.layout.rollouts).name}")
+    print_resumed(result, title=f"trollout collect: {Path(result.layout.rollouts).name}")
+
+
+def print_resumed(result: RunResult, *, title: str) -> None:
+    """Print the summary of a session; after a resume, say what was already done."""
+    tally = result.resumed
+    if tally is None:
+        print_summary(result, title=title)
+        return
+    print_summary(attrs.evolve(result, expected=tally.to_dispatch), title=title)
+    done = tally.expected - tally.to_dispatch
+    click.echo(
+        f"resumed: {done} of {tally.expected} rollouts were done "
+        f"({tally.fates['landed']} landed); dispatched {tally.to_dispatch}"
+    )
 
 
 async def _collect(config: RunConfig, live: bool | None) -> RunResult:

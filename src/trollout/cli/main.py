@@ -13,6 +13,8 @@ import click
 from .. import __version__
 from .collect import collect
 from .demo import demo
+from .resume import resubmit, resume
+from .status import status
 
 __all__ = ["cli", "main"]
 
@@ -28,8 +30,15 @@ def cli() -> None:
 
 cli.add_command(collect)
 cli.add_command(demo)
+cli.add_command(resume)
+cli.add_command(resubmit)
+cli.add_command(status)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``trollout`` console script."""
     cli.main(args=list(argv) if argv is not None else None, prog_name="trollout")
+
+
+if __name__ == "__main__":  # python -m trollout.cli.main (crash tests run it this way)
+    main()

@@ -8,11 +8,11 @@ uses; an embedding driver may pass its own (a list, a channel, a database).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from ..records import Outcome
+from ..records import Identity, Outcome
 
-__all__ = ["ListSink", "OutcomeSink"]
+__all__ = ["AttemptReserver", "ListSink", "OutcomeSink"]
 
 
 class OutcomeSink(Protocol):
@@ -23,6 +23,24 @@ class OutcomeSink(Protocol):
 
         Cancellation: the engine calls this inside a shielded scope, so an implementation is
         never cancelled halfway through a batch by the run's cancellation.
+        """
+        ...
+
+
+@runtime_checkable
+class AttemptReserver(Protocol):
+    """A sink that also reserves attempt numbers before they are sent (optional).
+
+    When the engine's sink has ``reserve``, the feeder awaits it once per batch of rows before
+    handing any of them to a worker, so an attempt number is on record before its request can
+    leave; `recovery.store.RunStore` writes it to the attempt ledger.
+    """
+
+    async def reserve(self, attempts: Sequence[tuple[Identity, int]]) -> None:
+        """Record ``(rollout, attempt number)`` pairs durably before they are sent.
+
+        Cancellation: a checkpoint; if it raises or is cancelled, none of the batch is sent
+        (their numbers may still be on record, which is safe: a number is skipped, not reused).
         """
         ...
 

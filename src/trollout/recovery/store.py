@@ -7,6 +7,12 @@ rollouts file, failures to the sidecar (kill-shaped ``no_persist`` failures nowh
 attempts nowhere unless ``record_omitted_rollouts``. A rollout lands at most once per store: a
 second `Landed` for a landed (task, rollout) is refused and counted, never written.
 
+Attempts: the store is also the engine's `AttemptReserver`: `RunStore.reserve` appends each
+batch of attempt numbers to the ledger (`ledger`) before the engine sends any of them. Resume:
+a non-fresh store writes no status until `RunStore.seed` hands it what the folder holds
+(landed keys, latest states, the whole run's ``expected``), so a refused resume leaves the
+folder byte for byte as it was, and a resumed one reports the whole run.
+
 Durability: rows are written with plain ``os.write`` on the event loop (they land in the page
 cache, so they survive the process being killed), and ``fsync`` follows `RunConfig.fsync`: after
 every batch (``row``: each acknowledged row is on disk when `write` returns), when
@@ -53,6 +59,7 @@ from .. import jsonl
 from ..config import FsyncPolicy, RunConfig
 from ..errors import RunFolderError, TrolloutError
 from ..records import (
+    FAILURE_MAX_ATTEMPTS,
     BatchStatus,
     Failed,
     FailureClass,
@@ -68,9 +75,10 @@ from ..records import (
     outcome_to_row,
 )
 from .layout import RunLayout
+from .ledger import AttemptLedger, encode_reservation
 from .lock import RunLock
 
-__all__ = ["RunStore", "StoreCounts", "open_run_store", "replace_atomically"]
+__all__ = ["RunStore", "StoreCounts", "open_run_store", "replace_atomically", "rollout_key"]
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -121,7 +129,9 @@ async def open_run_store(
         layout: the run folder's file names.
         config: fsync policy, status interval and ``record_omitted_rollouts``.
         expected: rollouts the run was asked for (the status file's ``expected``).
-        fresh: clear every file of the run first; False keeps them and repairs torn tails.
+        fresh: clear every file of the run first; False keeps them and repairs torn tails,
+            and the store then saves no status until `RunStore.seed` (or `RunStore.reset`)
+            says what the run holds, so a resume that is refused leaves the folder as it was.
         max_close_s: bound on the final flush at exit, which runs shielded from cancellation.
 
     Raises:
@@ -159,6 +169,8 @@ class RunStore:
         self.expected = expected
         self._rollouts = _Appender(layout.rollouts)
         self._failures = _Appender(layout.failures)
+        self._ledger = AttemptLedger(layout.attempts)
+        self._status_enabled = True
         self._landed: set[_Key] = set()
         self._pending: dict[_Key, RolloutStatus] = {}
         self._failure_rows = 0
@@ -209,6 +221,61 @@ class RunStore:
         """
         self._check_open()
         return await _off_loop(_write_materialized, self.layout.materialized_inputs, rows)
+
+    def seed(self, *, expected: int, landed: set[_Key], statuses: Iterable[RolloutStatus]) -> None:
+        """Start a resumed store from what the run folder already holds.
+
+        Args:
+            expected: rollouts of the whole run.
+            landed: keys (`rollout_key`) of the rollouts already landed; taken, not copied.
+            statuses: the latest state of rollouts that have an outcome but have not landed.
+
+        From then on the counts and the status file cover the whole run, and a landed rollout
+        is refused a second row even when this session never saw it land.
+        """
+        self.expected = expected
+        self._landed = landed
+        self._pending = {rollout_key(s.task_index, s.rollout_index): s for s in statuses}
+        self._status_enabled = True
+        self._status_dirty = True
+
+    def reset(self, *, expected: int) -> None:
+        """Clear every file of the run, as a fresh store does (under the lock, before writing)."""
+        self._check_open()
+        self._rollouts.close()
+        self._failures.close()
+        self._ledger.close()
+        self.expected = expected
+        self._landed, self._pending = set(), {}
+        self._prepare(fresh=True)
+        self._status_enabled = True
+
+    async def reserve(self, attempts: Sequence[tuple[Identity, int]]) -> None:
+        """Put a batch of attempt numbers in the ledger before they are sent (`AttemptReserver`).
+
+        One ``write(2)`` per batch, then an fsync (in a worker thread) unless the policy is
+        ``never``: the numbers survive a SIGKILL as soon as the write returns, and a power
+        loss once the fsync has.
+
+        Raises:
+            RunFolderError: the ledger cannot be written.
+
+        Cancellation: a checkpoint (during the fsync); if cancelled, the numbers may be on
+        record but nothing was sent, which is safe: resume skips them, it never reuses them.
+        """
+        self._check_open()
+        line = encode_reservation(
+            [(i.task_index, i.rollout_index, attempt) for i, attempt in attempts]
+        )
+        with _os_errors(self._ledger.path, "reserve attempts in"):
+            fd = self._ledger.append(line)
+        if self.config.fsync is not FsyncPolicy.NEVER:
+            fds: list[int | None] = [fd]
+            if self._ledger.created:
+                self._ledger.created = False
+                fds.append(None)
+            with _os_errors(self._ledger.path, "fsync"):
+                await _off_loop(_fsync_all, fds, self.layout.output.parent)
 
     async def write(self, outcomes: Sequence[Outcome]) -> None:
         """Append a batch of outcomes to the run folder, then fsync per the policy.
@@ -269,7 +336,8 @@ class RunStore:
         try:
             if self.config.fsync is not FsyncPolicy.NEVER:
                 await self._sync()
-            await self._write_status(finished=True)
+            if self._status_enabled:
+                await self._write_status(finished=True)
         finally:
             self._close_files()
 
@@ -286,7 +354,8 @@ class RunStore:
                 _write_status_file(self.layout.batch_status, self.snapshot())
             self._status_at = trio.current_time()
         else:
-            for path in (self.layout.rollouts, self.layout.failures):
+            self._status_enabled = False  # until seed() or reset() says what the run holds
+            for path in (self.layout.rollouts, self.layout.failures, self.layout.attempts):
                 with _os_errors(path, "repair the tail of"):
                     jsonl.repair_tail(path)
         self._rollouts.open()
@@ -305,6 +374,7 @@ class RunStore:
         self._changed.set()
         self._rollouts.close()
         self._failures.close()
+        self._ledger.close()
 
     # --- writing ------------------------------------------------------------------------------
 
@@ -328,9 +398,15 @@ class RunStore:
             else:
                 assert isinstance(outcome, Failed | Omitted)
                 if self._persists(outcome):
-                    failures.append(jsonl.dumps(outcome_to_row(outcome)))
+                    failures.append(jsonl.dumps(self._failure_row(outcome)))
                 changes.append((key, _status_of(outcome), not _never_started(outcome)))
         return landed, failures, changes
+
+    def _failure_row(self, outcome: Failed | Omitted) -> dict[str, object]:
+        row = outcome_to_row(outcome)
+        if type(outcome) is Failed:
+            row[FAILURE_MAX_ATTEMPTS] = self.config.max_attempts  # the cap resume applies
+        return row
 
     def _persists(self, outcome: Failed | Omitted) -> bool:
         if type(outcome) is Failed:
@@ -403,6 +479,8 @@ class RunStore:
                 await _off_loop(_fsync_all, fds, self.layout.output.parent)
 
     async def _write_status(self, *, finished: bool = False) -> None:
+        if not self._status_enabled:
+            return
         async with self._status_lock:
             if not finished and (self._closed or self._status_due() > trio.current_time()):
                 return  # written (or closed) by the other task while this one waited
@@ -568,7 +646,11 @@ def _folder_error(path: Path, action: str, exc: OSError) -> RunFolderError:
 
 
 def _key(identity: Identity) -> _Key:
-    task, rollout = identity.task_index, identity.rollout_index
+    return rollout_key(identity.task_index, identity.rollout_index)
+
+
+def rollout_key(task: int, rollout: int) -> _Key:
+    """Return the compact key of a rollout (one int when the indices fit, else a tuple)."""
     if task >= 0 and 0 <= rollout < _ROLLOUT_LIMIT:
         return task << _ROLLOUT_BITS | rollout
     return (task, rollout)

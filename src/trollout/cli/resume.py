@@ -1,0 +1,168 @@
+"""`trollout resume RUN` and `trollout resubmit RUN`: continue a run with its saved settings.
+
+RUN is the run's output file (or its manifest, or a folder holding one run). Both commands read
+the settings saved in the run's manifest, apply the options and ``+key=value`` overrides given
+now (say a new ``--head-server`` after the deployment moved), and call `collect_run` with
+``resume_from_cache``. An override that changes the materialized rows (``+num_repeats=8``)
+is refused like any other change, unless ``--allow-unsafe-resume``.
+
+- ``resume`` dispatches what protocol.md section 8 says is not done: missing rollouts and
+  retryable failures under the attempt cap, each with a new attempt number.
+- ``resubmit`` also dispatches rollouts that are done without having landed: terminal
+  failures, failures counted as zero and rollouts at the attempt cap, once more each, past
+  the cap; ``--class C`` (repeatable) limits it to rollouts whose latest failure is of class C.
+  A landed rollout is never dispatched again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..config import FIELD_NAMES, RunConfig
+from ..errors import ConfigError, TrolloutError
+from ..recovery.manifest import locate_run, read_manifest
+from ..recovery.resume import Resubmit
+from .collect import RunResult, collect_run, print_resumed, resume_options
+from .common import build_run_config, fail, live_mode, run_trio
+
+__all__ = ["config_from_run", "resubmit", "resume"]
+
+_CONTEXT = {"ignore_unknown_options": True, "allow_extra_args": True}
+
+
+def _session_options(f: Any) -> Any:
+    """Attach the options a resumed session may change (deployment, concurrency, I/O)."""
+    options = [
+        click.argument("run", type=click.Path(exists=True)),
+        click.argument("overrides", nargs=-1, type=click.UNPROCESSED, metavar="[+key=value ...]"),
+        click.option("--head-server", help="Head server URL (default: the one saved)."),
+        click.option(
+            "--agent-url",
+            "agent_urls",
+            multiple=True,
+            metavar="NAME=URL",
+            help="Send agent NAME's rollouts to URL (replaces the saved ones).",
+        ),
+        click.option(
+            "--concurrency", "num_samples_in_parallel", type=int, help="Requests in flight at most."
+        ),
+        click.option(
+            "--max-resident",
+            "max_resident_rollout_tasks",
+            type=int,
+            help="Rollout tasks alive at once.",
+        ),
+        click.option(
+            "--connect-timeout",
+            "connect_timeout_s",
+            type=float,
+            help="Seconds to establish a connection.",
+        ),
+        click.option(
+            "--read-timeout",
+            "read_timeout_s",
+            type=float,
+            help="Seconds of silence allowed while waiting for a reply.",
+        ),
+        click.option(
+            "--fsync",
+            type=click.Choice(["row", "batch", "never"]),
+            help="When appended rows are fsynced.",
+        ),
+        click.option(
+            "--progress",
+            "live",
+            type=click.Choice(["auto", "live", "plain"]),
+            default="auto",
+            show_default=True,
+            help="Live display or plain lines.",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return resume_options(f)
+
+
+def config_from_run(run: str, options: dict[str, Any], overrides: tuple[str, ...]) -> RunConfig:
+    """Build the config of a resumed session: saved settings < options < overrides.
+
+    Raises:
+        ConfigError: RUN has no manifest, an override is not ``+key=value``, or a bad value.
+    """
+    layout = locate_run(run)
+    manifest = read_manifest(layout)
+    if manifest is None:
+        raise ConfigError(
+            f"run {str(layout.output)!r} has no manifest ({layout.manifest.name}), so its "
+            "settings are unknown; resume it with trollout collect INPUT -o "
+            f"{layout.output!s} --resume --allow-unsafe-resume"
+        )
+    bad = [token for token in overrides if not token.startswith("+")]
+    if bad:
+        raise ConfigError(f"unexpected arguments {bad!r}; settings go as +key=value")
+    values = {k: v for k, v in manifest.settings.items() if k in FIELD_NAMES}
+    given = {k: v for k, v in options.items() if v is not None and v != ()}
+    saved_urls = values.pop("agent_urls", None) or {}
+    if "agent_urls" not in given and saved_urls:
+        given["agent_urls"] = [f"{name}={url}" for name, url in saved_urls.items()]
+    values.update(given)
+    values["output_jsonl_fpath"] = str(layout.output)
+    values["resume_from_cache"] = True
+    return build_run_config(overrides, values)
+
+
+def _run(
+    run: str,
+    overrides: tuple[str, ...],
+    live: str,
+    options: dict[str, Any],
+    resubmit_: Resubmit | None,
+) -> None:
+    try:
+        config = config_from_run(run, options, overrides)
+    except TrolloutError as exc:
+        fail(str(exc))
+    result: RunResult = run_trio(_collect, config, live_mode(live), resubmit_)
+    name = "resubmit" if resubmit_ is not None else "resume"
+    print_resumed(result, title=f"trollout {name}: {result.layout.rollouts.name}")
+
+
+async def _collect(config: RunConfig, live: bool | None, resubmit_: Resubmit | None) -> RunResult:
+    return await collect_run(config, live=live, resubmit=resubmit_)
+
+
+@click.command(context_settings=_CONTEXT)
+@_session_options
+def resume(run: str, overrides: tuple[str, ...], live: str, **options: Any) -> None:
+    """Resume RUN with its saved settings, sending what is not done.
+
+    Done means landed, failed terminally, counted as zero, or at the attempt cap; everything
+    else (failed, killed, drained, never started) is dispatched with a new attempt number.
+    A changed input file, plan setting or agent set is refused (exit 2) unless
+    --allow-unsafe-resume.
+    """
+    _run(run, overrides, live, options, None)
+
+
+@click.command(context_settings=_CONTEXT)
+@_session_options
+@click.option(
+    "--class",
+    "classes",
+    multiple=True,
+    metavar="CLASS",
+    help="Only rollouts whose latest failure has this class. Repeatable.",
+)
+def resubmit(
+    run: str, overrides: tuple[str, ...], live: str, classes: tuple[str, ...], **options: Any
+) -> None:
+    """Send RUN's rollouts that did not land again, past the cap.
+
+    Without --class, every rollout that has not landed goes out again with a new attempt
+    number: terminal failures, failures counted as zero, rollouts at the attempt cap, and what
+    resume would send. With --class, only those whose latest failure has one of the classes.
+    Landed rollouts never do.
+    """
+    _run(run, overrides, live, options, Resubmit(classes=frozenset(classes)))

@@ -1,0 +1,153 @@
+"""`trollout status RUN`: where a run stands, from its files alone (no server needed).
+
+It applies resume's rules (`recovery.resume.scan_run`) without the lock and without writing,
+so it may run beside a collector that is writing the folder: a torn last line is skipped.
+The attempt cap is ``--max-attempts``, else the one saved in the manifest, else the
+environment's (``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS``, default 3).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import click
+import orjson
+
+from ..config import default_max_attempts
+from ..errors import TrolloutError
+from ..records import RunManifest
+from ..recovery.layout import RunLayout
+from ..recovery.lock import read_owner
+from ..recovery.manifest import locate_run, read_manifest
+from ..recovery.resume import Fate, ResumeRules, RunTally, scan_run
+from .common import fail
+
+__all__ = ["run_status", "status"]
+
+
+def run_status(
+    layout: RunLayout,
+    *,
+    max_attempts: int | None = None,
+    retry_terminal_timeouts: bool | None = None,
+) -> dict[str, Any]:
+    """Return the status document of a run (what ``status --json`` prints).
+
+    Raises:
+        RunFolderError: the materialized inputs are missing or a file is damaged mid-way.
+    """
+    manifest = read_manifest(layout)
+    saved = manifest.settings if manifest is not None else {}
+    cap = max_attempts or saved.get("max_attempts") or default_max_attempts()
+    retry_timeouts = retry_terminal_timeouts
+    if retry_timeouts is None:
+        retry_timeouts = bool(saved.get("retry_terminal_timeouts", False))
+    rules = ResumeRules(max_attempts=cap, retry_terminal_timeouts=retry_timeouts)
+    tally = scan_run(layout, rules)
+    return _document(layout, manifest, cap, tally.tally)
+
+
+def _document(
+    layout: RunLayout, manifest: RunManifest | None, cap: int, tally: RunTally
+) -> dict[str, Any]:
+    return {
+        "run": str(layout.output),
+        "run_id": manifest.run_id if manifest else None,
+        "has_manifest": manifest is not None,
+        "max_attempts": cap,
+        "expected": tally.expected,
+        "landed": tally.count(Fate.LANDED),
+        "failed": tally.count(Fate.FAILED),
+        "missing": tally.count(Fate.MISSING),
+        "at_cap": tally.count(Fate.AT_CAP),
+        "terminal": tally.count(Fate.TERMINAL),
+        "counts_as_zero": tally.count(Fate.ZERO),
+        "failures_by_class": tally.failures_by_class,
+        "to_dispatch": tally.to_dispatch,
+        "retryable_remains": tally.retryable_remains,
+        "complete": tally.count(Fate.LANDED) == tally.expected,
+        "failure_rows": tally.failure_rows,
+        "reserved_attempts": tally.reserved_attempts,
+        "duplicate_landed": tally.duplicate_landed,
+        "foreign_rows": tally.foreign_rows,
+        "collector_pid": _live_owner(layout),
+    }
+
+
+def _live_owner(layout: RunLayout) -> int | None:
+    """Return the pid holding the run's lock, when its record names a live local process."""
+    owner = read_owner(layout.lock)
+    if owner is None or owner.host != socket.gethostname():
+        return owner.pid if owner is not None else None
+    try:
+        os.kill(owner.pid, 0)
+    except ProcessLookupError:
+        return None  # a SIGKILLed owner: the kernel already dropped its lock
+    except PermissionError:
+        pass
+    return owner.pid
+
+
+_LINES = (
+    ("landed", "landed"),
+    ("failed, retryable", "failed"),
+    ("missing", "missing"),
+    ("at the attempt cap", "at_cap"),
+    ("terminal", "terminal"),
+    ("counted as zero", "counts_as_zero"),
+)
+
+
+def _print_human(doc: dict[str, Any]) -> None:
+    click.echo(f"run {doc['run']}" + (f" (id {doc['run_id']})" if doc["run_id"] else ""))
+    click.echo(f"  expected            {doc['expected']}")
+    for label, key in _LINES:
+        click.echo(f"  {label:<19} {doc[key]}")
+    for name, count in doc["failures_by_class"].items():
+        click.echo(f"    {name:<17} {count}")
+    if doc["duplicate_landed"] or doc["foreign_rows"]:
+        click.echo(f"  duplicate landed    {doc['duplicate_landed']}")
+        click.echo(f"  foreign rows        {doc['foreign_rows']}")
+    if doc["collector_pid"] is not None:
+        click.echo(f"  in use by pid {doc['collector_pid']}")
+    if doc["complete"]:
+        verdict = "complete: every rollout landed"
+    elif doc["retryable_remains"]:
+        verdict = f"retryable work remains: trollout resume would dispatch {doc['to_dispatch']}"
+    else:
+        verdict = "done, incomplete: nothing retryable remains (trollout resubmit sends it again)"
+    click.echo(f"  {verdict} (max attempts {doc['max_attempts']})")
+
+
+@click.command()
+@click.argument("run", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object for machines.")
+@click.option("--max-attempts", type=int, help="Attempt cap to judge by (default: the run's).")
+@click.option(
+    "--retry-terminal-timeouts",
+    is_flag=True,
+    default=None,
+    help="Judge terminal timeouts as retryable.",
+)
+def status(
+    run: str, as_json: bool, max_attempts: int | None, retry_terminal_timeouts: bool | None
+) -> None:
+    """Show where RUN stands, from its files alone.
+
+    Landed, failed by class, missing, at the attempt cap, terminal, and whether retryable work
+    remains. Read from the run's files alone; no server is needed, and a collector may be running.
+    """
+    try:
+        doc = run_status(
+            locate_run(run),
+            max_attempts=max_attempts,
+            retry_terminal_timeouts=retry_terminal_timeouts,
+        )
+    except TrolloutError as exc:
+        fail(str(exc))
+    if as_json:
+        click.echo(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS).decode())
+    else:
+        _print_human(doc)

@@ -1,0 +1,86 @@
+"""`trollout status RUN`: where a run stands, from its files alone, human and --json."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from resume_folders import Folder, failure, landed, omitted
+from trollout.recovery.lock import RunLock
+
+KEYS = [(t, r) for t in range(4) for r in range(2)]
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
+    """Run the trollout CLI with args."""
+    from trollout.cli.main import cli
+
+    return CliRunner(env=env).invoke(cli, list(args))
+
+
+def sample(tmp_path: Path) -> Folder:
+    """8 rollouts: 3 landed, 1 terminal, 1 at a cap of 2, 1 retryable, 1 interrupted, 1 never."""
+    return (
+        Folder(tmp_path, KEYS)
+        .land(landed(0, 0), landed(0, 1), landed(1, 0))
+        .fail(failure(1, 1, cls="skipped", terminal=True))
+        .fail(failure(2, 0, 0), failure(2, 0, 1))
+        .fail(failure(2, 1, cls="transient"), omitted(3, 0))
+    )
+
+
+def test_status_json_counts_every_rollout_once(tmp_path: Path) -> None:
+    """--json reports each fate, failures by class, and whether retryable work remains."""
+    folder = sample(tmp_path)
+    result = invoke("status", str(folder.layout.output), "--json", "--max-attempts", "2")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["expected"] == 8
+    fates = {k: doc[k] for k in ("landed", "terminal", "at_cap", "failed", "missing")}
+    assert fates == {"landed": 3, "terminal": 1, "at_cap": 1, "failed": 1, "missing": 2}
+    assert doc["counts_as_zero"] == 0
+    assert doc["failures_by_class"] == {"agent_run_error": 1, "skipped": 1, "transient": 1}
+    assert doc["to_dispatch"] == 3
+    assert doc["retryable_remains"] is True
+    assert doc["complete"] is False
+    assert doc["max_attempts"] == 2
+    assert doc["collector_pid"] is None
+
+
+def test_status_cap_from_environment(tmp_path: Path) -> None:
+    """With no manifest and no option, the cap is NEMO_GYM_MAX_ROLLOUT_ATTEMPTS."""
+    folder = sample(tmp_path)
+    env = {"NEMO_GYM_MAX_ROLLOUT_ATTEMPTS": "5"}
+    doc = json.loads(invoke("status", str(folder.layout.output), "--json", env=env).stdout)
+    assert (doc["max_attempts"], doc["at_cap"], doc["to_dispatch"]) == (5, 0, 4)
+
+
+def test_status_human_output(tmp_path: Path) -> None:
+    """The human view lists the counts and says what resume would do."""
+    folder = sample(tmp_path)
+    result = invoke("status", str(folder.layout.output.parent), "--max-attempts", "2")
+    assert result.exit_code == 0, result.output
+    for needle in ("expected            8", "landed              3", "skipped",
+                   "trollout resume would dispatch 3"):  # fmt: skip
+        assert needle in result.stdout
+
+
+def test_status_names_a_running_collector(tmp_path: Path) -> None:
+    """While a collector holds the lock, status still reads the files and names its pid."""
+    folder = sample(tmp_path)
+    with RunLock.for_layout(folder.layout):
+        doc = json.loads(invoke("status", str(folder.layout.output), "--json").stdout)
+    assert doc["collector_pid"] == os.getpid()
+
+
+def test_status_without_inputs_exits_2(tmp_path: Path) -> None:
+    """A run whose materialized inputs are gone: exit 2 with a message, no traceback."""
+    folder = sample(tmp_path)
+    folder.layout.materialized_inputs.unlink()
+    result = invoke("status", str(folder.layout.output))
+    assert result.exit_code == 2
+    assert "materialized inputs" in result.stderr
+    assert "Traceback" not in result.output

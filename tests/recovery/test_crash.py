@@ -1,0 +1,203 @@
+"""Crash consistency: a real `trollout collect` process SIGKILLed at random moments, resumed.
+
+The fake deployment runs in its own process (so killing the collector leaves it serving and
+its log of every ``/run`` received survives); the collector is ``python -m trollout.cli.main``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from trollout import jsonl
+from trollout.recovery.layout import RunLayout
+from trollout.recovery.ledger import read_ledger
+from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, Latency, spawn_fake_deployment
+from trollout.testing.tasks import task_rows
+
+TASKS, REPEATS = 500, 4  # 2,000 rollouts
+KILLS = 20
+SEED = 20261130
+SPEC = DeploymentSpec(
+    agents=(AgentSpec(name="math_agent"),),
+    latency=Latency(fixed_s=0.05, jitter_s=0.15, seed=7),
+    record_runs=True,
+)
+TERMINAL = {"kind": "failure_class", "failure_class": "skipped", "terminal": True}
+ALWAYS_500 = {"kind": "status", "status": 500, "body": "boom"}
+
+
+def cli(*args: str) -> list[str]:
+    """Return the command line of the trollout CLI in this interpreter."""
+    return [sys.executable, "-m", "trollout.cli.main", *args]
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeUrls]:
+    """The fake deployment in its own process."""
+    with spawn_fake_deployment(SPEC) as urls:
+        yield urls
+
+
+def write_input(path: Path) -> tuple[set[int], set[int]]:
+    """Write the tasks; every 50th is terminal, every 50th+7 always 500; return both sets."""
+    rows, terminal, failing = [], set(), set()
+    for i, row in enumerate(task_rows(TASKS, seed=5)):
+        if i % 50 == 0:
+            row["fake_fault"], _ = TERMINAL, terminal.add(i)
+        elif i % 50 == 7:
+            row["fake_fault"], _ = ALWAYS_500, failing.add(i)
+        rows.append(row)
+    path.write_bytes(b"".join(jsonl.dumps(r) for r in rows))
+    return terminal, failing
+
+
+def runs_seen(fake: FakeUrls) -> list[tuple[int, int, int]]:
+    """Return every (task, rollout, attempt) the fake received, in arrival order."""
+    runs = httpx.get(fake.head_url + "/_fake/runs", timeout=30).json()
+    return [(t, r, a) for _, _, t, r, a, _ in runs]
+
+
+def lines(path: Path) -> list[bytes]:
+    """Return a file's lines, asserting none is torn (each parses and ends with a newline)."""
+    data = path.read_bytes()
+    assert not data or data.endswith(b"\n"), f"{path.name} ends without a newline"
+    out = data.splitlines()
+    for number, line in enumerate(out, start=1):
+        assert isinstance(orjson.loads(line), dict), f"{path.name}:{number} is not an object"
+    return out
+
+
+def attempts_by_rollout(*paths: Path) -> dict[tuple[int, int], list[int]]:
+    """Collect each rollout's attempt numbers across files, in file order per file."""
+    seen: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for path in paths:
+        for line in lines(path):
+            row = orjson.loads(line)
+            key = (row["_ng_task_index"], row["_ng_rollout_index"])
+            seen[key].append(row.get("_ng_attempt_index", 0))
+    return seen
+
+
+def wait_for_moment(proc: subprocess.Popen[bytes], out: Path, rng: random.Random) -> None:
+    """Wait for a seeded moment: during start-up (1 in 5), else after 0-80 more rows landed.
+
+    Moments are counted in rows rather than seconds so that every kill lands while the run is
+    still going, however fast the machine is; a small seeded delay spreads them within a batch.
+    """
+    if rng.random() < 0.2:
+        time.sleep(rng.uniform(0.05, 0.8))
+        return
+    target = rng.randint(0, 80)
+    start = count_lines(out)
+    deadline = time.monotonic() + 30
+    while count_lines(out) - start < target and proc.poll() is None:
+        assert time.monotonic() < deadline, "the collector made no progress"
+        time.sleep(0.01)
+    time.sleep(rng.uniform(0.0, 0.05))
+
+
+def count_lines(path: Path) -> int:
+    """Return the number of newlines in a file (0 when absent)."""
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.slow
+def test_crash_sigkill_and_resume_until_done(tmp_path: Path, fake: FakeUrls) -> None:
+    """20 SIGKILLs at seeded moments, resumed until done: nothing lost, nothing twice."""
+    source = tmp_path / "tasks.jsonl"
+    terminal, failing = write_input(source)
+    out = tmp_path / "run" / "r.jsonl"
+    args = ["collect", str(source), "-o", str(out), "--head-server", fake.head_url,
+            "--agent", "math_agent", "--num-repeats", str(REPEATS), "--concurrency", "32",
+            "--progress", "plain"]  # fmt: skip
+    rng = random.Random(SEED)
+    for kill in range(KILLS):
+        command = cli(*args) if kill == 0 else cli(*args, "--resume")
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_for_moment(proc, out, rng)
+        proc.send_signal(signal.SIGKILL)  # this pid only
+        _, err = proc.communicate()
+        assert proc.returncode == -signal.SIGKILL, err.decode()  # killed while still running
+    for _ in range(5):  # resume until nothing retryable remains
+        done = subprocess.run(cli(*args, "--resume"), capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr.decode()
+        status = json.loads(subprocess.run(cli("status", str(out), "--json"),
+                                           capture_output=True, check=True).stdout)  # fmt: skip
+        if not status["retryable_remains"]:
+            break
+    layout = RunLayout.for_output(out)
+    expected = {(t, r) for t in range(TASKS) for r in range(REPEATS)}
+    uninterrupted = {(t, r) for t, r in expected if t not in terminal | failing}
+
+    landed = [orjson.loads(line) for line in lines(layout.rollouts)]
+    landed_keys = [(row["_ng_task_index"], row["_ng_rollout_index"]) for row in landed]
+    assert len(landed_keys) == len(set(landed_keys)), "a rollout landed twice"
+    assert set(landed_keys) == uninterrupted
+    assert any(row.get("_ng_attempt_index", 0) for row in landed), "no kill hit a rollout"
+    assert status["landed"] == len(uninterrupted)
+    assert status["terminal"] == REPEATS * len(terminal)
+    assert status["at_cap"] == REPEATS * len(failing)
+    assert status["expected"] == len(expected)
+    assert not status["retryable_remains"]
+
+    sent = runs_seen(fake)
+    assert len(sent) == len(set(sent)), "an attempt number was sent twice"
+    reserved = set(read_ledger(layout.attempts))
+    assert set(sent) <= reserved, "an attempt was sent before it was reserved"
+    per_rollout = attempts_by_rollout(layout.failures, layout.rollouts)
+    for key, numbers in per_rollout.items():
+        assert numbers == sorted(set(numbers)), (key, numbers)  # strictly increasing
+    for path in (layout.materialized_inputs, layout.attempts):
+        lines(path)
+    json.loads(layout.manifest.read_text())
+    json.loads(layout.batch_status.read_text())
+
+
+def test_crash_second_collector_fails_at_once_naming_owner(tmp_path: Path, fake: FakeUrls) -> None:
+    """A second collect on a folder in use exits 2 within a second, naming the owner's pid."""
+    source = tmp_path / "tasks.jsonl"
+    source.write_bytes(b"".join(jsonl.dumps(r) for r in task_rows(300, seed=1)))
+    out = tmp_path / "r.jsonl"
+    args = ["collect", str(source), "-o", str(out), "--head-server", fake.head_url,
+            "--agent", "math_agent", "--concurrency", "4", "--progress", "plain"]  # fmt: skip
+    started = time.monotonic()
+    subprocess.run(cli("--version"), check=True, capture_output=True)
+    startup = time.monotonic() - started
+    owner = subprocess.Popen(cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not out.exists():  # the rollouts file appears once the owner holds the lock
+            assert time.monotonic() < deadline
+            assert owner.poll() is None
+            time.sleep(0.05)
+        for extra in ((), ("--resume",)):
+            started = time.monotonic()
+            second = subprocess.run(cli(*args, *extra), capture_output=True, timeout=30)
+            took = time.monotonic() - started
+            assert second.returncode == 2, second.stderr.decode()
+            message = second.stderr.decode()
+            assert f"another trollout (pid {owner.pid}) is collecting into" in message
+            assert took < startup + 1.0, (took, startup)
+        assert owner.poll() is None  # the owner was not disturbed
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    resumed = subprocess.run(
+        cli(*args, "--resume", "--concurrency", "128"), capture_output=True, timeout=60
+    )
+    assert resumed.returncode == 0, resumed.stderr.decode()  # the OS released the lock

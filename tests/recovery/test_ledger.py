@@ -1,0 +1,173 @@
+"""The attempt ledger: one durable write per batch, before any request of the batch is sent."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import trio
+
+from trollout.collector.engine import open_collector
+from trollout.collector.transport import RawResponse
+from trollout.config import FsyncPolicy, RunConfig
+from trollout.errors import RunFolderError
+from trollout.records import Failed, Identity, Landed, MaterializedRow
+from trollout.recovery.layout import RunLayout
+from trollout.recovery.ledger import encode_reservation, read_ledger
+from trollout.recovery.store import open_run_store
+
+
+def rows(n: int) -> list[MaterializedRow]:
+    """Build n materialized rows, one task each."""
+    return [
+        MaterializedRow.from_body(
+            {"responses_create_params": {}, "agent_ref": {"name": "agent"},
+             "_ng_task_index": i, "_ng_rollout_index": 0}
+        )
+        for i in range(n)
+    ]  # fmt: skip
+
+
+class LedgerCheckingTransport:
+    """Answers 200, first checking that the request's attempt is already in the ledger."""
+
+    def __init__(self, layout: RunLayout, *, status: int = 200) -> None:
+        self.layout = layout
+        self.status = status
+        self.unreserved: list[tuple[int, int, int]] = []
+        self.sent: list[tuple[int, int, int]] = []
+
+    async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+        row = orjson.loads(body)
+        key = (row["_ng_task_index"], row["_ng_rollout_index"], row.get("_ng_attempt_index", 0))
+        self.sent.append(key)
+        if key not in set(read_ledger(self.layout.attempts)):
+            self.unreserved.append(key)
+        await trio.sleep(0.001)
+        reply = b'{"response": {}, "reward": 1.0}' if self.status == 200 else b'"boom"'
+        return RawResponse(status=self.status, headers=[], body=reply, truncated=False)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_ledger_round_trip_and_torn_tail(tmp_path: Path) -> None:
+    """Reserved triples read back in order; a torn last line is skipped."""
+    path = tmp_path / "r_attempts.jsonl"
+    path.write_bytes(encode_reservation([(0, 0, 0), (1, 2, 3)]) + encode_reservation([(5, 0, 1)]))
+    with open(path, "ab") as f:
+        f.write(b'{"attempts": [[7, 0')
+    assert list(read_ledger(path)) == [(0, 0, 0), (1, 2, 3), (5, 0, 1)]
+    assert list(read_ledger(tmp_path / "absent.jsonl")) == []
+
+
+def test_ledger_damaged_middle_line_is_refused(tmp_path: Path) -> None:
+    """A damaged line followed by others is not a crash's torn tail: refuse, naming the line."""
+    path = tmp_path / "r_attempts.jsonl"
+    path.write_bytes(encode_reservation([(0, 0, 0)]) + b"garbage\n" + encode_reservation([]))
+    with pytest.raises(RunFolderError, match=r"r_attempts\.jsonl:2"):
+        list(read_ledger(path))
+
+
+async def test_ledger_store_reserve_writes_one_synced_line_per_batch(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Each reserve call appends exactly one line and fsyncs the ledger before returning."""
+    layout = RunLayout.for_output(tmp_path / "r.jsonl")
+    synced: list[str] = []
+    real = os.fsync
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))
+    )
+    async with open_run_store(layout, RunConfig(), expected=3) as store:
+        synced.clear()
+        await store.reserve([(Identity(0, 0), 0), (Identity(1, 0), 2)])
+        assert str(layout.attempts) in synced
+        await store.reserve([(Identity(2, 0), 0)])
+    lines = layout.attempts.read_bytes().splitlines()
+    assert len(lines) == 2
+    assert list(read_ledger(layout.attempts)) == [(0, 0, 0), (1, 0, 2), (2, 0, 0)]
+
+
+async def test_ledger_never_policy_skips_fsync(tmp_path: Path, monkeypatch: Any) -> None:
+    """With fsync=never the reservation is written (SIGKILL-safe) but not fsynced."""
+    layout = RunLayout.for_output(tmp_path / "r.jsonl")
+    synced: list[str] = []
+    real = os.fsync
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))
+    )
+    async with open_run_store(layout, RunConfig(fsync=FsyncPolicy.NEVER), expected=1) as store:
+        await store.reserve([(Identity(0, 0), 0)])
+    assert list(read_ledger(layout.attempts)) == [(0, 0, 0)]
+    assert str(layout.attempts) not in synced
+
+
+async def test_ledger_engine_reserves_every_attempt_before_sending(tmp_path: Path) -> None:
+    """Every request's attempt is in the ledger when it arrives; one ledger line per batch."""
+    layout = RunLayout.for_output(tmp_path / "r.jsonl")
+    transport = LedgerCheckingTransport(layout)
+    config = RunConfig(num_samples_in_parallel=8)
+    work = [(row, 2 if row.identity.task_index % 3 == 0 else 0) for row in rows(600)]
+    async with (
+        open_run_store(layout, config, expected=50) as store,
+        open_collector(
+            config=config,
+            urls={"agent": "http://127.0.0.1:1"},
+            sink=store,
+            transport=transport,  # type: ignore[arg-type]
+        ) as collector,
+    ):
+        await collector.collect(work)
+    assert len(transport.sent) == 600
+    assert transport.unreserved == []
+    assert len(layout.attempts.read_bytes().splitlines()) == 3  # ceil(600 / 256 per batch)
+    assert sorted(read_ledger(layout.attempts)) == sorted(
+        (row.identity.task_index, 0, attempt) for row, attempt in work
+    )
+
+
+async def test_ledger_submit_reserves_single_rows(tmp_path: Path) -> None:
+    """A driver's submit() reserves its one attempt before handing it to a worker."""
+    layout = RunLayout.for_output(tmp_path / "r.jsonl")
+    transport = LedgerCheckingTransport(layout)
+    async with (
+        open_run_store(layout, RunConfig(), expected=2) as store,
+        open_collector(
+            urls={"agent": "http://127.0.0.1:1"},
+            sink=store,
+            transport=transport,  # type: ignore[arg-type]
+        ) as collector,
+    ):
+        for row in rows(2):
+            await collector.submit(row, 1)
+    assert transport.unreserved == []
+    assert list(read_ledger(layout.attempts)) == [(0, 0, 1), (1, 0, 1)]
+
+
+async def test_ledger_failure_rows_carry_the_configured_cap(tmp_path: Path) -> None:
+    """Failure rows record the run's attempt cap as _ng_failure_max_attempts."""
+    layout = RunLayout.for_output(tmp_path / "r.jsonl")
+    config = RunConfig(max_attempts=7)
+    async with open_run_store(layout, config, expected=1) as store:
+        await store.write(
+            [Failed(Identity(0, 0, agent_name="a"), 0, "agent_run_error", max_attempts=3)]
+        )
+        await store.write([Landed(Identity(1, 0, agent_name="a"), 0, {"reward": 1.0})])
+    row = orjson.loads(layout.failures.read_bytes())
+    assert row["_ng_failure_max_attempts"] == 7
+
+
+def test_ledger_max_attempts_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap defaults to NEMO_GYM_MAX_ROLLOUT_ATTEMPTS, else 3; a bad value names the variable."""
+    monkeypatch.delenv("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", raising=False)
+    assert RunConfig().max_attempts == 3
+    monkeypatch.setenv("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "5")
+    assert RunConfig().max_attempts == 5
+    assert RunConfig(max_attempts=2).max_attempts == 2
+    monkeypatch.setenv("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "zero")
+    with pytest.raises(ValueError, match="NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"):
+        RunConfig()
