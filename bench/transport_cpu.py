@@ -6,12 +6,16 @@ each client and each concurrency, ``--requests`` POSTs of a small JSON body are 
 many Trio tasks (after a warm-up that opens the connections), and the CPU time per request is
 printed.
 
-Clients: ``h11`` is `H11Transport.post`; ``httpx`` is ``httpx.AsyncClient`` with its default
-transport (httpcore), given ``Limits(max_connections=concurrency)`` so that neither client queues
-for a connection; ``bare`` is the floor: one h11 connection per task in a plain loop, no pool, no
-timeouts, no error mapping (its figure includes opening its connections).
+Clients: ``h11`` is `H11Transport.post` (the name is historical: it now runs trollout's own
+codec, collector/http11.py); ``httpx`` is ``httpx.AsyncClient`` with its default transport
+(httpcore), given ``Limits(max_connections=concurrency)`` so that neither client queues for a
+connection; ``bare`` is one h11 connection per task in a plain loop, no pool, no timeouts, no
+error mapping (its figure includes opening its connections); ``raw`` is the floor of any Trio
+client: per task, send fixed request bytes on a plain socket, wait until readable, ``recv``, no
+parsing, no timeouts.
 
-Usage: ``python bench/transport_cpu.py [--requests 5000] [--concurrency 1 64 512]``
+Usage: ``python bench/transport_cpu.py [--requests 5000] [--concurrency 1 64 512]
+[--clients raw bare h11 httpx]``
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import asyncio
 import multiprocessing
 import multiprocessing.connection
+import socket
 import time
 from collections.abc import Awaitable, Callable
 
@@ -119,10 +124,32 @@ async def _bare(url: str, concurrency: int, requests: int) -> None:
             nursery.start_soon(worker)
 
 
+async def _raw(url: str, concurrency: int, requests: int) -> None:
+    host, _, port = url.removeprefix("http://").removesuffix("/run").partition(":")
+    head = f"POST /run HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(_BODY)}\r\n\r\n"
+    data = head.encode() + _BODY
+    remaining = requests
+
+    async def worker() -> None:
+        nonlocal remaining
+        stream = await trio.open_tcp_stream(host, int(port))
+        sock = socket.socket(fileno=stream.socket.detach())
+        while remaining > 0:
+            remaining -= 1
+            sock.send(data)  # small: the kernel takes it whole
+            await trio.lowlevel.wait_readable(sock)
+            sock.recv(65536)  # the reply is small and sent in one write: one recv holds it
+        sock.close()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+
+
 async def _measure(client: str, url: str, concurrency: int, requests: int) -> tuple[float, float]:
-    if client == "bare":
+    if client in ("bare", "raw"):
         cpu, wall = time.process_time(), time.perf_counter()
-        await _bare(url, concurrency, requests)
+        await (_bare if client == "bare" else _raw)(url, concurrency, requests)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         return cpu * 1000 / requests, requests / wall
     if client == "h11":
@@ -153,7 +180,12 @@ async def _timed(
     return cpu * 1000 / requests, requests / wall
 
 
-_NAMES = {"bare": "bare h11 loop", "h11": "H11Transport.post", "httpx": "httpx.AsyncClient"}
+_NAMES = {
+    "raw": "raw socket loop",
+    "bare": "bare h11 loop",
+    "h11": "H11Transport.post",
+    "httpx": "httpx.AsyncClient",
+}
 
 
 def main() -> None:
@@ -161,7 +193,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 512])
-    parser.add_argument("--clients", nargs="+", default=["bare", "h11", "httpx"])
+    parser.add_argument("--clients", nargs="+", default=["raw", "bare", "h11", "httpx"])
     args = parser.parse_args()
     parent, child = multiprocessing.Pipe()
     server = multiprocessing.get_context("spawn").Process(target=_serve, args=(child,))

@@ -18,8 +18,9 @@ from __future__ import annotations
 __version__ = "0.1.0"  # first, so modules imported below may read it
 
 from .collector.deployment import Deployment, Route, discover
-from .collector.engine import Collector, Progress, open_collector, url_resolver
+from .collector.engine import Collector, open_collector, url_resolver
 from .collector.plan import Plan, plan_rollouts, plan_rows
+from .collector.progress import Progress
 from .collector.sink import ListSink, OutcomeSink
 from .collector.transport import H11Transport, RawResponse
 from .config import FsyncPolicy, RunConfig, SeedMode, load_config

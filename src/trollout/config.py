@@ -130,6 +130,17 @@ class RunConfig:
     dispatch_connect_grace_s: float = attrs.field(default=30.0, validator=_non_negative)
     max_connect_retries: int = attrs.field(default=4, validator=_non_negative)
     fail_fast: bool = False
+    # budget, drain and the run's wall clock (protocol.md section 9)
+    dispatch_budget_s: float | None = attrs.field(default=None, validator=_non_negative)
+    drain_margin_s: float | None = attrs.field(default=None, validator=_non_negative)
+    max_run_time_s: float | None = attrs.field(default=None, validator=_positive)
+    grace_s: float = attrs.field(default=30.0, validator=_non_negative)
+    # run-level stops: conditions no retry can fix
+    stop_after_auth_failures: int | None = attrs.field(default=5, validator=_positive)
+    environment_protocol_violation_stop_after: int | None = attrs.field(
+        default=5, validator=_positive
+    )
+    require_complete: bool = False
     # retries, budgets, breaker and the per-rollout limit (collector/retry.py's design note)
     retry_requests: bool = False  # re-send possibly-delivered requests (new attempt numbers)
     max_request_retries: int = attrs.field(default=3, validator=_non_negative)  # per rollout
@@ -159,6 +170,8 @@ class RunConfig:
     status_interval_s: float = attrs.field(default=2.0, validator=_positive)
     record_omitted_rollouts: bool = False
     disable_aggregation: bool = False
+    count_failure_classes_as_zero: list[str] | None = None
+    count_missing_rollouts_as_zero: bool = False
     # resume and attempts (protocol.md section 8); none changes the materialized rows, so none
     # is fingerprinted: raising the cap or retrying terminal timeouts on resume is legitimate
     resume_from_cache: bool = False

@@ -10,7 +10,8 @@ A failed rollout is data (`records.Failed`), never an exception. Only run-level 
     ├── RunFolderError(OSError)          the run folder cannot be used (locked, changed, unreadable)
     │   ├── RunFolderLockedError         another collector owns the folder
     │   └── RunChangedError              resume found a changed input, plan or agent set
-    └── RunStoppedError(RuntimeError)    a run-level stop no retry can fix (exit 1)
+    ├── RunStoppedError(RuntimeError)    a run-level stop no retry can fix (exit 1)
+    └── IncompleteEvaluationError        require_complete and work left (exit 75 or 76)
 
 Every message names the thing, shows the bad value with ``!r``, says what was expected and ends
 with the remedy. `InputError` and `UnknownAgentError` carry every problem found, so a user fixes
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 __all__ = [
     "ConfigError",
     "DeploymentError",
+    "IncompleteEvaluationError",
     "InputError",
     "RunChangedError",
     "RunFolderError",
@@ -87,3 +89,29 @@ class RunChangedError(RunFolderError):
 
 class RunStoppedError(TrolloutError, RuntimeError):
     """A run-level condition stopped the run; its files are kept."""
+
+
+class IncompleteEvaluationError(TrolloutError, RuntimeError):
+    """Under ``require_complete``, the run left rollouts that did not land.
+
+    Attributes:
+        unfinished: rollouts that did not land.
+        expected: rollouts the run was asked for.
+        retryable: whether a resume would dispatch anything (exit 75), or all that is left is
+            terminal or at the attempt cap (exit 76).
+    """
+
+    def __init__(self, *, unfinished: int, expected: int, retryable: bool) -> None:
+        self.unfinished = unfinished
+        self.expected = expected
+        self.retryable = retryable
+        remedy = (
+            "resume the run to retry them"
+            if retryable
+            else "none can be retried (terminal or at the attempt cap); use trollout resubmit "
+            "to force them, or score without require_complete"
+        )
+        super().__init__(
+            f"require_complete: {unfinished} of {expected} rollouts did not land, so no score "
+            f"was written; {remedy}"
+        )

@@ -98,9 +98,11 @@ def schedule(seed: int, retries: int, policy: DispatchPolicy = POLICY) -> list[f
 
 
 def test_dispatch_policy_from_config_takes_run_settings() -> None:
-    """from_config copies the run's timeouts, retry count and grace."""
-    config = RunConfig(connect_timeout_s=2.0, read_timeout_s=90.0, max_connect_retries=1)
-    policy = DispatchPolicy.from_config(config, max_attempts=5)
+    """from_config copies the run's timeouts, retry count, grace and attempt cap."""
+    config = RunConfig(
+        connect_timeout_s=2.0, read_timeout_s=90.0, max_connect_retries=1, max_attempts=5
+    )
+    policy = DispatchPolicy.from_config(config)
     assert policy == DispatchPolicy(2.0, 90.0, 1, config.dispatch_connect_grace_s, max_attempts=5)
 
 

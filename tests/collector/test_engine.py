@@ -197,3 +197,109 @@ async def test_engine_early_exit_drains_settled_outcomes(autojump_clock: Any) ->
         await drive()
     kinds = sorted((type(o).__name__, o.identity.task_index) for o in sink.outcomes)
     assert kinds == [("Landed", 0), ("Omitted", 1), ("Omitted", 2), ("Omitted", 3)]
+
+
+# --- the dispatch window, winding down, run-level stops ---------------------------------------
+
+
+async def test_engine_budget_stops_starting_at_the_deadline(autojump_clock: Any) -> None:
+    """With a 10 s budget, 4 s rollouts start at 0, 4 and 8 only; the rest never start."""
+    transport = ScriptedTransport(delay=lambda row: 4.0)
+    sink = ListSink()
+    config = RunConfig(num_samples_in_parallel=2, dispatch_budget_s=10.0, drain_margin_s=0.0)
+    start = trio.current_time()
+    async with open_collector(
+        config=config, urls=URLS, sink=sink, transport=transport  # type: ignore[arg-type]
+    ) as collector:
+        progress = await collector.collect(make_rows(20))
+    assert trio.current_time() - start == pytest.approx(12.0)
+    assert progress.landed == progress.submitted == 6  # the feeder's deadline stopped the rest
+    assert progress.drained == 0
+    assert collector.window.closed_reason == "dispatch budget of 10 s spent"
+
+
+async def test_engine_budget_drains_rows_waiting_for_a_slot(autojump_clock: Any) -> None:
+    """A row that waited for a slot past the budget is drained, not started late."""
+    transport = ScriptedTransport(delay=lambda row: 4.0)
+    sink = ListSink()
+    config = RunConfig(
+        num_samples_in_parallel=2, max_resident_rollout_tasks=4, dispatch_budget_s=6.0,
+        drain_margin_s=0.0,
+    )
+    async with open_collector(
+        config=config, urls=URLS, sink=sink, transport=transport  # type: ignore[arg-type]
+    ) as collector:
+        progress = await collector.collect(make_rows(20))
+    assert progress.landed == 4  # started at 0 and 4
+    assert progress.drained == 2  # held by the two waiting workers when slots freed at 8
+    drained = [o for o in sink.outcomes if isinstance(o, Omitted)]
+    assert [o.reason for o in drained] == [OmitReason.DRAINED] * 2
+    assert collector.window.closed_reason == "dispatch budget of 6 s spent"
+
+
+async def test_engine_default_margin_is_p75_of_finished(autojump_clock: Any) -> None:
+    """Once 5 rollouts finished, admission stops a p75 (2 s) before the 10 s budget ends."""
+    transport = ScriptedTransport(delay=lambda row: 2.0)
+    config = RunConfig(num_samples_in_parallel=5, dispatch_budget_s=10.0)
+    start = trio.current_time()
+    async with open_collector(
+        config=config, urls=URLS, transport=transport  # type: ignore[arg-type]
+    ) as collector:
+        progress = await collector.collect(make_rows(100))
+    assert trio.current_time() - start == pytest.approx(8.0)
+    assert progress.landed == 20  # started at 0, 2, 4 and 6; at 8 less than 2 s remained
+    assert collector.window.margin() == pytest.approx(2.0)
+
+
+async def test_engine_wind_down_cancels_after_grace(autojump_clock: Any) -> None:
+    """wind_down stops admission, and cancels rollouts still running when the grace ends."""
+    transport = ScriptedTransport(delay=lambda row: 10.0)
+    sink = ListSink()
+    async with open_collector(
+        config=RunConfig(num_samples_in_parallel=3), urls=URLS, sink=sink,
+        transport=transport,  # type: ignore[arg-type]
+    ) as collector, trio.open_nursery() as nursery:
+        async def stop_soon() -> None:
+            await trio.sleep(1.0)
+            await collector.wind_down("test", grace_s=5.0)
+
+        nursery.start_soon(stop_soon)
+        await collector.collect(make_rows(10))
+    omitted = [o for o in sink.outcomes if isinstance(o, Omitted)]
+    assert len(sink.outcomes) == len(omitted) == 3
+    assert all(o.elapsed_seconds == pytest.approx(6.0) for o in omitted)
+    assert all(o.reason is OmitReason.INTERRUPTED for o in omitted)
+
+
+async def test_engine_wind_down_lets_rollouts_finish_within_grace(autojump_clock: Any) -> None:
+    """Rollouts that end within the grace period land; nothing new starts meanwhile."""
+    transport = ScriptedTransport(delay=lambda row: 10.0)
+    sink = ListSink()
+    async with open_collector(
+        config=RunConfig(num_samples_in_parallel=3), urls=URLS, sink=sink,
+        transport=transport,  # type: ignore[arg-type]
+    ) as collector, trio.open_nursery() as nursery:
+        async def stop_soon() -> None:
+            await trio.sleep(1.0)
+            await collector.wind_down("test", grace_s=30.0)
+
+        nursery.start_soon(stop_soon)
+        await collector.collect(make_rows(10))
+    assert sorted(type(o).__name__ for o in sink.outcomes) == ["Landed"] * 3
+    assert trio.current_time() == pytest.approx(10.0)
+
+
+async def test_engine_stops_when_credentials_are_rejected(autojump_clock: Any) -> None:
+    """Five consecutive 401s from one server stop the run with a message naming it."""
+    transport = ScriptedTransport(status=lambda row: 401)
+    config = RunConfig(num_samples_in_parallel=1, stop_after_auth_failures=5)
+
+    async def run() -> None:
+        async with open_collector(
+            config=config, urls=URLS, transport=transport  # type: ignore[arg-type]
+        ) as collector:
+            await collector.collect(make_rows(50))
+
+    with pytest.raises(RunStoppedError, match="credentials rejected by 'agent'"):
+        await run()
+    assert len(transport.requests) <= 6

@@ -45,7 +45,9 @@ _FRAMING_NAMES = {b"content-length", b"transfer-encoding", b"connection"}
 names = st.from_regex(rb"[A-Za-z][-A-Za-z0-9!#$%&'*+.^_`|~]{0,11}", fullmatch=True).filter(
     lambda name: name.lower() not in _FRAMING_NAMES
 )
-values = st.from_regex(rb"([\x21-\x7e\x80-\xff]([\t \x21-\x7e\x80-\xff]{0,12}[\x21-\x7e])?)?", fullmatch=True)
+values = st.from_regex(
+    rb"([\x21-\x7e\x80-\xff]([\t \x21-\x7e\x80-\xff]{0,12}[\x21-\x7e])?)?", fullmatch=True
+)
 spaces = st.sampled_from([b"", b" ", b"\t", b"  "])
 
 
@@ -79,7 +81,9 @@ def chunked(draw: st.DrawFn, body: bytes) -> bytes:
         out.append(digits + extension + b"\r\n" + rest[:size] + b"\r\n")
         rest = rest[size:]
     trailers, _ = draw(header_blocks())
-    return b"".join(out) + b"0" + draw(st.sampled_from([b"", b";end"])) + b"\r\n" + trailers + b"\r\n"
+    return (
+        b"".join(out) + b"0" + draw(st.sampled_from([b"", b";end"])) + b"\r\n" + trailers + b"\r\n"
+    )
 
 
 @st.composite
@@ -140,14 +144,15 @@ def test_parser_completes_only_at_the_last_byte(data: st.DataObject) -> None:
     for index in range(len(wire.data)):
         assert not parser.complete
         parser.feed(wire.data[index : index + 1])
-    assert parser.complete and parser.body() == wire.expected.body
+    assert parser.complete
+    assert parser.body() == wire.expected.body
 
 
 def test_parser_chunked_with_extensions_and_trailers() -> None:
     """Chunk extensions are ignored and trailers are checked, then dropped."""
     data = (
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n"
-        b"5;ext=1;q=\"a b\"\r\nhello\r\n1 ; x\r\n \r\n5\r\nworld\r\n"
+        b'5;ext=1;q="a b"\r\nhello\r\n1 ; x\r\n \r\n5\r\nworld\r\n'
         b"0;last\r\nX-Checksum: abc\r\nX-More: 1\r\n\r\n"
     )
     parsed = parse(data)
@@ -167,8 +172,16 @@ def test_parser_obsolete_line_folding_becomes_a_space() -> None:
         (b"HTTP/1.1 204 No Content\r\ncontent-length: 7\r\n\r\n", b"", True),
         (b"HTTP/1.1 304 Not Modified\r\ntransfer-encoding: chunked\r\n\r\n", b"", True),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\ncontent-length: 02\r\n\r\nok", b"ok", True),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 9\r\n\r\n0\r\n\r\n", b"", True),
-        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nConnection: keep-alive, Close\r\n\r\nok", b"ok", False),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 9\r\n\r\n0\r\n\r\n",
+            b"",
+            True,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nConnection: keep-alive, Close\r\n\r\nok",
+            b"ok",
+            False,
+        ),
         (b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\nok", b"ok", False),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA", b"ok", False),
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\nEXTRA", b"", False),
@@ -314,9 +327,9 @@ def test_parser_rejects_an_endless_chunk_size_line() -> None:
     """A chunk-size line longer than MAX_LINE_BYTES raises instead of buffering forever."""
     parser = ResponseParser()
     parser.feed(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;")
+    parser.feed(b"e" * (MAX_LINE_BYTES - 3))
     with pytest.raises(FramingError, match="chunk-size line"):
-        for _ in range(MAX_LINE_BYTES // 1000 + 1):
-            parser.feed(b"e" * 1000)
+        parser.feed(b"e")
 
 
 # --- encoding requests ----------------------------------------------------------------------------

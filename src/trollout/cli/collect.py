@@ -20,6 +20,7 @@ inputs is refused and left as it was.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -29,14 +30,16 @@ import attrs
 import click
 import httpx
 import trio
+from rich.console import Console
 
 from .. import jsonl
 from ..collector.deployment import Deployment, discover
-from ..collector.engine import Collector, Progress, open_collector
 from ..collector.plan import Plan, plan_rollouts
+from ..collector.progress import Progress
 from ..collector.transport import H11Transport
 from ..config import RunConfig
-from ..errors import ConfigError, RunFolderError
+from ..errors import ConfigError, IncompleteEvaluationError, RunFolderError
+from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report
 from ..records import Identity, MaterializedRow
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import (
@@ -49,17 +52,25 @@ from ..recovery.manifest import (
     sha256_file,
     write_manifest,
 )
-from ..recovery.resume import Resubmit, ResumePlan, ResumeRules, RunTally, scan_run
+from ..recovery.resume import Fate, Resubmit, ResumePlan, ResumeRules, RunTally, scan_run
 from ..recovery.store import RunStore, open_run_store
-from .common import build_run_config, collect_options, fail, live_mode, print_summary, run_trio
-from .progress import ProgressReporter
+from .common import (
+    EXIT_FAILED,
+    build_run_config,
+    collect_options,
+    fail,
+    live_mode,
+    print_summary,
+    run_trio,
+)
+from .session import run_session, timing_report
 
 __all__ = [
     "RunResult",
     "collect",
     "collect_run",
     "load_deployment",
-    "print_resumed",
+    "report_run",
     "resolver_for",
     "resume_options",
 ]
@@ -79,6 +90,10 @@ class RunResult:
     max_in_flight: int
     max_resident: int
     resumed: RunTally | None = None
+    timing: str = ""
+    signal: int | None = None
+    deadline_reached: bool = False
+    aggregate: AggregateResult | None = None
 
 
 async def load_deployment(config: RunConfig) -> Deployment:
@@ -181,7 +196,21 @@ async def collect_run(
             await _start(store, config, deployment, plan)
             rows = ((row, 0) for row in _materialized(layout))
             total, expected, tally = plan.expected, plan.expected, None
-        collector = await _dispatch(store, config, deployment, rows, total, stream, live, transport)
+        end = await run_session(
+            store,
+            config,
+            resolver_for(deployment),
+            rows,
+            total=total,
+            stream=stream,
+            live=live,
+            transport=transport,
+        )
+    collector = end.collector
+    aggregate = None
+    if not end.interrupted:
+        await _check_complete(layout, config)
+        aggregate = await _aggregate(layout, config, deployment)
     return RunResult(
         layout=layout,
         expected=expected,
@@ -191,6 +220,10 @@ async def collect_run(
         max_in_flight=int(collector.limiter.total_tokens),
         max_resident=collector.max_resident,
         resumed=tally,
+        timing=timing_report(collector),
+        signal=end.signal,
+        deadline_reached=end.deadline_reached,
+        aggregate=aggregate,
     )
 
 
@@ -289,29 +322,40 @@ def _broken_message(layout: RunLayout) -> str:
     )
 
 
-async def _dispatch(
-    store: RunStore,
-    config: RunConfig,
-    deployment: Deployment,
-    rows: Iterable[tuple[MaterializedRow, int]],
-    total: int,
-    stream: IO[str],
-    live: bool | None,
-    transport: H11Transport | None,
-) -> Collector:
-    """Run the engine over ``rows`` into ``store`` with a progress reporter beside it."""
-    reporter = ProgressReporter(total=total, stream=stream, live=live)
-    async with (
-        open_collector(
-            config=config, resolve=resolver_for(deployment), sink=store, transport=transport
-        ) as collector,
-        trio.open_nursery() as nursery,
-    ):
-        nursery.start_soon(reporter.run, collector)
-        await nursery.start(store.run_housekeeping)
-        await collector.collect(rows)
-        nursery.cancel_scope.cancel(reason="run finished")
-    return collector
+async def _check_complete(layout: RunLayout, config: RunConfig) -> None:
+    """Under ``require_complete``, refuse a run that left unfinished work (before any score)."""
+    if not config.require_complete:
+        return
+    rules = ResumeRules(
+        max_attempts=config.max_attempts, retry_terminal_timeouts=config.retry_terminal_timeouts
+    )
+    tally = (await trio.to_thread.run_sync(scan_run, layout, rules)).tally
+    unfinished = tally.expected - tally.count(Fate.LANDED)
+    if unfinished:
+        raise IncompleteEvaluationError(
+            unfinished=unfinished, expected=tally.expected, retryable=tally.retryable_remains
+        )
+
+
+async def _aggregate(
+    layout: RunLayout, config: RunConfig, deployment: Deployment
+) -> AggregateResult | None:
+    """Compute local and server metrics of the run (skipped with ``disable_aggregation``)."""
+    if config.disable_aggregation:
+        return None
+    options = AggregateOptions(
+        count_failure_classes_as_zero=(
+            None
+            if config.count_failure_classes_as_zero is None
+            else frozenset(config.count_failure_classes_as_zero)
+        ),
+        count_missing_rollouts_as_zero=config.count_missing_rollouts_as_zero,
+        seed=config.seed,
+    )
+    targets = deployment.aggregate_metrics_targets()
+    transport = H11Transport(connect_timeout_s=config.connect_timeout_s, read_timeout_s=600.0)
+    async with httpx.AsyncClient(transport=transport) as client:
+        return await aggregate_run(layout, options=options, targets=targets, client=client)
 
 
 def resume_options(f: F) -> F:
@@ -382,21 +426,40 @@ def collect(args: tuple[str, ...], live: str, **options: Any) -> None:
     except ConfigError as exc:
         fail(str(exc))
     result: RunResult = run_trio(_collect, config, live_mode(live))
-    print_resumed(result, title=f"trollout collect: {Path(result.layout.rollouts).name}")
+    report_run(result, title=f"trollout collect: {Path(result.layout.rollouts).name}")
 
 
-def print_resumed(result: RunResult, *, title: str) -> None:
-    """Print the summary of a session; after a resume, say what was already done."""
+def report_run(result: RunResult, *, title: str) -> None:
+    """Print a session's summary, timing report and metrics; exit as the run ended.
+
+    Exit codes: 128 + the signal after SIGINT/SIGTERM (130/143); 1 when ``--max-run-time``
+    ended the run or a server's metrics call failed; otherwise return (exit 0).
+    """
     tally = result.resumed
-    if tally is None:
-        print_summary(result, title=title)
-        return
-    print_summary(attrs.evolve(result, expected=tally.to_dispatch), title=title)
-    done = tally.expected - tally.to_dispatch
-    click.echo(
-        f"resumed: {done} of {tally.expected} rollouts were done "
-        f"({tally.fates['landed']} landed); dispatched {tally.to_dispatch}"
-    )
+    shown = result if tally is None else attrs.evolve(result, expected=tally.to_dispatch)
+    print_summary(shown, title=title)
+    if tally is not None:
+        done = tally.expected - tally.to_dispatch
+        click.echo(
+            f"resumed: {done} of {tally.expected} rollouts were done "
+            f"({tally.fates['landed']} landed); dispatched {tally.to_dispatch}"
+        )
+    click.echo(result.timing)
+    if result.aggregate is not None:
+        print_report(result.aggregate, Console())
+        click.echo(f"metrics: {result.aggregate.metrics_path}")
+        if result.aggregate.report_path is not None:
+            click.echo(f"report:  {result.aggregate.report_path}")
+    if result.signal is not None:
+        click.echo(f"stopped by {signal.Signals(result.signal).name}; resume to finish", err=True)
+        sys.exit(128 + result.signal)
+    if result.deadline_reached:
+        fail("--max-run-time reached before every rollout ran; resume to finish", EXIT_FAILED)
+    if result.aggregate is not None and not result.aggregate.ok:
+        fail(
+            "a server's /aggregate_metrics call failed (see above); local metrics were written",
+            EXIT_FAILED,
+        )
 
 
 async def _collect(config: RunConfig, live: bool | None) -> RunResult:

@@ -16,7 +16,14 @@ import trio
 from rich.console import Console
 
 from ..config import RunConfig, load_config
-from ..errors import ConfigError, DeploymentError, RunFolderError, RunStoppedError, TrolloutError
+from ..errors import (
+    ConfigError,
+    DeploymentError,
+    IncompleteEvaluationError,
+    RunFolderError,
+    RunStoppedError,
+    TrolloutError,
+)
 from .progress import summary_table
 
 __all__ = [
@@ -33,6 +40,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
+EXIT_INCOMPLETE_RETRYABLE = 75  # require_complete, and a resume would dispatch more
+EXIT_INCOMPLETE_FINAL = 76  # require_complete, and nothing left can be retried
+EXIT_SIGINT = 130
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -49,6 +59,9 @@ def run_trio(fn: Callable[..., Any], *args: Any) -> Any:
     """
     try:
         return trio.run(fn, *args)
+    except KeyboardInterrupt:
+        click.echo("trollout: interrupted before dispatch began; nothing was sent", err=True)
+        sys.exit(EXIT_SIGINT)
     except TrolloutError as exc:
         report_errors([exc])
     except BaseExceptionGroup as group:
@@ -60,16 +73,22 @@ def run_trio(fn: Callable[..., Any], *args: Any) -> Any:
 
 def report_errors(errors: Sequence[BaseException]) -> NoReturn:
     """Print each error on its own line and exit with the most severe code among them."""
-    codes = [_exit_code(error) for error in errors]
+    codes = {_exit_code(error) for error in errors}
     for error in errors:
         prefix = "run stopped: " if isinstance(error, RunStoppedError) else ""
         click.echo(f"trollout: error: {prefix}{error}", err=True)
-    sys.exit(EXIT_FAILED if EXIT_FAILED in codes else EXIT_USAGE)
+    sys.exit(next(code for code in _SEVERITY if code in codes))
+
+
+# When several errors end a run, the exit code is the first of these that applies.
+_SEVERITY = (EXIT_FAILED, EXIT_INCOMPLETE_FINAL, EXIT_INCOMPLETE_RETRYABLE, EXIT_USAGE)
 
 
 def _exit_code(error: BaseException) -> int:
     if isinstance(error, ConfigError | DeploymentError | RunFolderError):
         return EXIT_USAGE
+    if isinstance(error, IncompleteEvaluationError):
+        return EXIT_INCOMPLETE_RETRYABLE if error.retryable else EXIT_INCOMPLETE_FINAL
     return EXIT_FAILED
 
 
@@ -165,6 +184,54 @@ def collect_options(f: F) -> F:
             "--fail-fast/--no-fail-fast",
             default=None,
             help="Stop the run at the first failed rollout (NeMo Gym's old default).",
+        ),
+        click.option(
+            "--rollout-timeout",
+            "rollout_timeout_s",
+            type=float,
+            help="Seconds one rollout may take, retries included (default: no limit).",
+        ),
+        click.option(
+            "--retry-requests/--no-retry-requests",
+            default=None,
+            help="Re-send requests that may have been delivered, as new attempts.",
+        ),
+        click.option(
+            "--budget",
+            "dispatch_budget_s",
+            type=float,
+            help="Start new rollouts only during this many seconds (dispatch_budget_s).",
+        ),
+        click.option(
+            "--drain-margin",
+            "drain_margin_s",
+            type=float,
+            help="Stop starting this long before the budget ends (default: p75 of rollouts).",
+        ),
+        click.option(
+            "--max-run-time",
+            "max_run_time_s",
+            type=float,
+            help="Wall-clock seconds for the run: then stop starting, wait --grace, cancel.",
+        ),
+        click.option(
+            "--grace",
+            "grace_s",
+            type=float,
+            help="Seconds rollouts in flight get after a stop (signal, --max-run-time; "
+            "default 30).",
+        ),
+        click.option(
+            "--require-complete/--no-require-complete",
+            default=None,
+            help="Fail (exit 75/76) instead of scoring a run whose rollouts did not all land.",
+        ),
+        click.option(
+            "--no-aggregate",
+            "disable_aggregation",
+            is_flag=True,
+            default=None,
+            help="Skip the metrics at the end of the run.",
         ),
         click.option(
             "--progress",

@@ -17,8 +17,8 @@ import click
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..testing import DeploymentSpec, load_spec, open_fake_deployment
-from .collect import RunResult, collect_run
-from .common import build_run_config, collect_options, fail, live_mode, print_summary, run_trio
+from .collect import RunResult, collect_run, report_run
+from .common import build_run_config, collect_options, fail, live_mode, run_trio
 
 __all__ = ["demo"]
 
@@ -56,7 +56,7 @@ def demo(args: tuple[str, ...], spec_path: str, live: str, **options: Any) -> No
     except ConfigError as exc:
         fail(str(exc))
     result: RunResult = run_trio(_demo, spec, config, live_mode(live))
-    print_summary(result, title="trollout demo")
+    report_run(result, title="trollout demo")
 
 
 def _load_spec(path: str) -> DeploymentSpec:

@@ -19,7 +19,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ..collector.engine import Collector, Progress
+from ..collector.engine import Collector
+from ..collector.progress import Progress
 
 __all__ = ["ProgressReporter", "format_duration", "summary_table"]
 

@@ -24,7 +24,7 @@ from ..config import FIELD_NAMES, RunConfig
 from ..errors import ConfigError, TrolloutError
 from ..recovery.manifest import locate_run, read_manifest
 from ..recovery.resume import Resubmit
-from .collect import RunResult, collect_run, print_resumed, resume_options
+from .collect import RunResult, collect_run, report_run, resume_options
 from .common import build_run_config, fail, live_mode, run_trio
 
 __all__ = ["config_from_run", "resubmit", "resume"]
@@ -126,7 +126,7 @@ def _run(
         fail(str(exc))
     result: RunResult = run_trio(_collect, config, live_mode(live), resubmit_)
     name = "resubmit" if resubmit_ is not None else "resume"
-    print_resumed(result, title=f"trollout {name}: {result.layout.rollouts.name}")
+    report_run(result, title=f"trollout {name}: {result.layout.rollouts.name}")
 
 
 async def _collect(config: RunConfig, live: bool | None, resubmit_: Resubmit | None) -> RunResult:

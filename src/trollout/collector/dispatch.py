@@ -97,14 +97,14 @@ class DispatchPolicy:
     timeout_is_terminal: bool = attrs.field(default=False, kw_only=True)
 
     @classmethod
-    def from_config(cls, config: RunConfig, *, max_attempts: int = 3) -> DispatchPolicy:
-        """Take the dispatch settings of a run (the attempt cap comes from resume's rules)."""
+    def from_config(cls, config: RunConfig) -> DispatchPolicy:
+        """Take the dispatch settings of a run (the attempt cap is ``config.max_attempts``)."""
         return cls(
             config.connect_timeout_s,
             config.read_timeout_s,
             config.max_connect_retries,
             config.dispatch_connect_grace_s,
-            max_attempts=max_attempts,
+            max_attempts=config.max_attempts,
             retry=RetryPolicy.from_config(config),
             rollout_timeout_s=config.rollout_timeout_s,
             timeout_is_terminal=config.timeout_is_terminal,

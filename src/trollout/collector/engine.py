@@ -30,80 +30,32 @@ impossible; a fixed pool of workers reading a channel is both bounded and cheape
 
 from __future__ import annotations
 
-import math
 import random
-from collections import Counter, deque
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from itertools import islice
 
-import attrs
 import trio
 
 from ..config import RunConfig
 from ..errors import RunStoppedError
-from ..records import Failed, Identity, Landed, MaterializedRow, OmitReason, Omitted, Outcome
-from .dispatch import DispatchPolicy, dispatch
+from ..records import Failed, Identity, MaterializedRow, OmitReason, Omitted, Outcome
+from .dispatch import DispatchPolicy, NewAttempt, dispatch
+from .progress import Progress
+from .retry import RetryState
 from .sink import AttemptReserver, OutcomeSink
+from .stops import RunStops
+from .timing import RunTimer
 from .transport import H11Transport
+from .window import DispatchWindow
 
-__all__ = ["Collector", "Progress", "open_collector", "url_resolver"]
+__all__ = ["Collector", "open_collector", "url_resolver"]
 
 UrlResolver = Callable[[Identity], str]
 _WRITER_BATCH = 512  # outcomes handed to the sink in one call, at most
 _SHIELDED_FLUSH_S = 30.0  # how long a cancelled run may spend flushing settled outcomes
 _RESERVE_BATCH = 256  # attempts reserved with the sink in one call, at most
-
-
-@attrs.define
-class Progress:
-    """Live counters of a run, updated by the writer (read them, never write them).
-
-    Attributes:
-        submitted: rollouts handed to the workers.
-        landed: outcomes that landed.
-        failed: written failures, by class.
-        no_persist: kill-shaped replies (written nowhere).
-        omitted: attempts interrupted or drained.
-        reward_sum: sum of rewards over landed, scored rollouts.
-        scored: landed rollouts that carried a reward.
-        started_at: trio time the collector opened.
-    """
-
-    submitted: int = 0
-    landed: int = 0
-    failed: Counter[str] = attrs.field(factory=Counter)
-    no_persist: int = 0
-    omitted: int = 0
-    reward_sum: float = 0.0
-    scored: int = 0
-    started_at: float = 0.0
-
-    @property
-    def settled(self) -> int:
-        """Outcomes the writer has handled."""
-        return self.landed + sum(self.failed.values()) + self.no_persist + self.omitted
-
-    @property
-    def mean_reward(self) -> float:
-        """Mean reward over landed, scored rollouts (NaN before the first)."""
-        return self.reward_sum / self.scored if self.scored else math.nan
-
-    def record(self, outcome: Outcome) -> None:
-        """Count one settled outcome."""
-        if type(outcome) is Landed:
-            self.landed += 1
-            reward = outcome.reward
-            if reward is not None:
-                self.reward_sum += reward
-                self.scored += 1
-        elif type(outcome) is Failed:
-            if outcome.no_persist:
-                self.no_persist += 1
-            else:
-                self.failed[outcome.failure_class] += 1
-        else:
-            self.omitted += 1
 
 
 def url_resolver(urls: Mapping[str, str]) -> UrlResolver:
@@ -146,6 +98,13 @@ class Collector:
         self._reserver: AttemptReserver | None = sink if isinstance(sink, AttemptReserver) else None
         self._reserve_batch = _RESERVE_BATCH if self._reserver is not None else 1
         self._policy = DispatchPolicy.from_config(config)
+        self.retry_state = RetryState.from_config(config)
+        self.timer = RunTimer.from_config(config)
+        self.window = DispatchWindow(
+            budget_s=config.dispatch_budget_s, margin_s=config.drain_margin_s
+        )
+        self._stops = RunStops(config)
+        self._feed_scope = trio.CancelScope()
         self._rng = rng
         self._rows_tx, self._rows_rx = trio.open_memory_channel[tuple[MaterializedRow, int]](0)
         self._out_tx, self._out_rx = trio.open_memory_channel[Outcome](config.resident_rollouts)
@@ -182,11 +141,18 @@ class Collector:
         Cancellation: a checkpoint between rows; rows not yet submitted were never started, and
         every rollout in flight settles as `Omitted` through the writer.
         """
+        self._begin()
+        # The feeder's scope is the dispatch window: its deadline is the budget's end, and
+        # stop_admission cancels it; either way rows not yet handed out are never started.
+        self._feed_scope.deadline = self.window.deadline
         async with self._rows_tx:
-            for batch in _batches(rows, self._reserve_batch):
-                await self._reserve(batch)
-                for row, attempt in batch:
-                    await self._send(row, attempt)
+            with self._feed_scope:
+                for batch in _batches(rows, self._reserve_batch):
+                    await self._reserve(batch)
+                    for row, attempt in batch:
+                        await self._send(row, attempt)
+        if self._feed_scope.cancelled_caught and self.window.closed_reason is None:
+            self.window.close(self.window.spent_reason)  # the feeder's deadline passed
         await self._writer_done.wait()
         return self.progress
 
@@ -210,18 +176,58 @@ class Collector:
         return out
 
     def stop(self, reason: str) -> None:
-        """Stop the run at once: cancel every rollout in flight (they settle as omitted)."""
+        """Stop the run as failed: cancel every rollout in flight (they settle as omitted).
+
+        Leaving `open_collector`'s block then raises `RunStoppedError` with `reason`.
+        """
         self.stop_reason = reason
+        self.stop_admission(reason)
+        self.cancel_in_flight(reason)
+
+    def stop_admission(self, reason: str) -> None:
+        """Start no new rollout from now on; rollouts in flight go on.
+
+        Rows handed to `collect` but not yet started are never started (resume re-runs them);
+        a row a worker already holds settles as `Omitted` (drained).
+        """
+        self.window.close(reason)
+        self._feed_scope.cancel(reason=reason)
+
+    def cancel_in_flight(self, reason: str) -> None:
+        """Cancel every rollout in flight now; each settles as `Omitted` (interrupted)."""
+        self.stop_admission(reason)
         if self._run_scope is not None:
             self._run_scope.cancel(reason=reason)
 
+    async def wind_down(self, reason: str, *, grace_s: float) -> None:
+        """Stop admission, give rollouts in flight `grace_s` seconds, then cancel the rest.
+
+        This is how a signal or ``--max-run-time`` ends a run: everything that finishes within
+        the grace period is recorded as usual, the rest as omitted, and the folder stays
+        resumable.
+
+        Cancellation: a checkpoint; if cancelled, admission is closed and nothing else changed.
+        """
+        self.stop_admission(reason)
+        with trio.move_on_after(grace_s):
+            while self.progress.settled < self.progress.submitted:
+                await self._settled_event.wait()
+            return
+        self.cancel_in_flight(f"{reason}; the grace period of {grace_s:g} s ended")
+
     # --- tasks ------------------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        if self.window.started_at is None:
+            self.window.begin()
+            self.timer.mark_dispatch_start()
 
     async def _reserve(self, batch: list[tuple[MaterializedRow, int]]) -> None:
         if self._reserver is not None and batch:
             await self._reserver.reserve([(row.identity, attempt) for row, attempt in batch])
 
     async def _send(self, row: MaterializedRow, attempt_index: int) -> None:
+        self._begin()
         await self._rows_tx.send((row, attempt_index))
         self.progress.submitted += 1
 
@@ -244,20 +250,52 @@ class Collector:
         self, row: MaterializedRow, attempt: int, outcomes: trio.MemorySendChannel[Outcome]
     ) -> Outcome:
         start = trio.current_time()
+        current = [attempt]  # the attempt in flight; a re-send moves it on
         try:
             async with self.limiter:
-                url = self._resolve(row.identity)
+                if not self.window.admits():
+                    self.stop_admission(self.window.closed_reason or "admission closed")
+                    return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
+                self.timer.started(row.identity)
                 return await dispatch(
-                    self._transport, url, row, attempt, self._policy, rng=self._rng
+                    self._transport,
+                    self._resolve(row.identity),
+                    row,
+                    attempt,
+                    self._policy,
+                    rng=self._rng,
+                    retry_state=self.retry_state,
+                    new_attempt=self._new_attempt(row, current, outcomes),
                 )
         except trio.Cancelled:
             elapsed = trio.current_time() - start
-            omitted = Omitted(row.identity, attempt, OmitReason.INTERRUPTED, elapsed)
+            omitted = Omitted(row.identity, current[0], OmitReason.INTERRUPTED, elapsed)
             # The writer is shielded and alive until every worker has exited, so this send
             # completes; the bound only guards against a sink that hangs.
             with trio.CancelScope(shield=True), trio.move_on_after(_SHIELDED_FLUSH_S):
                 await outcomes.send(omitted)
             raise
+
+    def _new_attempt(
+        self,
+        row: MaterializedRow,
+        current: list[int],
+        outcomes: trio.MemorySendChannel[Outcome],
+    ) -> NewAttempt | None:
+        """Return the hook that re-sends a possibly-delivered request as a new attempt."""
+        if not self.config.retry_requests:
+            return None
+
+        async def new_attempt(failed: Failed) -> int:
+            # The superseded failure is recorded and the next number reserved before the
+            # re-send can leave, whatever cancellation arrives meanwhile.
+            with trio.CancelScope(shield=True):
+                await outcomes.send(failed)
+                current[0] = failed.attempt_index + 1
+                await self._reserve([(row, current[0])])
+            return current[0]
+
+        return new_attempt
 
     async def _writer(self) -> None:
         # Shielded: the writer outlives a cancellation until every worker has exited (they close
@@ -279,18 +317,17 @@ class Collector:
     async def _settle(self, batch: list[Outcome]) -> None:
         for outcome in batch:
             self.progress.record(outcome)
+            self.timer.finished(outcome)
+            if type(outcome) is not Omitted:
+                self.window.finished(outcome.elapsed_seconds)
+            reason = self._stops.check(outcome)
+            if reason is not None and self.stop_reason is None:
+                self.stop(reason)
         if self._sink is not None:
             await self._sink.write(batch)
         if self._retain:
             self._unconsumed.extend(batch)
-            self._wake_consumers()
-        if self.config.fail_fast and self.stop_reason is None:
-            failed = next((o for o in batch if type(o) is Failed and not o.no_persist), None)
-            if failed is not None:
-                self.stop(
-                    f"--fail-fast: rollout {failed.identity.key} failed "
-                    f"({failed.failure_class}: {failed.message})"
-                )
+        self._wake_consumers()
 
     def _wake_consumers(self) -> None:
         self._settled_event.set()

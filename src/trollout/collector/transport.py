@@ -19,8 +19,8 @@ Each request is one `exchange.Exchange` on the plain socket taken out of the Tri
 by the transport's one `exchange.Deadlines` queue rather than a cancel scope per request;
 exchange.py says why. Measured with bench/transport_cpu.py on this machine (client CPU per
 request at 1 / 64 / 512 in flight): 0.152 / 0.117 / 0.172 ms with h11 and a cancel scope per
-request, 0.071 / 0.038 / 0.039 ms now; a raw Trio loop that sends fixed bytes and reads without
-parsing or timeouts costs 0.023 / 0.013 / 0.038 ms.
+request, 0.071-0.076 / 0.038-0.048 / 0.039-0.062 ms now; a raw Trio loop that sends fixed bytes
+and reads without parsing or timeouts costs 0.02-0.06 / 0.013-0.016 / 0.03-0.04 ms.
 
 Rejected alternative: httpx's own pool (httpcore) on Trio. It scans its connection list on every
 request and wraps each exchange in several layers of locks and events; measured on this machine
@@ -38,7 +38,9 @@ and a retry is never allowed.
 
 from __future__ import annotations
 
+import select
 import socket
+from collections.abc import Callable
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -114,25 +116,33 @@ def _target_of(request: httpx.Request) -> _Target:
     return _Target((url.scheme, url.host, port), url.host, port, url.raw_path)
 
 
+if hasattr(select, "poll"):
+
+    def _readable_check(sock: socket.socket) -> Callable[[], bool]:
+        poller = select.poll()  # one per connection: a check is then one call, one syscall
+        poller.register(sock, select.POLLIN)
+        return lambda: bool(poller.poll(0))
+
+else:  # pragma: no cover - Windows has no poll()
+
+    def _readable_check(sock: socket.socket) -> Callable[[], bool]:
+        return lambda: bool(select.select([sock], [], [], 0)[0])
+
+
 class _Connection:
     """One HTTP/1.1 connection: a non-blocking socket that this transport owns."""
 
-    __slots__ = ("sock",)
+    __slots__ = ("readable", "sock")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         # Taken out of the stream: the plain socket's calls skip Trio's per-call checkpoints.
         self.sock = socket.socket(fileno=stream.socket.detach())
         self.sock.setblocking(False)
+        self.readable = _readable_check(self.sock)
 
     def is_idle_and_open(self) -> bool:
         """Return whether the idle connection can carry a request (no EOF, no stray bytes)."""
-        try:
-            self.sock.recv(1, socket.MSG_PEEK)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        return False  # EOF, or bytes nobody asked for
+        return self.sock.fileno() >= 0 and not self.readable()
 
     def close(self) -> None:
         """Close the socket now (synchronous, so it is safe in any cleanup path)."""

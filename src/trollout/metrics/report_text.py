@@ -10,7 +10,7 @@ from rich.table import Table
 
 from .coverage import coverage_lines
 from .summary import GroupSummary
-from .views import Estimate
+from .views import Estimate, ViewSummary
 
 if TYPE_CHECKING:
     from .aggregate import AggregateResult
@@ -19,32 +19,45 @@ __all__ = ["print_report", "summary_table"]
 
 
 def summary_table(groups: Sequence[GroupSummary]) -> Table:
-    """Return the table: per group, one row per view, with coverage and failures by class."""
-    ks = sorted({k for g in groups for v in (g.excluded, g.as_zero) for k in v.pass_at_k})
-    table = Table(title="trollout aggregate", title_justify="left")
-    for name in ("agent", "view", "n", "coverage", "mean reward [95% CI]"):
-        table.add_column(name, justify="left" if name in ("agent", "view") else "right")
-    for k in ks:
-        table.add_column(f"pass@{k}", justify="right")
-    table.add_column("did not land", justify="left")
+    """Return the table: one row per group, both views, pass@k, failures by class.
+
+    Kept to a terminal's width: the mean reward with its interval in both views ("failures
+    excluded" and "failures as zero"), pass@1, and pass@k at the largest k every task of the
+    group reached (a larger k would silently score only the tasks that have more rollouts).
+    The JSON output and the HTML report carry every k.
+    """
+    table = Table(title="metrics", title_justify="left")
+    table.add_column("agent")
+    table.add_column("coverage", justify="right")
+    table.add_column("mean reward [95% CI]\nfailures excluded", justify="right")
+    table.add_column("mean reward [95% CI]\nfailures as zero", justify="right")
+    table.add_column("pass@1", justify="right")
+    table.add_column("pass@k", justify="right")
+    table.add_column("did not land")
     for g in groups:
         cov = g.coverage
         share = f"{cov.covered}/{cov.expected}" + (
             f" ({100 * cov.covered / cov.expected:.0f}%)" if cov.expected else ""
         )
         missing = ", ".join(f"{c} {n}" for c, n in cov.did_not_land().items()) or "–"
-        for i, view in enumerate((g.excluded, g.as_zero)):
-            table.add_row(
-                g.label if i == 0 else "",
-                view.name.replace("_", " "),
-                str(view.rollouts),
-                share if i == 0 else "",
-                _estimate(view.mean_reward),
-                *(_estimate(view.pass_at_k.get(k), short=True) for k in ks),
-                missing if i == 0 else "",
-                end_section=i == 1,
-            )
+        table.add_row(
+            g.label,
+            share,
+            _estimate(g.excluded.mean_reward),
+            _estimate(g.as_zero.mean_reward),
+            _estimate(g.excluded.pass_at_k.get(1), short=True),
+            _largest_full_k(g.excluded),
+            missing,
+        )
     return table
+
+
+def _largest_full_k(view: ViewSummary) -> str:
+    full = [k for k, e in view.pass_at_k.items() if k > 1 and e.tasks == view.tasks]
+    if not full:
+        return "–"
+    k = max(full)
+    return f"@{k} {_estimate(view.pass_at_k[k], short=True)}"
 
 
 def _estimate(e: Estimate | None, *, short: bool = False) -> str:

@@ -1,0 +1,95 @@
+"""When new rollouts may start: the dispatch budget and the drain margin.
+
+protocol.md section 9: new rollouts may start only during ``dispatch_budget_s`` seconds from the
+start of dispatch (0 means the budget is already spent). The check is made after a worker took a
+concurrency slot, just before sending, so a rollout that waited for a slot past the deadline is
+drained rather than started late. ``drain_margin_s`` stops starting sooner, when less than the
+margin remains; by default, once 5 rollouts have finished, the margin is the p75 of their
+durations, so the last rollouts started can still finish inside the budget.
+
+The same window also closes on demand (`close`): a signal, ``--max-run-time`` or a run-level stop
+ends admission through it, so "stop starting new rollouts" is one mechanism whatever the cause.
+
+Design note: the durations kept for the p75 are the most recent `_KEPT` ones (a deque), so the
+margin follows the run's current behaviour and memory stays bounded; an exact p75 over every
+rollout of a million-rollout run would cost O(rollouts) memory for no practical gain.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import trio
+
+__all__ = ["DispatchWindow"]
+
+_MIN_FINISHED = 5  # rollouts finished before the p75 margin applies
+_KEPT = 4096  # recent durations kept for the p75
+
+
+class DispatchWindow:
+    """Decides whether a rollout may start now.
+
+    Args:
+        budget_s: seconds from `begin` during which rollouts may start; None: no budget.
+        margin_s: stop this many seconds before the budget ends; None: the p75 of finished
+            rollouts' durations once 5 have finished (0 before).
+    """
+
+    def __init__(self, *, budget_s: float | None, margin_s: float | None) -> None:
+        self.budget_s = budget_s
+        self.margin_s = margin_s
+        self.started_at: float | None = None
+        self.closed_reason: str | None = None
+        self._durations: deque[float] = deque(maxlen=_KEPT)
+        self._finished = 0
+
+    def begin(self) -> None:
+        """Mark the start of dispatch (the budget counts from here); idempotent."""
+        if self.started_at is None:
+            self.started_at = trio.current_time()
+
+    @property
+    def deadline(self) -> float:
+        """Trio time after which nothing may start (inf without a budget)."""
+        if self.budget_s is None or self.started_at is None:
+            return math.inf
+        return self.started_at + self.budget_s
+
+    def margin(self) -> float:
+        """Seconds before the deadline at which admission stops."""
+        if self.margin_s is not None:
+            return self.margin_s
+        if self._finished < _MIN_FINISHED:
+            return 0.0
+        ordered = sorted(self._durations)
+        return ordered[min(len(ordered) - 1, math.ceil(0.75 * len(ordered)) - 1)]
+
+    def finished(self, elapsed_s: float | None) -> None:
+        """Record the duration of a rollout that ran (landed or failed)."""
+        if elapsed_s is not None:
+            self._durations.append(elapsed_s)
+            self._finished += 1
+
+    def admits(self) -> bool:
+        """Whether a rollout may start now; closes the window when the budget is spent."""
+        if self.closed_reason is not None:
+            return False
+        if self.budget_s is None:
+            return True
+        self.begin()
+        if trio.current_time() < self.deadline - self.margin():
+            return True
+        self.close(self.spent_reason)
+        return False
+
+    @property
+    def spent_reason(self) -> str:
+        """The reason given when the budget runs out."""
+        return f"dispatch budget of {self.budget_s:g} s spent"
+
+    def close(self, reason: str) -> None:
+        """Stop admission for good (the first reason is kept)."""
+        if self.closed_reason is None:
+            self.closed_reason = reason
