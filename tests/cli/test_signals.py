@@ -1,0 +1,133 @@
+"""A real `trollout collect` process ended by SIGINT, SIGTERM or --max-run-time, then resumed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trollout import jsonl
+from trollout.recovery.layout import RunLayout
+from trollout.testing import (
+    AgentSpec,
+    DeploymentSpec,
+    FakeUrls,
+    Latency,
+    spawn_fake_deployment,
+    write_tasks,
+)
+
+
+@pytest.fixture(scope="module")
+def slow_fake() -> Iterator[FakeUrls]:
+    """A fake deployment in its own process whose /run takes 0.25 s."""
+    spec = DeploymentSpec(
+        agents=(AgentSpec(name="math_agent"),), latency=Latency(fixed_s=0.25), record_runs=False
+    )
+    with spawn_fake_deployment(spec) as urls:
+        yield urls
+
+
+def start_collect(tmp_path: Path, head: str, *extra: str) -> subprocess.Popen[str]:
+    """Start `trollout collect` on 200 tasks at concurrency 10 (about 5 s of work)."""
+    source = tmp_path / "tasks.jsonl"
+    if not source.exists():
+        write_tasks(source, 200, seed=9)
+    command = [
+        sys.executable, "-m", "trollout.cli.main", "collect", str(source),
+        "-o", str(tmp_path / "run" / "r.jsonl"), "--head-server", head, "--agent", "math_agent",
+        "--concurrency", "10", "--progress", "plain", "--no-aggregate", *extra,
+    ]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_landed(layout: RunLayout, count: int, proc: subprocess.Popen[str]) -> None:
+    """Wait until the rollouts file holds `count` rows (the run is under way)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        if layout.rollouts.exists() and len(layout.rollouts.read_bytes().splitlines()) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the run did not get under way")
+
+
+def check_consistent(layout: RunLayout) -> dict[str, object]:
+    """Assert the folder is flushed and consistent; return its status."""
+    status = json.loads(layout.batch_status.read_text())
+    landed = list(jsonl.read_rows(layout.rollouts))
+    keys = {(r["_ng_task_index"], r["_ng_rollout_index"]) for r in landed}
+    assert len(keys) == len(landed) == status["completed"]
+    assert status["finished"] is True
+    assert layout.rollouts.read_bytes().endswith(b"\n")
+    return status
+
+
+def resume_to_completion(tmp_path: Path, head: str) -> None:
+    """Resume the run and check every rollout landed exactly once."""
+    proc = start_collect(tmp_path, head, "--resume")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
+    status = check_consistent(layout)
+    assert status["completed"] == 200
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_admission_flushes_and_resumes(
+    tmp_path: Path, slow_fake: FakeUrls, signum: int, code: int
+) -> None:
+    """SIGINT/SIGTERM: in-flight rollouts finish within grace, exit 130/143, resume completes."""
+    layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
+    proc = start_collect(tmp_path, slow_fake.head_url, "--grace", "5")
+    wait_for_landed(layout, 20, proc)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    assert "starting no new rollout" in err
+    assert "run timing report" in out + err
+    status = check_consistent(layout)
+    assert 20 <= status["completed"] < 200
+    assert status["omitted"] == 0  # the grace let every rollout in flight finish
+    resume_to_completion(tmp_path, slow_fake.head_url)
+
+
+@pytest.mark.slow
+def test_second_sigint_cancels_at_once(tmp_path: Path, slow_fake: FakeUrls) -> None:
+    """A second SIGINT cancels the rollouts in flight without waiting out the grace."""
+    layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
+    proc = start_collect(tmp_path, slow_fake.head_url, "--grace", "600")
+    wait_for_landed(layout, 10, proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - started < 5
+    assert proc.returncode == 130, err
+    check_consistent(layout)
+    resume_to_completion(tmp_path, slow_fake.head_url)
+
+
+@pytest.mark.slow
+def test_max_run_time_exits_on_time_with_everything_recorded(
+    tmp_path: Path, slow_fake: FakeUrls
+) -> None:
+    """--max-run-time 2 with grace 1: exit 1 within the grace, every finished rollout on disk."""
+    layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
+    started = time.monotonic()
+    proc = start_collect(tmp_path, slow_fake.head_url, "--max-run-time", "2", "--grace", "1")
+    out, err = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, err
+    assert "--max-run-time reached" in err
+    assert elapsed < 2 + 1 + 4  # deadline + grace + interpreter start-up and planning
+    status = check_consistent(layout)
+    assert 0 < status["completed"] < 200
+    resume_to_completion(tmp_path, slow_fake.head_url)
