@@ -40,9 +40,23 @@ def start_collect(tmp_path: Path, head: str, *extra: str) -> subprocess.Popen[st
     if not source.exists():
         write_tasks(source, 200, seed=9)
     command = [
-        sys.executable, "-m", "trollout.cli.main", "collect", str(source),
-        "-o", str(tmp_path / "run" / "r.jsonl"), "--head-server", head, "--agent", "math_agent",
-        "--concurrency", "10", "--progress", "plain", "--no-aggregate", *extra,
+        sys.executable,
+        "-m",
+        "trollout.cli.main",
+        "collect",
+        str(source),
+        "-o",
+        str(tmp_path / "run" / "r.jsonl"),
+        "--head-server",
+        head,
+        "--agent",
+        "math_agent",
+        "--concurrency",
+        "10",
+        "--progress",
+        "plain",
+        "--no-aggregate",
+        *extra,
     ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

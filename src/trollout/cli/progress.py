@@ -59,6 +59,8 @@ def progress_line(progress: Progress, *, total: int, in_flight: int, now: float)
         parts.append(f"no-persist {progress.no_persist}")
     if progress.omitted:
         parts.append(f"omitted {progress.omitted}")
+    if progress.drained:
+        parts.append(f"drained {progress.drained}")
     if progress.scored:
         parts.append(f"mean reward {progress.mean_reward:.3f}")
     return " | ".join(parts)
@@ -91,12 +93,14 @@ class ProgressReporter:
             await self._run_plain(collector)
 
     def _line(self, collector: Collector) -> str:
-        return progress_line(
+        line = progress_line(
             collector.progress,
             total=self.total,
             in_flight=collector.in_flight,
             now=trio.current_time(),
         )
+        retries = collector.retry_state.counters.summary()
+        return f"{line} | {retries}" if retries else line
 
     async def _run_live(self, collector: Collector) -> None:
         console = Console(file=self.stream)
@@ -129,6 +133,8 @@ def summary_table(progress: Progress, *, total: int, elapsed_s: float, title: st
         rows.append(("no-persist (kill-shaped)", progress.no_persist))
     if progress.omitted:
         rows.append(("omitted (interrupted)", progress.omitted))
+    if progress.drained:
+        rows.append(("drained (never started)", progress.drained))
     missing = total - progress.settled
     if missing > 0:
         rows.append(("not started", missing))
