@@ -17,11 +17,13 @@ def test_public_api_exports_exist() -> None:
 async def test_public_api_embedding_driver_collects_over_loopback(tmp_path: Any) -> None:
     """A driver plans rows in memory and collects them with the public API alone."""
     rows = [
-        {"responses_create_params": {"input": [{"role": "user", "content": "What is 2 + 3?"}]},
-         "expected_answer": "5"},
+        {
+            "responses_create_params": {"input": [{"role": "user", "content": "What is 2 + 3?"}]},
+            "expected_answer": "5",
+        },
     ]
     async with open_fake_deployment() as fake:
-        urls = {name: url for name, url in fake.agent_urls.items()}
+        urls = dict(fake.agent_urls.items())
         deployment = trollout.Deployment.from_agent_urls(urls)
         config = trollout.RunConfig(agent_name="math_agent", num_repeats=3)
         plan = trollout.plan_rows(rows, config, deployment)

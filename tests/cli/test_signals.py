@@ -85,7 +85,7 @@ def check_consistent(layout: RunLayout) -> dict[str, object]:
 def resume_to_completion(tmp_path: Path, head: str) -> None:
     """Resume the run and check every rollout landed exactly once."""
     proc = start_collect(tmp_path, head, "--resume")
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
     status = check_consistent(layout)
@@ -122,7 +122,7 @@ def test_second_sigint_cancels_at_once(tmp_path: Path, slow_fake: FakeUrls) -> N
     time.sleep(0.1)
     started = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    _out, err = proc.communicate(timeout=30)
     assert time.monotonic() - started < 5
     assert proc.returncode == 130, err
     check_consistent(layout)
@@ -137,7 +137,7 @@ def test_max_run_time_exits_on_time_with_everything_recorded(
     layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
     started = time.monotonic()
     proc = start_collect(tmp_path, slow_fake.head_url, "--max-run-time", "2", "--grace", "1")
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     elapsed = time.monotonic() - started
     assert proc.returncode == 1, err
     assert "--max-run-time reached" in err

@@ -209,7 +209,10 @@ async def test_engine_budget_stops_starting_at_the_deadline(autojump_clock: Any)
     config = RunConfig(num_samples_in_parallel=2, dispatch_budget_s=10.0, drain_margin_s=0.0)
     start = trio.current_time()
     async with open_collector(
-        config=config, urls=URLS, sink=sink, transport=transport  # type: ignore[arg-type]
+        config=config,
+        urls=URLS,
+        sink=sink,
+        transport=transport,  # type: ignore[arg-type]
     ) as collector:
         progress = await collector.collect(make_rows(20))
     assert trio.current_time() - start == pytest.approx(12.0)
@@ -223,11 +226,16 @@ async def test_engine_budget_drains_rows_waiting_for_a_slot(autojump_clock: Any)
     transport = ScriptedTransport(delay=lambda row: 4.0)
     sink = ListSink()
     config = RunConfig(
-        num_samples_in_parallel=2, max_resident_rollout_tasks=4, dispatch_budget_s=6.0,
+        num_samples_in_parallel=2,
+        max_resident_rollout_tasks=4,
+        dispatch_budget_s=6.0,
         drain_margin_s=0.0,
     )
     async with open_collector(
-        config=config, urls=URLS, sink=sink, transport=transport  # type: ignore[arg-type]
+        config=config,
+        urls=URLS,
+        sink=sink,
+        transport=transport,  # type: ignore[arg-type]
     ) as collector:
         progress = await collector.collect(make_rows(20))
     assert progress.landed == 4  # started at 0 and 4
@@ -243,7 +251,9 @@ async def test_engine_default_margin_is_p75_of_finished(autojump_clock: Any) -> 
     config = RunConfig(num_samples_in_parallel=5, dispatch_budget_s=10.0)
     start = trio.current_time()
     async with open_collector(
-        config=config, urls=URLS, transport=transport  # type: ignore[arg-type]
+        config=config,
+        urls=URLS,
+        transport=transport,  # type: ignore[arg-type]
     ) as collector:
         progress = await collector.collect(make_rows(100))
     assert trio.current_time() - start == pytest.approx(8.0)
@@ -255,10 +265,16 @@ async def test_engine_wind_down_cancels_after_grace(autojump_clock: Any) -> None
     """wind_down stops admission, and cancels rollouts still running when the grace ends."""
     transport = ScriptedTransport(delay=lambda row: 10.0)
     sink = ListSink()
-    async with open_collector(
-        config=RunConfig(num_samples_in_parallel=3), urls=URLS, sink=sink,
-        transport=transport,  # type: ignore[arg-type]
-    ) as collector, trio.open_nursery() as nursery:
+    async with (
+        open_collector(
+            config=RunConfig(num_samples_in_parallel=3),
+            urls=URLS,
+            sink=sink,
+            transport=transport,  # type: ignore[arg-type]
+        ) as collector,
+        trio.open_nursery() as nursery,
+    ):
+
         async def stop_soon() -> None:
             await trio.sleep(1.0)
             await collector.wind_down("test", grace_s=5.0)
@@ -275,10 +291,16 @@ async def test_engine_wind_down_lets_rollouts_finish_within_grace(autojump_clock
     """Rollouts that end within the grace period land; nothing new starts meanwhile."""
     transport = ScriptedTransport(delay=lambda row: 10.0)
     sink = ListSink()
-    async with open_collector(
-        config=RunConfig(num_samples_in_parallel=3), urls=URLS, sink=sink,
-        transport=transport,  # type: ignore[arg-type]
-    ) as collector, trio.open_nursery() as nursery:
+    async with (
+        open_collector(
+            config=RunConfig(num_samples_in_parallel=3),
+            urls=URLS,
+            sink=sink,
+            transport=transport,  # type: ignore[arg-type]
+        ) as collector,
+        trio.open_nursery() as nursery,
+    ):
+
         async def stop_soon() -> None:
             await trio.sleep(1.0)
             await collector.wind_down("test", grace_s=30.0)
@@ -296,7 +318,9 @@ async def test_engine_stops_when_credentials_are_rejected(autojump_clock: Any) -
 
     async def run() -> None:
         async with open_collector(
-            config=config, urls=URLS, transport=transport  # type: ignore[arg-type]
+            config=config,
+            urls=URLS,
+            transport=transport,  # type: ignore[arg-type]
         ) as collector:
             await collector.collect(make_rows(50))
 

@@ -31,7 +31,8 @@ def test_stops_credentials_after_consecutive_auth_failures() -> None:
     assert stops.check(failed(401)) is None
     assert stops.check(failed(403)) is None
     reason = stops.check(failed(401))
-    assert reason is not None and "credentials rejected by 'env'" in reason
+    assert reason is not None
+    assert "credentials rejected by 'env'" in reason
 
 
 def test_stops_auth_streak_resets_on_success_and_is_per_server() -> None:
@@ -48,7 +49,8 @@ def test_stops_quota_exhausted_at_once() -> None:
     stops = RunStops(RunConfig())
     assert stops.check(failed(429, body="slow down")) is None
     reason = stops.check(failed(429, body='{"error": {"code": "insufficient_quota"}}'))
-    assert reason is not None and "quota exhausted" in reason
+    assert reason is not None
+    assert "quota exhausted" in reason
 
 
 def test_stops_protocol_violations_after_threshold() -> None:
@@ -57,7 +59,8 @@ def test_stops_protocol_violations_after_threshold() -> None:
     violation = FailureClass.ENVIRONMENT_PROTOCOL_VIOLATION.value
     assert stops.check(failed(200, failure_class=violation, message="list")) is None
     reason = stops.check(failed(200, failure_class=violation, message="list"))
-    assert reason is not None and "broke the environment protocol" in reason
+    assert reason is not None
+    assert "broke the environment protocol" in reason
 
 
 def test_stops_ignore_ordinary_failures_and_kill_shaped() -> None:
