@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import click
 
 from .. import __version__
+from .aggregate import aggregate
 from .collect import collect
 from .demo import demo
 from .resume import resubmit, resume
@@ -33,6 +34,7 @@ cli.add_command(demo)
 cli.add_command(resume)
 cli.add_command(resubmit)
 cli.add_command(status)
+cli.add_command(aggregate)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
