@@ -381,3 +381,20 @@ def test_encode_request_rejects_what_would_break_framing(
     """Bad methods, targets, header names or values, and unknown codings raise FramingError."""
     with pytest.raises(FramingError):
         encode_request(method, target, headers, b"")
+
+
+def test_parser_bytes_fed_after_the_end_stop_reuse() -> None:
+    """Bytes fed after a complete response mark the connection as not reusable."""
+    parser = ResponseParser()
+    parser.feed(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+    assert (parser.complete, parser.keep_alive) == (True, True)
+    parser.feed(b"HTTP/1.1 200 OK\r\n")
+    assert (parser.complete, parser.keep_alive, parser.body()) == (True, False, b"ok")
+
+
+def test_parser_rejects_oversized_trailers() -> None:
+    """Trailers longer than MAX_HEAD_BYTES raise instead of buffering forever."""
+    parser = ResponseParser()
+    parser.feed(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nx-trailer: ")
+    with pytest.raises(FramingError, match="trailers"):
+        parser.feed(b"t" * MAX_HEAD_BYTES)

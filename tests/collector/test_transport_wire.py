@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 
 import httpx
@@ -18,6 +19,7 @@ from test_transport import (
     serving,
 )
 
+from trollout.collector.exchange import Deadlines, Exchange
 from trollout.collector.transport import BodyReadTimeout, H11Transport, delivery_of
 from trollout.records import Delivery
 
@@ -87,13 +89,6 @@ async def test_transport_rejects_bad_content_type_before_connecting() -> None:
         assert transport.opened == 0
         assert (await transport.post(URL, b"{}", content_type=b"text/plain")).body == b"{}"
     assert delivery_of(caught.value) is Delivery.NOT_SENT
-
-
-async def test_transport_rejects_url_that_would_break_the_head() -> None:
-    """A URL whose path has a space raises httpx.InvalidURL naming it."""
-    async with new_transport() as transport:
-        with pytest.raises(httpx.InvalidURL, match="a b"):
-            await transport.post("http://agent:8000/a b", b"{}")
 
 
 async def test_transport_timeouts_of_many_exchanges_are_exact(
@@ -167,3 +162,48 @@ async def test_transport_httpx_head_and_streamed_body() -> None:
     assert b"transfer-encoding: chunked\r\n" in seen[0].lower()
     assert seen[0].endswith(b"\r\n\r\nb\r\nhello world\r\n0\r\n\r\n")
     assert base.connections == 1
+
+
+async def test_transport_connects_to_host_names_too() -> None:
+    """A host name (not an IP literal) is resolved and connected; the pool keys it by name."""
+    async with serving(echo) as server, new_transport() as transport:
+        url = server.url.replace("127.0.0.1", "localhost")
+        for _ in range(2):
+            assert (await transport.post(url, b"named")).body == b"named"
+        assert server.connections == 1
+
+
+@pytest.mark.parametrize("url", ["http://agent:8000/a b", "http://agent:8000/caf\u00e9"])
+async def test_transport_rejects_paths_that_need_encoding(url: str) -> None:
+    """A raw space or non-ASCII character in a POST URL raises httpx.InvalidURL naming it."""
+    async with new_transport() as transport:
+        with pytest.raises(httpx.InvalidURL, match="percent-encode"):
+            await transport.post(url, b"{}")
+
+
+async def test_transport_httpx_bad_header_is_local_protocol_error() -> None:
+    """An httpx request whose header would break the head is refused before any connection."""
+    async with paired(echo) as transport, httpx.AsyncClient(transport=transport) as client:
+        with pytest.raises(httpx.LocalProtocolError, match="header value"):
+            await client.get(URL, headers={"x-bad": "a\r\nx-injected: 1"})
+        with pytest.raises(httpx.UnsupportedProtocol, match="https"):
+            await client.get("https://agent:8000/")
+    assert transport.opened == 0
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "timeout"),
+    [(b"GET / HTTP/1.1\r\n\r\n", httpx.ReadTimeout), (b"x" * 50_000_000, httpx.WriteTimeout)],
+)
+async def test_exchange_expired_while_running_fails_before_waiting(
+    request_bytes: bytes, timeout: type[httpx.TimeoutException]
+) -> None:
+    """An exchange whose timer ran out while it was not waiting fails at its next wait."""
+    client, server = socket.socketpair()
+    with client, server:
+        client.setblocking(False)
+        exchange = Exchange(client, URL, Deadlines(10.0), no_body=False)
+        exchange.expire()  # as the watcher does when the deadline passes between two waits
+        with pytest.raises(timeout, match=r"10\.0"):
+            await exchange.run(request_bytes, b"", None)
+        assert server.recv(4) in (b"GET ", b"xxxx")  # what fit was sent; no wait followed
