@@ -29,16 +29,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
 
-def make_rows(n: int, agent: str) -> list[dict[str, Any]]:
-    """Materialized rows for `n` distinct arithmetic tasks."""
-    return [
-        {
+def make_rows(n: int, agent: str) -> Iterator[dict[str, Any]]:
+    """Materialized rows for `n` distinct arithmetic tasks (streamed: never held at once)."""
+    for i in range(n):
+        yield {
             "responses_create_params": {
                 "input": [{"role": "user", "content": f"What is {i} + {i % 97}?"}],
                 "metadata": {"extra_body": json.dumps({"seed": i})},
@@ -48,8 +49,6 @@ def make_rows(n: int, agent: str) -> list[dict[str, Any]]:
             "_ng_task_index": i,
             "_ng_rollout_index": 0,
         }
-        for i in range(n)
-    ]
 
 
 def write_materialized(path: Path, n: int, agent: str) -> None:
@@ -64,6 +63,14 @@ def cpu_seconds() -> float:
 
 
 def peak_rss_mib() -> float:
+    """Peak RSS of this process since it started (VmHWM).
+
+    Not ``getrusage().ru_maxrss``: on Linux that keeps the parent's peak across fork and exec,
+    so a child started by a big parent would report the parent's memory as its own.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -24,7 +24,6 @@ conservative, never retries at all; and it hides the attempts it made from the r
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -161,7 +160,9 @@ async def dispatch(
     """
     rollout = _Rollout(transport, url, row, attempt_index, policy, rng, retry_state, new_attempt)
     limit = policy.rollout_timeout_s
-    with trio.move_on_after(math.inf if limit is None else limit):
+    if limit is None:
+        return await rollout.run()  # no scope: it would cost ~8 us per rollout for nothing
+    with trio.move_on_after(limit):
         return await rollout.run()
     return rollout.timed_out()
 
