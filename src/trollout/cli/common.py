@@ -32,6 +32,7 @@ __all__ = [
     "fail",
     "live_mode",
     "print_summary",
+    "run_options",
     "run_trio",
     "split_args",
 ]
@@ -107,144 +108,161 @@ def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
     return positionals, overrides
 
 
-def collect_options(f: F) -> F:
-    """Attach the options of a collection run (shared by collect and demo)."""
-    options = [
-        click.option(
-            "-o",
-            "--output",
-            "output_jsonl_fpath",
-            type=click.Path(dir_okay=False),
-            help="Rollouts file to write; its siblings hold failures, inputs, status.",
-        ),
-        click.option(
-            "--config",
-            "config_file",
-            type=click.Path(exists=True, dir_okay=False),
-            help="YAML file of settings (NeMo Gym key names).",
-        ),
-        click.option("--head-server", help="Head server URL (default http://127.0.0.1:11000)."),
-        click.option(
-            "--agent-url",
-            "agent_urls",
-            multiple=True,
-            metavar="NAME=URL",
-            help="Send agent NAME's rollouts to URL; no head server needed. Repeatable.",
-        ),
-        click.option("--agent", "agent_name", help="Route every row to this agent."),
-        click.option("--limit", type=int, help="Keep the rows of the first N tasks."),
-        click.option("--num-repeats", type=int, help="Rollouts per task row (default 1)."),
-        click.option(
-            "--concurrency",
-            "num_samples_in_parallel",
-            type=int,
-            help="Requests in flight at most (num_samples_in_parallel, default 64).",
-        ),
-        click.option(
-            "--max-resident",
-            "max_resident_rollout_tasks",
-            type=int,
-            help="Rollout tasks alive at once (default: the concurrency).",
-        ),
-        click.option(
-            "--add-seed/--no-add-seed",
-            "num_repeats_add_seed",
-            default=None,
-            help="Put a seed in responses_create_params.metadata.extra_body.",
-        ),
-        click.option("--seed", type=int, help="Run seed for seeding rollouts (default 0)."),
-        click.option(
-            "--seed-mode",
-            type=click.Choice(["hash", "rollout-index"]),
-            help="hash(run seed, task, rollout) (default) or NeMo Gym's rollout index.",
-        ),
-        click.option(
-            "--interleave-repeats/--no-interleave-repeats",
-            default=None,
-            help="Dispatch abcabc instead of aabbcc.",
-        ),
-        click.option(
-            "--connect-timeout",
-            "connect_timeout_s",
-            type=float,
-            help="Seconds to establish a connection (default 10).",
-        ),
-        click.option(
-            "--read-timeout",
-            "read_timeout_s",
-            type=float,
-            help="Seconds of silence allowed while waiting for a reply (default 3600).",
-        ),
-        click.option(
-            "--fsync",
-            type=click.Choice(["row", "batch", "never"]),
-            help="When appended rows are fsynced (default batch).",
-        ),
-        click.option(
-            "--fail-fast/--no-fail-fast",
-            default=None,
-            help="Stop the run at the first failed rollout (NeMo Gym's old default).",
-        ),
-        click.option(
-            "--rollout-timeout",
-            "rollout_timeout_s",
-            type=float,
-            help="Seconds one rollout may take, retries included (default: no limit).",
-        ),
-        click.option(
-            "--retry-requests/--no-retry-requests",
-            default=None,
-            help="Re-send requests that may have been delivered, as new attempts.",
-        ),
-        click.option(
-            "--budget",
-            "dispatch_budget_s",
-            type=float,
-            help="Start new rollouts only during this many seconds (dispatch_budget_s).",
-        ),
-        click.option(
-            "--drain-margin",
-            "drain_margin_s",
-            type=float,
-            help="Stop starting this long before the budget ends (default: p75 of rollouts).",
-        ),
-        click.option(
-            "--max-run-time",
-            "max_run_time_s",
-            type=float,
-            help="Wall-clock seconds for the run: then stop starting, wait --grace, cancel.",
-        ),
-        click.option(
-            "--grace",
-            "grace_s",
-            type=float,
-            help="Seconds rollouts in flight get after a stop (signal, --max-run-time; "
-            "default 30).",
-        ),
-        click.option(
-            "--require-complete/--no-require-complete",
-            default=None,
-            help="Fail (exit 75/76) instead of scoring a run whose rollouts did not all land.",
-        ),
-        click.option(
-            "--no-aggregate",
-            "disable_aggregation",
-            is_flag=True,
-            default=None,
-            help="Skip the metrics at the end of the run.",
-        ),
-        click.option(
-            "--progress",
-            "live",
-            type=click.Choice(["auto", "live", "plain"]),
-            default="auto",
-            show_default=True,
-            help="Live display on a terminal, periodic lines otherwise.",
-        ),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+# Every option of a run, once; commands pick theirs by name (`run_options`).
+_RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
+    "output": click.option(
+        "-o",
+        "--output",
+        "output_jsonl_fpath",
+        type=click.Path(dir_okay=False),
+        help="Rollouts file to write; its siblings hold failures, inputs, status.",
+    ),
+    "config": click.option(
+        "--config",
+        "config_file",
+        type=click.Path(exists=True, dir_okay=False),
+        help="YAML file of settings (NeMo Gym key names).",
+    ),
+    "head-server": click.option(
+        "--head-server", help="Head server URL (default http://127.0.0.1:11000)."
+    ),
+    "agent-url": click.option(
+        "--agent-url",
+        "agent_urls",
+        multiple=True,
+        metavar="NAME=URL",
+        help="Send agent NAME's rollouts to URL; no head server needed. Repeatable.",
+    ),
+    "agent": click.option("--agent", "agent_name", help="Route every row to this agent."),
+    "limit": click.option("--limit", type=int, help="Keep the rows of the first N tasks."),
+    "num-repeats": click.option(
+        "--num-repeats", type=int, help="Rollouts per task row (default 1)."
+    ),
+    "concurrency": click.option(
+        "--concurrency",
+        "num_samples_in_parallel",
+        type=int,
+        help="Requests in flight at most (num_samples_in_parallel, default 64).",
+    ),
+    "max-resident": click.option(
+        "--max-resident",
+        "max_resident_rollout_tasks",
+        type=int,
+        help="Rollout tasks alive at once (default: the concurrency).",
+    ),
+    "add-seed": click.option(
+        "--add-seed/--no-add-seed",
+        "num_repeats_add_seed",
+        default=None,
+        help="Put a seed in responses_create_params.metadata.extra_body.",
+    ),
+    "seed": click.option("--seed", type=int, help="Run seed for seeding rollouts (default 0)."),
+    "seed-mode": click.option(
+        "--seed-mode",
+        type=click.Choice(["hash", "rollout-index"]),
+        help="hash(run seed, task, rollout) (default) or NeMo Gym's rollout index.",
+    ),
+    "interleave-repeats": click.option(
+        "--interleave-repeats/--no-interleave-repeats",
+        default=None,
+        help="Dispatch abcabc instead of aabbcc.",
+    ),
+    "connect-timeout": click.option(
+        "--connect-timeout",
+        "connect_timeout_s",
+        type=float,
+        help="Seconds to establish a connection (default 10).",
+    ),
+    "read-timeout": click.option(
+        "--read-timeout",
+        "read_timeout_s",
+        type=float,
+        help="Seconds of silence allowed while waiting for a reply (default 3600).",
+    ),
+    "fsync": click.option(
+        "--fsync",
+        type=click.Choice(["row", "batch", "never"]),
+        help="When appended rows are fsynced (default batch).",
+    ),
+    "fail-fast": click.option(
+        "--fail-fast/--no-fail-fast",
+        default=None,
+        help="Stop the run at the first failed rollout (NeMo Gym's old default).",
+    ),
+    "rollout-timeout": click.option(
+        "--rollout-timeout",
+        "rollout_timeout_s",
+        type=float,
+        help="Seconds one rollout may take, retries included (default: no limit).",
+    ),
+    "retry-requests": click.option(
+        "--retry-requests/--no-retry-requests",
+        default=None,
+        help="Re-send requests that may have been delivered, as new attempts.",
+    ),
+    "budget": click.option(
+        "--budget",
+        "dispatch_budget_s",
+        type=float,
+        help="Start new rollouts only during this many seconds (dispatch_budget_s).",
+    ),
+    "drain-margin": click.option(
+        "--drain-margin",
+        "drain_margin_s",
+        type=float,
+        help="Stop starting this long before the budget ends (default: p75 of rollouts).",
+    ),
+    "max-run-time": click.option(
+        "--max-run-time",
+        "max_run_time_s",
+        type=float,
+        help="Wall-clock seconds for the run: then stop starting, wait --grace, cancel.",
+    ),
+    "grace": click.option(
+        "--grace",
+        "grace_s",
+        type=float,
+        help="Seconds rollouts in flight get after a stop (signal, --max-run-time; default 30).",
+    ),
+    "require-complete": click.option(
+        "--require-complete/--no-require-complete",
+        default=None,
+        help="Fail (exit 75/76) instead of scoring a run whose rollouts did not all land.",
+    ),
+    "no-aggregate": click.option(
+        "--no-aggregate",
+        "disable_aggregation",
+        is_flag=True,
+        default=None,
+        help="Skip the metrics at the end of the run.",
+    ),
+    "progress": click.option(
+        "--progress",
+        "live",
+        type=click.Choice(["auto", "live", "plain"]),
+        default="auto",
+        show_default=True,
+        help="Live display on a terminal, periodic lines otherwise.",
+    ),
+}
+
+
+def run_options(*names: str) -> Callable[[F], F]:
+    """Return a decorator attaching the named run options, in the order given."""
+    unknown = [name for name in names if name not in _RUN_OPTIONS]
+    if unknown:  # pragma: no cover - a programming error caught by any CLI test
+        raise KeyError(f"no run options {unknown!r}")
+
+    def attach(f: F) -> F:
+        for name in reversed(names):
+            f = _RUN_OPTIONS[name](f)
+        return f
+
+    return attach
+
+
+collect_options = run_options(*_RUN_OPTIONS)
+"""The options of a collection run (collect and demo take them all)."""
 
 
 def build_run_config(

@@ -25,7 +25,7 @@ from ..errors import ConfigError, TrolloutError
 from ..recovery.manifest import locate_run, read_manifest
 from ..recovery.resume import Resubmit
 from .collect import RunResult, collect_run, report_run, resume_options
-from .common import build_run_config, fail, live_mode, run_trio
+from .common import build_run_config, fail, live_mode, run_options, run_trio
 
 __all__ = ["config_from_run", "resubmit", "resume"]
 
@@ -33,55 +33,27 @@ _CONTEXT = {"ignore_unknown_options": True, "allow_extra_args": True}
 
 
 def _session_options(f: Any) -> Any:
-    """Attach the options a resumed session may change (deployment, concurrency, I/O)."""
-    options = [
-        click.argument("run", type=click.Path(exists=True)),
-        click.argument("overrides", nargs=-1, type=click.UNPROCESSED, metavar="[+key=value ...]"),
-        click.option("--head-server", help="Head server URL (default: the one saved)."),
-        click.option(
-            "--agent-url",
-            "agent_urls",
-            multiple=True,
-            metavar="NAME=URL",
-            help="Send agent NAME's rollouts to URL (replaces the saved ones).",
-        ),
-        click.option(
-            "--concurrency", "num_samples_in_parallel", type=int, help="Requests in flight at most."
-        ),
-        click.option(
-            "--max-resident",
-            "max_resident_rollout_tasks",
-            type=int,
-            help="Rollout tasks alive at once.",
-        ),
-        click.option(
-            "--connect-timeout",
-            "connect_timeout_s",
-            type=float,
-            help="Seconds to establish a connection.",
-        ),
-        click.option(
-            "--read-timeout",
-            "read_timeout_s",
-            type=float,
-            help="Seconds of silence allowed while waiting for a reply.",
-        ),
-        click.option(
-            "--fsync",
-            type=click.Choice(["row", "batch", "never"]),
-            help="When appended rows are fsynced.",
-        ),
-        click.option(
-            "--progress",
-            "live",
-            type=click.Choice(["auto", "live", "plain"]),
-            default="auto",
-            show_default=True,
-            help="Live display or plain lines.",
-        ),
-    ]
-    for option in reversed(options):
-        f = option(f)
+    """Attach the options a resumed session may change (deployment, concurrency, time, I/O)."""
+    f = run_options(
+        "head-server",
+        "agent-url",
+        "concurrency",
+        "max-resident",
+        "connect-timeout",
+        "read-timeout",
+        "rollout-timeout",
+        "retry-requests",
+        "budget",
+        "drain-margin",
+        "max-run-time",
+        "grace",
+        "require-complete",
+        "no-aggregate",
+        "fsync",
+        "progress",
+    )(f)
+    f = click.argument("overrides", nargs=-1, type=click.UNPROCESSED, metavar="[+key=value ...]")(f)
+    f = click.argument("run", type=click.Path(exists=True))(f)
     return resume_options(f)
 
 
