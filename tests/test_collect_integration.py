@@ -120,19 +120,33 @@ async def test_collect_every_rollout_ends_in_exactly_one_place(tmp_path: Path) -
     assert result.progress.landed == len(landed)
 
 
+def slow_spec(latency_s: float) -> DeploymentSpec:
+    """A fault-free deployment whose /run takes `latency_s`."""
+    return attrs.evolve(
+        faulty_spec(0.0), latency=attrs.evolve(DeploymentSpec().latency, fixed_s=latency_s)
+    )
+
+
+def tasks_config(tmp_path: Path, head_url: str, rows: int, **settings: Any) -> RunConfig:
+    """Write `rows` tasks and return a config collecting them into tmp_path/r.jsonl."""
+    source = tmp_path / "tasks.jsonl"
+    write_tasks(source, rows, seed=rows)
+    return RunConfig(
+        input_jsonl_fpath=str(source),
+        output_jsonl_fpath=str(tmp_path / "r.jsonl"),
+        head_server=head_url,
+        agent_name="math_agent",
+        **settings,
+    )
+
+
 async def test_collect_concurrency_reaches_and_never_exceeds_limit(tmp_path: Path) -> None:
     """The server sees at most num_samples_in_parallel /run in flight, and reaches it."""
-    source = tmp_path / "tasks.jsonl"
-    write_tasks(source, 100, seed=2)
-    spec = attrs.evolve(
-        faulty_spec(0.0), latency=attrs.evolve(DeploymentSpec().latency, fixed_s=0.05)
-    )
-    async with open_fake_deployment(spec) as fake:
-        config = RunConfig(
-            input_jsonl_fpath=str(source),
-            output_jsonl_fpath=str(tmp_path / "r.jsonl"),
-            head_server=fake.head_url,
-            agent_name="math_agent",
+    async with open_fake_deployment(slow_spec(0.05)) as fake:
+        config = tasks_config(
+            tmp_path,
+            fake.head_url,
+            100,
             num_repeats=3,
             num_samples_in_parallel=16,
             max_resident_rollout_tasks=24,
@@ -145,19 +159,8 @@ async def test_collect_concurrency_reaches_and_never_exceeds_limit(tmp_path: Pat
 
 async def test_collect_cancelled_run_keeps_settled_outcomes(tmp_path: Path) -> None:
     """Cancelling a run mid-way leaves every settled outcome on disk and a finished status."""
-    source = tmp_path / "tasks.jsonl"
-    write_tasks(source, 200, seed=4)
-    spec = attrs.evolve(
-        faulty_spec(0.0), latency=attrs.evolve(DeploymentSpec().latency, fixed_s=0.2)
-    )
-    async with open_fake_deployment(spec) as fake:
-        config = RunConfig(
-            input_jsonl_fpath=str(source),
-            output_jsonl_fpath=str(tmp_path / "r.jsonl"),
-            head_server=fake.head_url,
-            agent_name="math_agent",
-            num_samples_in_parallel=20,
-        )
+    async with open_fake_deployment(slow_spec(0.2)) as fake:
+        config = tasks_config(tmp_path, fake.head_url, 200, num_samples_in_parallel=20)
         with trio.move_on_after(1.0):
             await collect_run(config, live=False)
     layout = RunLayout.for_output(tmp_path / "r.jsonl")

@@ -261,26 +261,31 @@ async def test_engine_default_margin_is_p75_of_finished(autojump_clock: Any) -> 
     assert collector.window.margin() == pytest.approx(2.0)
 
 
-async def test_engine_wind_down_cancels_after_grace(autojump_clock: Any) -> None:
-    """wind_down stops admission, and cancels rollouts still running when the grace ends."""
-    transport = ScriptedTransport(delay=lambda row: 10.0)
+async def wind_down_after_one_second(grace_s: float) -> ListSink:
+    """Run 10-second rollouts at concurrency 3 and wind the run down at t=1."""
     sink = ListSink()
     async with (
         open_collector(
             config=RunConfig(num_samples_in_parallel=3),
             urls=URLS,
             sink=sink,
-            transport=transport,  # type: ignore[arg-type]
+            transport=ScriptedTransport(delay=lambda row: 10.0),  # type: ignore[arg-type]
         ) as collector,
         trio.open_nursery() as nursery,
     ):
 
         async def stop_soon() -> None:
             await trio.sleep(1.0)
-            await collector.wind_down("test", grace_s=5.0)
+            await collector.wind_down("test", grace_s=grace_s)
 
         nursery.start_soon(stop_soon)
         await collector.collect(make_rows(10))
+    return sink
+
+
+async def test_engine_wind_down_cancels_after_grace(autojump_clock: Any) -> None:
+    """wind_down stops admission, and cancels rollouts still running when the grace ends."""
+    sink = await wind_down_after_one_second(grace_s=5.0)
     omitted = [o for o in sink.outcomes if isinstance(o, Omitted)]
     assert len(sink.outcomes) == len(omitted) == 3
     assert all(o.elapsed_seconds == pytest.approx(6.0) for o in omitted)
@@ -289,24 +294,7 @@ async def test_engine_wind_down_cancels_after_grace(autojump_clock: Any) -> None
 
 async def test_engine_wind_down_lets_rollouts_finish_within_grace(autojump_clock: Any) -> None:
     """Rollouts that end within the grace period land; nothing new starts meanwhile."""
-    transport = ScriptedTransport(delay=lambda row: 10.0)
-    sink = ListSink()
-    async with (
-        open_collector(
-            config=RunConfig(num_samples_in_parallel=3),
-            urls=URLS,
-            sink=sink,
-            transport=transport,  # type: ignore[arg-type]
-        ) as collector,
-        trio.open_nursery() as nursery,
-    ):
-
-        async def stop_soon() -> None:
-            await trio.sleep(1.0)
-            await collector.wind_down("test", grace_s=30.0)
-
-        nursery.start_soon(stop_soon)
-        await collector.collect(make_rows(10))
+    sink = await wind_down_after_one_second(grace_s=30.0)
     assert sorted(type(o).__name__ for o in sink.outcomes) == ["Landed"] * 3
     assert trio.current_time() == pytest.approx(10.0)
 
