@@ -170,3 +170,32 @@ async def test_collect_cancelled_run_keeps_settled_outcomes(tmp_path: Path) -> N
     assert status["completed"] == len(landed)
     assert status["omitted"] == 20  # the rollouts in flight at the cancellation
     assert status["finished"] is True
+
+
+async def test_collect_local_metrics_equal_the_servers_over_loopback(tmp_path: Path) -> None:
+    """At the end of a run, local default metrics equal each server's /aggregate_metrics."""
+    spec = attrs.evolve(
+        slow_spec(0.0), agents=(AgentSpec(name="math_agent"), AgentSpec(name="string_agent"))
+    )
+    async with open_fake_deployment(spec) as fake:
+        config = tasks_config(
+            tmp_path,
+            fake.head_url,
+            60,
+            num_repeats=3,
+            num_repeats_add_seed=True,
+            fan_out={"both": ["math_agent", "string_agent"]},
+        )
+        source = Path(config.input_jsonl_fpath or "")
+        rows = [{**row, "task_source": "both"} for row in jsonl.read_rows(source)]
+        source.write_bytes(b"".join(jsonl.dumps(row) for row in rows))
+        result = await collect_run(attrs.evolve(config, agent_name=None), live=False)
+    assert result.aggregate is not None and result.aggregate.ok
+    entries = json.loads(result.layout.aggregate_metrics.read_text())
+    assert {e["agent_ref"]["name"] for e in entries} == {"math_agent", "string_agent"}
+    for entry in entries:
+        server, local = entry["agent_metrics"], entry["trollout"]["local_agent_metrics"]
+        assert entry["trollout"]["metrics_source"] == "server"
+        assert set(local) <= set(server)
+        assert local == {k: pytest.approx(server[k], rel=1e-9) for k in local}
+        assert local["mean/reward"] > 0
