@@ -172,6 +172,12 @@ async def test_collect_cancelled_run_keeps_settled_outcomes(tmp_path: Path) -> N
     assert status["finished"] is True
 
 
+def tag_rows(source: Path, **fields: Any) -> None:
+    """Add fields to every row of a JSONL file."""
+    rows = [{**row, **fields} for row in jsonl.read_rows(source)]
+    source.write_bytes(b"".join(jsonl.dumps(row) for row in rows))
+
+
 async def test_collect_local_metrics_equal_the_servers_over_loopback(tmp_path: Path) -> None:
     """At the end of a run, local default metrics equal each server's /aggregate_metrics."""
     spec = attrs.evolve(
@@ -186,11 +192,10 @@ async def test_collect_local_metrics_equal_the_servers_over_loopback(tmp_path: P
             num_repeats_add_seed=True,
             fan_out={"both": ["math_agent", "string_agent"]},
         )
-        source = Path(config.input_jsonl_fpath or "")
-        rows = [{**row, "task_source": "both"} for row in jsonl.read_rows(source)]
-        source.write_bytes(b"".join(jsonl.dumps(row) for row in rows))
+        tag_rows(Path(config.input_jsonl_fpath or ""), task_source="both")
         result = await collect_run(attrs.evolve(config, agent_name=None), live=False)
-    assert result.aggregate is not None and result.aggregate.ok
+    assert result.aggregate is not None
+    assert result.aggregate.ok
     entries = json.loads(result.layout.aggregate_metrics.read_text())
     assert {e["agent_ref"]["name"] for e in entries} == {"math_agent", "string_agent"}
     for entry in entries:
