@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,9 @@ import time
 from pathlib import Path
 
 import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import peak_rss_mib
 
 REPEATS = 4
 LEDGER_BATCH = 512
@@ -88,15 +90,15 @@ def measure(output: str, longest_first: bool) -> dict[str, float]:
     from trollout.recovery.layout import RunLayout
     from trollout.recovery.resume import ResumeRules, scan_run
 
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    baseline = peak_rss_mib()
     start = time.perf_counter()
     plan = scan_run(RunLayout.for_output(output), ResumeRules(longest_first=longest_first))
     decided = time.perf_counter() - start
     streamed = sum(1 for _ in plan.rows())
     stream_s = time.perf_counter() - start - decided
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_mib()
     return {"decide_s": decided, "stream_s": stream_s, "to_dispatch": plan.tally.to_dispatch,
-            "streamed": streamed, "peak_mb": peak / 1024, "growth_mb": (peak - baseline) / 1024,
+            "streamed": streamed, "peak_mb": peak, "growth_mb": peak - baseline,
             "landed": plan.tally.fates["landed"]}  # fmt: skip
 
 

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from memory import peak_rss_mib  # noqa: E402
 
 
 def make_rows(n: int, agent: str) -> Iterator[dict[str, Any]]:
@@ -60,18 +62,6 @@ def write_materialized(path: Path, n: int, agent: str) -> None:
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def peak_rss_mib() -> float:
-    """Peak RSS of this process since it started (VmHWM).
-
-    Not ``getrusage().ru_maxrss``: on Linux that keeps the parent's peak across fork and exec,
-    so a child started by a big parent would report the parent's memory as its own.
-    """
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # --- clients (each runs in its own subprocess) ------------------------------------------------
