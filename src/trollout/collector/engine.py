@@ -21,6 +21,11 @@ Shape (design.md, Concurrency)::
   `Omitted` (interrupted) outcome that is handed to the writer under a shield, and the writer
   drains everything already settled under a shield before the nursery exits. Nothing settled is
   lost to a cancellation; rows never taken by a worker were never started.
+- **Stopping starts is not stopping the run.** The dispatch window (`window.DispatchWindow`:
+  the budget, its drain margin) is the feeder's scope deadline plus a check after a worker took
+  a slot. `stop_admission` closes it on demand; `wind_down` closes it, waits a grace period, then
+  `cancel_in_flight`s the rest (signals and ``--max-run-time`` use it); `stop` does both at once
+  and makes the block raise `RunStoppedError` (fail-fast and the run-level stops of `stops`).
 
 Rejected alternative: a task per rollout (``nursery.start_soon`` for every row, gated by a
 semaphore), which is NeMo Gym's shape (`as_completed` over all rows). It makes memory grow with
