@@ -34,9 +34,10 @@ from trollout.records import (
     outcome_from_row,
 )
 from trollout.recovery import store as store_mod
+from trollout.recovery.files import replace_atomically
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.lock import RunLock
-from trollout.recovery.store import open_run_store, replace_atomically
+from trollout.recovery.store import open_run_store
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "nemo_gym_0.7.0"
 STATUS_ROLLOUT_KEYS = {

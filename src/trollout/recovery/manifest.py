@@ -40,8 +40,8 @@ from ..config import PLAN_KEYS, RunConfig
 from ..config import converter as config_converter
 from ..errors import ConfigError, RunChangedError, RunFolderError
 from ..records import RunManifest, converter
+from .files import replace_atomically
 from .layout import RunLayout
-from .store import replace_atomically
 
 __all__ = [
     "FolderState",

@@ -34,7 +34,7 @@ Memory: the set of landed keys (one int per landed rollout) plus the latest `Rol
 every rollout that has an outcome but has not landed.
 
 Length: this module runs past the house's ~400 lines because the sink, its append/fsync file
-helpers and the status bookkeeping were assigned as one file; the file helpers (`_Appender`,
+helpers and the status bookkeeping were assigned as one file; the file helpers (`Appender`,
 `replace_atomically`, the fsync functions) would split off cleanly into a ``recovery/files.py``.
 """
 
@@ -43,11 +43,9 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import os
-import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeAlias, TypeVar
 
@@ -57,7 +55,7 @@ from attrs import frozen
 
 from .. import jsonl
 from ..config import FsyncPolicy, RunConfig
-from ..errors import RunFolderError, TrolloutError
+from ..errors import RunFolderError
 from ..records import (
     FAILURE_MAX_ATTEMPTS,
     BatchStatus,
@@ -74,11 +72,20 @@ from ..records import (
     converter,
     outcome_to_row,
 )
+from .files import (
+    Appender,
+    fsync_all,
+    fsync_dir,
+    os_errors,
+    remove_temp_files,
+    replace_atomically,
+    write_materialized,
+)
 from .layout import RunLayout
 from .ledger import AttemptLedger, encode_reservation
 from .lock import RunLock
 
-__all__ = ["RunStore", "StoreCounts", "open_run_store", "replace_atomically", "rollout_key"]
+__all__ = ["RunStore", "StoreCounts", "open_run_store", "rollout_key"]
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -86,7 +93,7 @@ _T = TypeVar("_T")
 _Key: TypeAlias = int | tuple[int, int]
 _ROLLOUT_BITS = 32
 _ROLLOUT_LIMIT = 1 << _ROLLOUT_BITS
-_REMEDY = "check free space and permissions of the folder, then resume the run"
+REMEDY = "check free space and permissions of the folder, then resume the run"
 
 
 @frozen
@@ -142,7 +149,7 @@ async def open_run_store(
     row `write` accepted is fsynced (unless the policy is ``never``) and the final status is
     written even when the surrounding scope is cancelled; the lock is released last.
     """
-    with _os_errors(layout.output.parent, "create the run folder"):
+    with os_errors(layout.output.parent, "create the run folder"):
         layout.output.parent.mkdir(parents=True, exist_ok=True)
     with RunLock.for_layout(layout):
         store = RunStore(layout, config, expected=expected)
@@ -167,8 +174,8 @@ class RunStore:
         self.layout = layout
         self.config = config
         self.expected = expected
-        self._rollouts = _Appender(layout.rollouts)
-        self._failures = _Appender(layout.failures)
+        self._rollouts = Appender(layout.rollouts)
+        self._failures = Appender(layout.failures)
         self._ledger = AttemptLedger(layout.attempts)
         self._status_enabled = True
         self._landed: set[_Key] = set()
@@ -220,7 +227,7 @@ class RunStore:
         the end (a cancellation then takes effect at the caller's next checkpoint). Safe to retry.
         """
         self._check_open()
-        return await _off_loop(_write_materialized, self.layout.materialized_inputs, rows)
+        return await _off_loop(write_materialized, self.layout.materialized_inputs, rows)
 
     def seed(self, *, expected: int, landed: set[_Key], statuses: Iterable[RolloutStatus]) -> None:
         """Start a resumed store from what the run folder already holds.
@@ -267,15 +274,15 @@ class RunStore:
         line = encode_reservation(
             [(i.task_index, i.rollout_index, attempt) for i, attempt in attempts]
         )
-        with _os_errors(self._ledger.path, "reserve attempts in"):
+        with os_errors(self._ledger.path, "reserve attempts in"):
             fd = self._ledger.append(line)
         if self.config.fsync is not FsyncPolicy.NEVER:
             fds: list[int | None] = [fd]
             if self._ledger.created:
                 self._ledger.created = False
                 fds.append(None)
-            with _os_errors(self._ledger.path, "fsync"):
-                await _off_loop(_fsync_all, fds, self.layout.output.parent)
+            with os_errors(self._ledger.path, "fsync"):
+                await _off_loop(fsync_all, fds, self.layout.output.parent)
 
     async def write(self, outcomes: Sequence[Outcome]) -> None:
         """Append a batch of outcomes to the run folder, then fsync per the policy.
@@ -345,22 +352,22 @@ class RunStore:
 
     def _prepare(self, *, fresh: bool) -> None:
         """Clear (fresh) or repair (resume) the run's files, then open the rollouts file."""
-        _remove_temp_files(self.layout)
+        remove_temp_files(self.layout)
         if fresh:
             for path in self.layout.all_files():
-                with _os_errors(path, "clear"):
+                with os_errors(path, "clear"):
                     path.unlink(missing_ok=True)
-            with _os_errors(self.layout.batch_status, "save the batch status"):
+            with os_errors(self.layout.batch_status, "save the batch status"):
                 _write_status_file(self.layout.batch_status, self.snapshot())
             self._status_at = trio.current_time()
         else:
             self._status_enabled = False  # until seed() or reset() says what the run holds
             for path in (self.layout.rollouts, self.layout.failures, self.layout.attempts):
-                with _os_errors(path, "repair the tail of"):
+                with os_errors(path, "repair the tail of"):
                     jsonl.repair_tail(path)
         self._rollouts.open()
         self._rollouts.created = False
-        _fsync_dir(self.layout.output.parent)
+        fsync_dir(self.layout.output.parent)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -475,8 +482,8 @@ class RunStore:
             for a in files:
                 a.dirty = a.created = False
             self._unsynced_rows, self._unsynced_since = 0, None
-            with _os_errors(self.layout.output, "fsync the run files of"):
-                await _off_loop(_fsync_all, fds, self.layout.output.parent)
+            with os_errors(self.layout.output, "fsync the run files of"):
+                await _off_loop(fsync_all, fds, self.layout.output.parent)
 
     async def _write_status(self, *, finished: bool = False) -> None:
         if not self._status_enabled:
@@ -488,45 +495,8 @@ class RunStore:
             args = (self.expected, len(self._landed), list(self._pending.values()), finished)
             self._status_dirty, self._status_at = False, trio.current_time()
             path = self.layout.batch_status
-            with _os_errors(path, "save the batch status"):
+            with os_errors(path, "save the batch status"):
                 await _off_loop(_save_status, path, *args)
-
-
-class _Appender:
-    """One append-only file of the run, opened once, written with plain ``os.write``."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fd: int | None = None
-        self.dirty = False  # rows written since the last fsync
-        self.created = False  # opened with O_CREAT when the file did not exist
-
-    def open(self) -> int:
-        if self.fd is None:
-            with _os_errors(self.path, "open"):
-                self.created = not self.path.exists()
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        return self.fd
-
-    def append(self, data: bytes) -> None:
-        fd = self.open()
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(fd, view) :]
-        except OSError as exc:  # a try, not _os_errors: this runs once per batch
-            raise _folder_error(self.path, "append to", exc) from exc
-        finally:
-            self.dirty = True  # a partial write still needs its fsync
-
-    def sync_target(self) -> int:
-        assert self.fd is not None
-        return self.fd
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
 
 
 # --- helpers (sync: they run in worker threads) ---------------------------------------------------
@@ -535,42 +505,6 @@ class _Appender:
 async def _off_loop(fn: Callable[..., _T], *args: object) -> _T:
     """Run blocking file work in a worker thread (tests replace this to stay on the fake clock)."""
     return await trio.to_thread.run_sync(fn, *args)
-
-
-def replace_atomically(path: Path, chunks: Iterable[bytes]) -> None:
-    """Replace ``path`` with ``chunks``: temp file beside it, fsync, rename, fsync the folder.
-
-    A reader sees the old file or the new one, never a part; a crash leaves at most a temp file
-    named ``.<name>.<random>.tmp``, which the next `open_run_store` removes.
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with open(fd, "wb", buffering=1 << 20) as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _write_materialized(path: Path, rows: Iterable[MaterializedRow]) -> int:
-    count = 0
-
-    def lines() -> Iterator[bytes]:
-        nonlocal count
-        for row in rows:
-            count += 1
-            yield jsonl.dumps(converter.unstructure(row, MaterializedRow))
-
-    with _os_errors(path, "write"):
-        replace_atomically(path, lines())
-    return count
 
 
 def _build_status(
@@ -603,46 +537,6 @@ def _save_status(
 def _write_status_file(path: Path, status: BatchStatus) -> None:
     data = orjson.dumps(converter.unstructure(status), option=orjson.OPT_INDENT_2)
     replace_atomically(path, [data, b"\n"])
-
-
-def _fsync_all(fds: list[int | None], folder: Path) -> None:
-    for fd in fds:
-        if fd is None:
-            _fsync_dir(folder)
-        else:
-            os.fsync(fd)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_temp_files(layout: RunLayout) -> None:
-    folder = layout.output.parent
-    for path in layout.all_files():
-        for tmp in folder.glob(f".{path.name}.*.tmp"):
-            with _os_errors(tmp, "remove the leftover temp file"):
-                tmp.unlink(missing_ok=True)
-
-
-@contextmanager
-def _os_errors(path: Path, action: str) -> Iterator[None]:
-    """Translate an OSError into a `RunFolderError` naming the file and the remedy."""
-    try:
-        yield
-    except OSError as exc:
-        if isinstance(exc, TrolloutError):
-            raise
-        raise _folder_error(path, action, exc) from exc
-
-
-def _folder_error(path: Path, action: str, exc: OSError) -> RunFolderError:
-    reason = exc.strerror or str(exc)
-    return RunFolderError(f"cannot {action} {str(path)!r}: {reason}; {_REMEDY}")
 
 
 def _key(identity: Identity) -> _Key:
