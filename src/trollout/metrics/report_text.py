@@ -19,27 +19,26 @@ __all__ = ["print_report", "summary_table"]
 
 
 def summary_table(groups: Sequence[GroupSummary]) -> Table:
-    """Return the table: one row per group, both views, pass@k, failures by class.
+    """Return the table: one row per group, both views, pass@1 and pass@k.
 
     Kept to a terminal's width: the mean reward with its interval in both views ("failures
     excluded" and "failures as zero"), pass@1, and pass@k at the largest k every task of the
     group reached (a larger k would silently score only the tasks that have more rollouts).
-    The JSON output and the HTML report carry every k.
+    The JSON output and the HTML report carry every k; `print_report` lists, under the table,
+    what did not land in each group, by class.
     """
-    table = Table(title="metrics", title_justify="left")
+    table = Table(title="metrics (mean reward with 95% CI)", title_justify="left")
     table.add_column("agent")
     table.add_column("coverage", justify="right")
-    table.add_column("mean reward [95% CI]\nfailures excluded", justify="right")
-    table.add_column("mean reward [95% CI]\nfailures as zero", justify="right")
+    table.add_column("failures\nexcluded", justify="right")
+    table.add_column("failures\nas zero", justify="right")
     table.add_column("pass@1", justify="right")
     table.add_column("pass@k", justify="right")
-    table.add_column("did not land")
     for g in groups:
         cov = g.coverage
         share = f"{cov.covered}/{cov.expected}" + (
-            f" ({100 * cov.covered / cov.expected:.0f}%)" if cov.expected else ""
+            f" {100 * cov.covered / cov.expected:.0f}%" if cov.expected else ""
         )
-        missing = ", ".join(f"{c} {n}" for c, n in cov.did_not_land().items()) or "–"
         table.add_row(
             g.label,
             share,
@@ -47,7 +46,6 @@ def summary_table(groups: Sequence[GroupSummary]) -> Table:
             _estimate(g.as_zero.mean_reward),
             _estimate(g.excluded.pass_at_k.get(1), short=True),
             _largest_full_k(g.excluded),
-            missing,
         )
     return table
 
@@ -65,7 +63,7 @@ def _estimate(e: Estimate | None, *, short: bool = False) -> str:
         return "–"
     if e.interval is None or short:
         return f"{e.value:.3f}"
-    return f"{e.value:.3f} [{e.interval.low:.3f}, {e.interval.high:.3f}]"
+    return f"{e.value:.3f}\n[{e.interval.low:.2f},{e.interval.high:.2f}]"
 
 
 def print_report(result: AggregateResult, console: Console) -> None:
@@ -75,6 +73,10 @@ def print_report(result: AggregateResult, console: Console) -> None:
     for line in coverage_lines(result.coverage):
         console.print(line, highlight=False)
     console.print(summary_table(list(result.groups)))
+    for group in result.groups:
+        missing = ", ".join(f"{c} {n}" for c, n in group.coverage.did_not_land().items())
+        if missing:
+            console.print(f"{group.label}: did not land: {missing}", highlight=False)
     for group in result.groups:
         if group.aggregation_error:
             console.print(
