@@ -7,8 +7,8 @@ fsynced, and only then does the first rollout go out, its attempt number already
 The rows dispatched are read back from the materialized-inputs file, so a fresh run and a
 resume dispatch from the same source.
 
-A resume (``--resume``, ``+resume_from_cache=true``, ``trollout resume``) locks the folder
-first, then checks it under the lock: the manifest's fingerprints against the input, the plan
+A resume (``--resume``, ``+resume_from_cache=true``, ``trollout resume``; see `resumption`)
+locks the folder first, then checks it under the lock: the manifest's fingerprints against the input, the plan
 settings and the agent set (`recovery.manifest`); then `recovery.resume` decides what to send
 and with which attempt numbers, and the store is seeded with what the folder already holds. A
 folder with no outcome is started afresh; one with outcomes but no manifest or no materialized
@@ -38,21 +38,18 @@ from ..collector.plan import Plan, plan_rollouts
 from ..collector.progress import Progress
 from ..collector.transport import H11Transport
 from ..config import RunConfig
-from ..errors import ConfigError, IncompleteEvaluationError, RunFolderError
+from ..errors import ConfigError, IncompleteEvaluationError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report
 from ..records import Identity, MaterializedRow
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import (
     FolderState,
-    ManifestCheck,
     build_manifest,
-    check_manifest,
     folder_state,
-    read_manifest,
     sha256_file,
     write_manifest,
 )
-from ..recovery.resume import Fate, Resubmit, ResumePlan, ResumeRules, RunTally, scan_run
+from ..recovery.resume import Fate, Resubmit, ResumeRules, RunTally, scan_run
 from ..recovery.store import RunStore, open_run_store
 from .common import (
     EXIT_FAILED,
@@ -63,6 +60,7 @@ from .common import (
     print_summary,
     run_trio,
 )
+from .resumption import prepare_resume
 from .session import run_session, timing_report
 
 __all__ = [
@@ -185,7 +183,7 @@ async def collect_run(
     expected = plan.expected if plan is not None else 0
     async with open_run_store(layout, config, expected=expected, fresh=not resuming) as store:
         if resuming and folder_state(layout) is not FolderState.NEW:
-            resumed = await _resume(store, config, deployment, resubmit, stream)
+            resumed = await prepare_resume(store, config, deployment, resubmit, stream)
             rows: Iterable[tuple[MaterializedRow, int]] = resumed.rows()
             tally = resumed.tally
             total, expected = tally.to_dispatch, tally.expected
@@ -242,84 +240,6 @@ async def _start(store: RunStore, config: RunConfig, deployment: Deployment, pla
         config, deployment, input_sha256=digest, expected=plan.expected, tasks=plan.tasks
     )
     await trio.to_thread.run_sync(write_manifest, store.layout, manifest)
-
-
-async def _resume(
-    store: RunStore,
-    config: RunConfig,
-    deployment: Deployment,
-    resubmit: Resubmit | None,
-    stream: IO[str],
-) -> ResumePlan:
-    """Check the folder against the manifest, decide what to dispatch, seed the store."""
-    layout = store.layout
-    state = folder_state(layout)
-    if state is FolderState.BROKEN:
-        raise RunFolderError(_broken_message(layout))
-    manifest = read_manifest(layout)
-    digest = await _input_digest(config, stream)
-    if manifest is None:
-        _check_adoptable(layout, config)
-    else:
-        current = ManifestCheck.of(config, deployment, input_sha256=digest)
-        for change in check_manifest(
-            layout, manifest, current, allow_unsafe=config.allow_unsafe_resume
-        ):
-            print(
-                f"trollout: warning: resuming anyway (--allow-unsafe-resume): {change}", file=stream
-            )
-    rules = ResumeRules(
-        max_attempts=config.max_attempts,
-        retry_terminal_timeouts=config.retry_terminal_timeouts,
-        longest_first=config.dispatch_longest_first,
-        resubmit=resubmit,
-    )
-    resumed = await trio.to_thread.run_sync(scan_run, layout, rules)
-    tally = resumed.tally
-    if manifest is not None and tally.expected != manifest.expected_rollouts:
-        raise RunFolderError(
-            f"the materialized inputs {str(layout.materialized_inputs)!r} hold {tally.expected} "
-            f"rollouts but the manifest says {manifest.expected_rollouts}; the file was changed "
-            "after the run began; restore it, or collect into a new output file"
-        )
-    store.seed(expected=tally.expected, landed=resumed.landed, statuses=resumed.take_statuses())
-    if manifest is None:  # adopting a folder trollout did not start: record what it is now
-        new = build_manifest(
-            config, deployment, input_sha256=digest or "", expected=tally.expected, tasks=0
-        )
-        await trio.to_thread.run_sync(write_manifest, layout, new)
-    return resumed
-
-
-async def _input_digest(config: RunConfig, stream: IO[str]) -> str | None:
-    path = config.input_jsonl_fpath
-    if path and await trio.Path(path).exists():
-        return await trio.to_thread.run_sync(sha256_file, path)
-    print(
-        f"trollout: warning: input file {path!r} is gone; resuming from the materialized "
-        "inputs without checking it",
-        file=stream,
-    )
-    return None
-
-
-def _check_adoptable(layout: RunLayout, config: RunConfig) -> None:
-    if not config.allow_unsafe_resume:
-        raise RunFolderError(
-            f"cannot resume {str(layout.output)!r}: it holds outcomes but no manifest "
-            f"({layout.manifest.name}), so nothing proves it was made from this input, these "
-            "settings and this deployment; its outcomes are kept. Collect into a new output "
-            "file, or pass --allow-unsafe-resume to adopt it as it is"
-        )
-
-
-def _broken_message(layout: RunLayout) -> str:
-    return (
-        f"cannot resume {str(layout.output)!r}: its materialized inputs "
-        f"({layout.materialized_inputs.name}) are missing, so what remains to do cannot be "
-        "known; its outcomes are kept, not cleared. Restore the file, or collect into a new "
-        "output file"
-    )
 
 
 async def _check_complete(layout: RunLayout, config: RunConfig) -> None:
