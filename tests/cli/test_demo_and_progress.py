@@ -91,7 +91,7 @@ async def run_with_reporter(live: bool) -> str:
         open_collector(
             config=RunConfig(num_samples_in_parallel=2),
             urls={"agent": "http://127.0.0.1:1"},
-            transport=Instant(),  # type: ignore[arg-type]
+            transport=Instant(),
         ) as collector,
         trio.open_nursery() as nursery,
     ):

@@ -81,7 +81,7 @@ async def test_engine_bounds_requests_and_resident_tasks(autojump_clock: Any) ->
         config=config,
         urls=URLS,
         sink=sink,
-        transport=transport,  # type: ignore[arg-type]
+        transport=transport,
     ) as collector:
         await collector.collect(make_rows(100))
     assert transport.max_in_flight == 8
@@ -96,7 +96,7 @@ async def test_engine_runs_in_exact_virtual_time(autojump_clock: Any) -> None:
     async with open_collector(
         config=RunConfig(num_samples_in_parallel=10),
         urls=URLS,
-        transport=ScriptedTransport(),  # type: ignore[arg-type]
+        transport=ScriptedTransport(),
     ) as collector:
         progress = await collector.collect(make_rows(100))
     assert trio.current_time() - start == pytest.approx(10.0)
@@ -112,7 +112,7 @@ async def test_engine_failed_rollout_does_not_abort_run(autojump_clock: Any) -> 
         config=RunConfig(num_samples_in_parallel=4),
         urls=URLS,
         sink=sink,
-        transport=transport,  # type: ignore[arg-type]
+        transport=transport,
     ) as collector:
         await collector.collect(make_rows(20))
     failed = [o for o in sink.outcomes if isinstance(o, Failed)]
@@ -130,7 +130,7 @@ async def test_engine_cancellation_settles_in_flight_as_omitted(autojump_clock: 
             config=RunConfig(num_samples_in_parallel=4),
             urls=URLS,
             sink=sink,
-            transport=transport,  # type: ignore[arg-type]
+            transport=transport,
         ) as collector:
             await collector.collect(make_rows(20))
     landed = sorted(o.identity.task_index for o in sink.outcomes if isinstance(o, Landed))
@@ -151,7 +151,7 @@ async def test_engine_fail_fast_stops_run(autojump_clock: Any) -> None:
             config=RunConfig(num_samples_in_parallel=2, fail_fast=True),
             urls=URLS,
             sink=sink,
-            transport=transport,  # type: ignore[arg-type]
+            transport=transport,
         ) as collector:
             await collector.collect(make_rows(50))
     assert len(sink.outcomes) < 50
@@ -165,7 +165,7 @@ async def test_engine_submit_and_next_outcome_for_drivers(autojump_clock: Any) -
         config=RunConfig(num_samples_in_parallel=10),
         urls=URLS,
         retain_outcomes=True,
-        transport=transport,  # type: ignore[arg-type]
+        transport=transport,
     ) as collector:
         for row in make_rows(3):
             await collector.submit(row)
@@ -186,7 +186,7 @@ async def test_engine_early_exit_drains_settled_outcomes(autojump_clock: Any) ->
             config=RunConfig(num_samples_in_parallel=4),
             urls=URLS,
             sink=sink,
-            transport=transport,  # type: ignore[arg-type]
+            transport=transport,
         ) as collector:
             for row in make_rows(4):
                 await collector.submit(row)
@@ -212,7 +212,7 @@ async def test_engine_budget_stops_starting_at_the_deadline(autojump_clock: Any)
         config=config,
         urls=URLS,
         sink=sink,
-        transport=transport,  # type: ignore[arg-type]
+        transport=transport,
     ) as collector:
         progress = await collector.collect(make_rows(20))
     assert trio.current_time() - start == pytest.approx(12.0)
@@ -235,7 +235,7 @@ async def test_engine_budget_drains_rows_waiting_for_a_slot(autojump_clock: Any)
         config=config,
         urls=URLS,
         sink=sink,
-        transport=transport,  # type: ignore[arg-type]
+        transport=transport,
     ) as collector:
         progress = await collector.collect(make_rows(20))
     assert progress.landed == 4  # started at 0 and 4
@@ -253,7 +253,7 @@ async def test_engine_default_margin_is_p75_of_finished(autojump_clock: Any) -> 
     async with open_collector(
         config=config,
         urls=URLS,
-        transport=transport,  # type: ignore[arg-type]
+        transport=transport,
     ) as collector:
         progress = await collector.collect(make_rows(100))
     assert trio.current_time() - start == pytest.approx(8.0)
@@ -269,7 +269,7 @@ async def wind_down_after_one_second(grace_s: float) -> ListSink:
             config=RunConfig(num_samples_in_parallel=3),
             urls=URLS,
             sink=sink,
-            transport=ScriptedTransport(delay=lambda row: 10.0),  # type: ignore[arg-type]
+            transport=ScriptedTransport(delay=lambda row: 10.0),
         ) as collector,
         trio.open_nursery() as nursery,
     ):
@@ -308,7 +308,7 @@ async def test_engine_stops_when_credentials_are_rejected(autojump_clock: Any) -
         async with open_collector(
             config=config,
             urls=URLS,
-            transport=transport,  # type: ignore[arg-type]
+            transport=transport,
         ) as collector:
             await collector.collect(make_rows(50))
 

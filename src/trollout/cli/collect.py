@@ -8,11 +8,11 @@ The rows dispatched are read back from the materialized-inputs file, so a fresh 
 resume dispatch from the same source.
 
 A resume (``--resume``, ``+resume_from_cache=true``, ``trollout resume``; see `resumption`)
-locks the folder first, then checks it under the lock: the manifest's fingerprints against the input, the plan
-settings and the agent set (`recovery.manifest`); then `recovery.resume` decides what to send
-and with which attempt numbers, and the store is seeded with what the folder already holds. A
-folder with no outcome is started afresh; one with outcomes but no manifest or no materialized
-inputs is refused and left as it was.
+locks the folder first, then checks it under the lock: the manifest's fingerprints against the
+input, the plan settings and the agent set (`recovery.manifest`); then `recovery.resume`
+decides what to send and with which attempt numbers, and the store is seeded with what the
+folder already holds. A folder with no outcome is started afresh; one with outcomes but no
+manifest or no materialized inputs is refused and left as it was.
 
 `collect_run` uses only the public API an embedding driver has (`plan_rollouts`, `discover`,
 `open_run_store`, `open_collector`); the click command is a thin shell around it.
@@ -36,7 +36,7 @@ from .. import jsonl
 from ..collector.deployment import Deployment, discover
 from ..collector.plan import Plan, plan_rollouts
 from ..collector.progress import Progress
-from ..collector.transport import H11Transport
+from ..collector.transport import H11Transport, PostTransport
 from ..config import RunConfig
 from ..errors import ConfigError, IncompleteEvaluationError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report
@@ -138,7 +138,7 @@ async def collect_run(
     deployment: Deployment | None = None,
     progress_stream: IO[str] | None = None,
     live: bool | None = None,
-    transport: H11Transport | None = None,
+    transport: PostTransport | None = None,
     resubmit: Resubmit | None = None,
 ) -> RunResult:
     """Collect a run into ``config.output_jsonl_fpath``: fresh, or resumed.

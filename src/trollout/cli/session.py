@@ -27,7 +27,7 @@ import httpx
 import trio
 
 from ..collector.engine import Collector, open_collector
-from ..collector.transport import H11Transport
+from ..collector.transport import H11Transport, PostTransport
 from ..config import RunConfig
 from ..records import Identity, MaterializedRow
 from ..recovery.store import RunStore
@@ -65,7 +65,7 @@ async def run_session(
     total: int,
     stream: IO[str],
     live: bool | None,
-    transport: H11Transport | None = None,
+    transport: PostTransport | None = None,
 ) -> SessionEnd:
     """Dispatch ``rows`` into ``store`` with the watchers beside the engine.
 

@@ -45,7 +45,7 @@ from .retry import (
     RetryPolicy,
     RetryState,
 )
-from .transport import H11Transport
+from .transport import H11Transport, PostTransport
 
 __all__ = ["DispatchPolicy", "NewAttempt", "dispatch"]
 
@@ -123,7 +123,7 @@ class DispatchPolicy:
 
 
 async def dispatch(
-    transport: H11Transport,
+    transport: PostTransport,
     url: str,
     row: MaterializedRow,
     attempt_index: int,
@@ -172,7 +172,7 @@ class _Rollout:
 
     def __init__(
         self,
-        transport: H11Transport,
+        transport: PostTransport,
         url: str,
         row: MaterializedRow,
         attempt_index: int,

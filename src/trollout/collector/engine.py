@@ -52,7 +52,7 @@ from .retry import RetryState
 from .sink import AttemptReserver, OutcomeSink
 from .stops import RunStops
 from .timing import RunTimer
-from .transport import H11Transport
+from .transport import H11Transport, PostTransport
 from .window import DispatchWindow
 
 __all__ = ["Collector", "open_collector", "url_resolver"]
@@ -86,7 +86,7 @@ class Collector:
         *,
         config: RunConfig,
         resolve: UrlResolver,
-        transport: H11Transport,
+        transport: PostTransport,
         sink: OutcomeSink | None,
         retain_outcomes: bool,
         rng: random.Random,
@@ -346,7 +346,7 @@ async def open_collector(
     urls: Mapping[str, str] | None = None,
     resolve: UrlResolver | None = None,
     sink: OutcomeSink | None = None,
-    transport: H11Transport | None = None,
+    transport: PostTransport | None = None,
     retain_outcomes: bool = False,
     seed: int | None = None,
 ) -> AsyncIterator[Collector]:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import select
 import socket
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -71,6 +71,7 @@ __all__ = [
     "BodyReadError",
     "BodyReadTimeout",
     "H11Transport",
+    "PostTransport",
     "RawResponse",
     "ResponseBegan",
     "delivery_of",
@@ -156,6 +157,22 @@ class _Connection:
         if self.sock.fileno() >= 0:
             trio.lowlevel.notify_closing(self.sock)
             self.sock.close()
+
+
+class PostTransport(Protocol):
+    """What the engine needs of a ``/run`` transport: `H11Transport`, or a driver's own.
+
+    A test or an embedding driver may pass any object with these two methods (a scripted
+    stand-in, a transport with its own TLS or proxying) to `open_collector`.
+    """
+
+    async def post(self, url: str, body: bytes) -> RawResponse:
+        """POST ``body`` (JSON bytes) to ``url``; raise httpx transport errors on failure."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close idle connections."""
+        ...
 
 
 class H11Transport(httpx.AsyncBaseTransport):
