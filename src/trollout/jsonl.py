@@ -97,6 +97,36 @@ def parse_line(path: str | os.PathLike[str], number: int, line: bytes) -> dict[s
     return row
 
 
+def read_appended(
+    path: str | os.PathLike[str], *, torn: list[str] | None = None
+) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+    """Yield ``(line number, line, row)`` of a file a writer appends to, tolerating a crash.
+
+    Blank lines are skipped. The last line may be torn by a hard kill (no newline): when it
+    still parses it is yielded with its newline added; when it does not, it is skipped and its
+    ``file:line`` appended to ``torn``. Resume and aggregation read run files this way, without
+    changing them (`repair_tail` is for the writer that reopens them).
+
+    Raises:
+        InputError: a line other than a torn last line is not a JSON object (names file, line).
+        FileNotFoundError: the file does not exist.
+    """
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            row, problem = try_parse_line(line)
+            complete = line.endswith(b"\n")
+            if row is not None:
+                yield number, line if complete else line + b"\n", row
+            elif not complete:  # the torn tail of a killed writer
+                if torn is not None:
+                    torn.append(f"{os.fspath(path)}:{number}")
+                return
+            else:
+                raise InputError([f"{os.fspath(path)}:{number}: {problem}"])
+
+
 def read_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Yield the rows of a JSONL file (`iter_rows` without line numbers)."""
     for _, row in iter_rows(path):

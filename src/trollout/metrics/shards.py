@@ -16,18 +16,16 @@
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import orjson
-
 from ..errors import ConfigError
-from ..jsonl import parse_line
+from ..jsonl import read_appended
 from ..recovery.layout import RunLayout, is_auxiliary
+from ..recovery.manifest import sha256_file
 
 __all__ = ["MergeWriter", "identical_files", "read_lines", "refuse_overwrite", "resolve_inputs"]
 
@@ -90,49 +88,20 @@ def _same_content(paths: Sequence[Path]) -> dict[Path, Path]:
     seen: dict[str, Path] = {}
     same: dict[Path, Path] = {}
     for path in paths:
-        digest = _sha256(path)
+        digest = sha256_file(path)
         first = seen.setdefault(digest, path)
         if first is not path:
             same[path] = first
     return same
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def read_lines(path: Path, torn: list[str]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
-    """Yield ``(line number, raw line, row)`` for every non-blank line of a JSONL file.
-
-    A last line without newline that does not parse is skipped and its ``file:line`` appended
-    to ``torn``.
+    """Yield ``(line number, raw line, row)`` of a shard; a torn last line goes to ``torn``.
 
     Raises:
         InputError: a line other than a torn last line is not a JSON object.
     """
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if line[:1] in _BLANK_START and not line.strip():
-                continue
-            if not line.endswith(b"\n"):
-                try:
-                    row = parse_line(path, number, line)
-                except ConfigError:
-                    torn.append(f"{path}:{number}")
-                    return
-                yield number, line + b"\n", row
-                return
-            try:
-                parsed = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                parsed = None
-            if type(parsed) is not dict:
-                parsed = parse_line(path, number, line)  # raises, naming the file and line
-            yield number, line, parsed
+    return read_appended(path, torn=torn)
 
 
 def refuse_overwrite(outputs: Iterable[Path], inputs: Iterable[Path]) -> None:

@@ -18,15 +18,16 @@ streaming, by resume.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from ..errors import RunFolderError
+from .. import jsonl
+from ..errors import InputError, RunFolderError
 
-__all__ = ["AttemptLedger", "encode_reservation", "read_ledger"]
+__all__ = ["encode_reservation", "read_ledger"]
 
 _KEY = "attempts"
 
@@ -34,32 +35,6 @@ _KEY = "attempts"
 def encode_reservation(attempts: Sequence[tuple[int, int, int]]) -> bytes:
     """Return the ledger line reserving ``(task, rollout, attempt)`` triples."""
     return orjson.dumps({_KEY: attempts}, option=orjson.OPT_APPEND_NEWLINE)
-
-
-class AttemptLedger:
-    """The append-only ledger file of one run (the store owns it and calls it per batch)."""
-
-    def __init__(self, path: Path) -> None:
-        """Prepare the ledger at ``path``; it is opened on the first reservation."""
-        self.path = path
-        self.fd: int | None = None
-        self.created = False
-
-    def append(self, line: bytes) -> int:
-        """Write one reservation line with a single ``write(2)``; return the file descriptor."""
-        if self.fd is None:
-            self.created = not self.path.exists()
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        view = memoryview(line)
-        while view:
-            view = view[os.write(self.fd, view) :]
-        return self.fd
-
-    def close(self) -> None:
-        """Close the file (idempotent)."""
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
 
 
 def read_ledger(path: Path) -> Iterator[tuple[int, int, int]]:
@@ -72,25 +47,25 @@ def read_ledger(path: Path) -> Iterator[tuple[int, int, int]]:
     """
     if not path.exists():
         return
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            triples = _parse(line)
-            if triples is None:
-                if not line.endswith(b"\n"):
-                    return  # a torn tail
-                raise RunFolderError(
-                    f"{path!s}:{number}: the attempt ledger line is damaged; the run folder "
-                    "was changed by something other than trollout; restore it or collect into "
-                    "a new folder"
-                )
-            yield from triples
-
-
-def _parse(line: bytes) -> list[tuple[int, int, int]] | None:
-    if not line.strip():
-        return []
     try:
-        entries = orjson.loads(line)[_KEY]
-        return [(int(t), int(r), int(a)) for t, r, a in entries]
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        for number, _, row in jsonl.read_appended(path):
+            triples = _triples(row)
+            if triples is None:
+                raise _damaged(f"{path!s}:{number}")
+            yield from triples
+    except InputError as exc:  # names the file and line
+        raise _damaged(exc.problems[0]) from None
+
+
+def _triples(row: dict[str, Any]) -> list[tuple[int, int, int]] | None:
+    try:
+        return [(int(t), int(r), int(a)) for t, r, a in row[_KEY]]
+    except (KeyError, TypeError, ValueError):
         return None
+
+
+def _damaged(where: str) -> RunFolderError:
+    return RunFolderError(
+        f"{where}: the attempt ledger line is damaged; the run folder was changed by something "
+        "other than trollout; restore it or collect into a new folder"
+    )

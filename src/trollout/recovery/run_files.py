@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from .. import records
-from ..errors import RunFolderError
+from .. import jsonl, records
+from ..errors import InputError, RunFolderError
 from .store import rollout_key
 
 __all__ = ["materialized_keys", "row_key", "run_rows"]
@@ -32,16 +32,11 @@ def run_rows(path: Path) -> Iterator[dict[str, Any]]:
     """Yield the JSON objects of a run file; skip a torn tail; refuse a damaged middle line."""
     if not path.exists():
         return
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                if not line.strip() or not line.endswith(b"\n"):
-                    continue  # blank, or the torn last line of a killed writer
-                raise _damaged(path, number) from None
-            if isinstance(row, dict):
-                yield row
+    try:
+        for _, _, row in jsonl.read_appended(path):
+            yield row
+    except InputError as exc:  # names the file and line
+        raise _damaged(exc.problems[0]) from None
 
 
 def materialized_keys(path: Path) -> Iterator[tuple[int, int, int]]:
@@ -62,11 +57,11 @@ def materialized_keys(path: Path) -> Iterator[tuple[int, int, int]]:
                 row = orjson.loads(line)
                 yield start, row[records.TASK_INDEX], row[records.ROLLOUT_INDEX]
             except (orjson.JSONDecodeError, KeyError, TypeError):
-                raise _damaged(path, number) from None
+                raise _damaged(f"{os.fspath(path)}:{number}") from None
 
 
-def _damaged(path: Path, number: int) -> RunFolderError:
+def _damaged(where: str) -> RunFolderError:
     return RunFolderError(
-        f"{os.fspath(path)}:{number}: this line of the run folder is damaged (not the torn "
-        "tail a crash leaves); restore the file, or collect into a new output file"
+        f"{where}: this line of the run folder is damaged (not the torn tail a crash leaves); "
+        "restore the file, or collect into a new output file"
     )

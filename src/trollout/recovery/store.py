@@ -82,7 +82,7 @@ from .files import (
     write_materialized,
 )
 from .layout import RunLayout
-from .ledger import AttemptLedger, encode_reservation
+from .ledger import encode_reservation
 from .lock import RunLock
 
 __all__ = ["RunStore", "StoreCounts", "open_run_store", "rollout_key"]
@@ -176,7 +176,7 @@ class RunStore:
         self.expected = expected
         self._rollouts = Appender(layout.rollouts)
         self._failures = Appender(layout.failures)
-        self._ledger = AttemptLedger(layout.attempts)
+        self._ledger = Appender(layout.attempts)
         self._status_enabled = True
         self._landed: set[_Key] = set()
         self._pending: dict[_Key, RolloutStatus] = {}
@@ -274,10 +274,9 @@ class RunStore:
         line = encode_reservation(
             [(i.task_index, i.rollout_index, attempt) for i, attempt in attempts]
         )
-        with os_errors(self._ledger.path, "reserve attempts in"):
-            fd = self._ledger.append(line)
+        self._ledger.append(line)
         if self.config.fsync is not FsyncPolicy.NEVER:
-            fds: list[int | None] = [fd]
+            fds: list[int | None] = [self._ledger.sync_target()]
             if self._ledger.created:
                 self._ledger.created = False
                 fds.append(None)
