@@ -242,12 +242,21 @@ def _structure_repeats(value: Any, _: Any) -> Any:
 converter.register_structure_hook(int | dict[str, int], _structure_repeats)
 
 
-def _check_repeats(value: int | dict[str, int]) -> None:
-    counts = value.items() if isinstance(value, dict) else [("num_repeats", value)]
+def repeats_problems(value: Any) -> list[str]:
+    """Return one message per bad ``num_repeats`` value (an int, or ``{agent: int}``)."""
+    counts = value.items() if isinstance(value, dict) else [(None, value)]
+    problems = []
     for key, count in counts:
-        name = "num_repeats" if key == "num_repeats" else f"num_repeats.{key}"
+        name = "num_repeats" if key is None else f"num_repeats.{key}"
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ConfigError(f"{name} must be an integer >= 1 (got {count!r}); use 1 or more")
+            problems.append(f"{name} must be an integer >= 1 (got {count!r}); use 1 or more")
+    return problems
+
+
+def _check_repeats(value: int | dict[str, int]) -> None:
+    problems = repeats_problems(value)
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 # --- sources ----------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Set
 from typing import Any, Final, NamedTuple, Protocol
 
-from ..config import RunConfig
+from ..config import RunConfig, repeats_problems
 from ..errors import DeploymentError
 from .deployment import Route
 from .plan_input import Problems, is_task_row
@@ -127,7 +127,7 @@ class Resolver:
         self._legacy_type: str | None = None
         self._routes = config.environment_server_routes
         self._cache: dict[Hashable, Resolution] = {}
-        for message in _repeats_problems(self._repeats) + list(bad_fan_out.values()):
+        for message in repeats_problems(self._repeats) + list(bad_fan_out.values()):
             problems.config(message)
         self._check_routing_mode(problems)
 
@@ -272,16 +272,6 @@ def _names(names: Set[str]) -> str:
     listed = sorted(names)
     more = f", ... ({len(listed) - _MAX_NAMES} more)" if len(listed) > _MAX_NAMES else ""
     return ", ".join(listed[:_MAX_NAMES]) + more if listed else "(none)"
-
-
-def _repeats_problems(value: Any) -> list[str]:
-    items = value.items() if isinstance(value, Mapping) else [(None, value)]
-    problems = []
-    for agent, count in items:
-        if type(count) is not int or count < 1:
-            name = "num_repeats" if agent is None else f"num_repeats.{agent}"
-            problems.append(f"{name} must be an integer >= 1 (got {count!r}); use 1 or more")
-    return problems
 
 
 def _fan_out_problems(fan_out: Mapping[str, Any]) -> dict[str, str]:
