@@ -323,17 +323,7 @@ class _Rollout:
             f"{health.consecutive_failures} consecutive request failures (next probe in "
             f"{max(reopen, 0.0):.1f}s); resume re-runs this rollout"
         )
-        return Failed(
-            identity=self.row.identity,
-            attempt_index=self.attempt,
-            failure_class=_REQUEST_FAILED,
-            kind="breaker_open",
-            exception_type="CircuitOpen",
-            message=message,
-            max_attempts=self.policy.max_attempts,
-            delivery=Delivery.NOT_SENT,
-            elapsed_seconds=self._now() - self.start,
-        )
+        return self._request_failed("breaker_open", "CircuitOpen", message, Delivery.NOT_SENT)
 
     def timed_out(self) -> Failed:
         """Return the failure of a rollout that hit ``rollout_timeout_s``."""
@@ -344,16 +334,34 @@ class _Rollout:
             f"rollout {self.row.identity.key} ran past rollout_timeout_s="
             f"{self.policy.rollout_timeout_s!r}{last}"
         )
+        return self._request_failed(
+            "timeout",
+            "RolloutTimeout",
+            one_line_message(message),
+            self.delivery,
+            terminal=self.policy.timeout_is_terminal,
+        )
+
+    def _request_failed(
+        self,
+        kind: str,
+        exception_type: str,
+        message: str,
+        delivery: Delivery,
+        *,
+        terminal: bool = False,
+    ) -> Failed:
+        """Return an ``agent_request_failed`` outcome the dispatcher decided on itself."""
         return Failed(
             identity=self.row.identity,
             attempt_index=self.attempt,
             failure_class=_REQUEST_FAILED,
-            kind="timeout",
-            terminal=self.policy.timeout_is_terminal,
-            exception_type="RolloutTimeout",
-            message=one_line_message(message),
+            kind=kind,
+            terminal=terminal,
+            exception_type=exception_type,
+            message=message,
             max_attempts=self.policy.max_attempts,
-            delivery=self.delivery,
+            delivery=delivery,
             elapsed_seconds=self._now() - self.start,
         )
 
