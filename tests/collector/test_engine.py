@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import trio
@@ -315,3 +316,58 @@ async def test_engine_stops_when_credentials_are_rejected(autojump_clock: Any) -
     with pytest.raises(RunStoppedError, match="credentials rejected by 'agent'"):
         await run()
     assert len(transport.requests) <= 6
+
+
+class ReservingSink(ListSink):
+    """A sink that also records attempt reservations, in order, beside the outcomes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, int, int]] = []
+
+    async def reserve(self, attempts: Any) -> None:
+        self.events += [("reserve", identity.task_index, attempt) for identity, attempt in attempts]
+
+    async def write(self, outcomes: Any) -> None:
+        await super().write(outcomes)
+        self.events += [
+            (type(o).__name__, o.identity.task_index, o.attempt_index) for o in outcomes
+        ]
+
+
+class DropsFirstReply(ScriptedTransport):
+    """Loses the connection after sending task 0's first request, then answers normally."""
+
+    def __init__(self, events: list[tuple[str, int, int]]) -> None:
+        super().__init__()
+        self.events = events
+
+    async def post(self, url: str, body: bytes, **kw: Any) -> RawResponse:
+        row = orjson.loads(body)
+        self.events.append(("send", row["_ng_task_index"], row.get("_ng_attempt_index", 0)))
+        if row["_ng_task_index"] == 0 and "_ng_attempt_index" not in row:
+            await trio.sleep(1.0)
+            raise httpx.ReadError("connection lost after the request went out")
+        return await super().post(url, body, **kw)
+
+
+async def test_engine_retry_requests_resends_under_a_new_reserved_attempt(
+    autojump_clock: Any,
+) -> None:
+    """A possibly-delivered request is recorded as failed and re-sent as reserved attempt 1."""
+    sink = ReservingSink()
+    config = RunConfig(num_samples_in_parallel=2, retry_requests=True)
+    async with open_collector(
+        config=config, urls=URLS, sink=sink, transport=DropsFirstReply(sink.events), seed=1
+    ) as collector:
+        await collector.collect(make_rows(2))
+    task0 = [event for event in sink.events if event[1] == 0]
+    assert sorted(task0) == [
+        ("Failed", 0, 0),
+        ("Landed", 0, 1),
+        ("reserve", 0, 0),
+        ("reserve", 0, 1),
+    ]
+    assert task0.index(("reserve", 0, 1)) < task0.index(("Landed", 0, 1))
+    failed = next(o for o in sink.outcomes if isinstance(o, Failed))
+    assert failed.delivery.value == "possibly_delivered"
