@@ -367,7 +367,10 @@ async def test_engine_retry_requests_resends_under_a_new_reserved_attempt(
         ("Landed", 0, 1),
         ("reserve", 0, 0),
         ("reserve", 0, 1),
+        ("send", 0, 0),
+        ("send", 0, 1),
     ]
-    assert task0.index(("reserve", 0, 1)) < task0.index(("Landed", 0, 1))
+    assert task0.index(("reserve", 0, 0)) < task0.index(("send", 0, 0))
+    assert task0.index(("reserve", 0, 1)) < task0.index(("send", 0, 1))
     failed = next(o for o in sink.outcomes if isinstance(o, Failed))
     assert failed.delivery.value == "possibly_delivered"
