@@ -7,7 +7,8 @@ deployment, opens a run folder and a collector, and feeds the one to the other::
     plan = trollout.plan_rollouts("tasks.jsonl", config, deployment)
     async with trollout.open_run_store(layout, config, expected=plan.expected) as store:
         await store.write_materialized_inputs(plan.rows())
-        async with trollout.open_collector(config=config, resolve=..., sink=store) as collector:
+        resolve = deployment.run_url_resolver()
+        async with trollout.open_collector(config=config, resolve=resolve, sink=store) as collector:
             await collector.collect(plan.rows())
 
 which is exactly what ``trollout collect`` does (`trollout.cli.collect.collect_run`).

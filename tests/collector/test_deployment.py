@@ -24,6 +24,7 @@ from trollout.collector.deployment import (
     validate_url,
 )
 from trollout.errors import ConfigError, DeploymentError, UnknownAgentError
+from trollout.records import Identity
 
 SECRET = "sk-live-7f3a9c1e5b2d"
 HEAD = "http://127.0.0.1:11000"
@@ -650,3 +651,12 @@ async def test_require_alive_lists_every_dead_server() -> None:
         "2 servers did not answer GET /: 'http://h:2' (connection refused), "
         "'http://h:3' (HTTP 503); start the deployment (or check its logs) and try again"
     )
+
+
+def test_deployment_run_url_resolver_routes_by_environment_server_then_agent() -> None:
+    """Rows stamped with an environment server go there; others go to their agent's route."""
+    deployment = Deployment.from_agent_urls({"a": "http://127.0.0.1:9001/"})
+    resolve = deployment.run_url_resolver()
+    assert resolve(Identity(0, 0, agent_name="a")) == "http://127.0.0.1:9001/run"
+    with pytest.raises(UnknownAgentError):
+        resolve(Identity(0, 0, agent_name="b"))

@@ -40,7 +40,7 @@ from ..collector.transport import H11Transport, PostTransport
 from ..config import RunConfig
 from ..errors import ConfigError, IncompleteEvaluationError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report
-from ..records import Identity, MaterializedRow
+from ..records import MaterializedRow
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import (
     FolderState,
@@ -69,7 +69,6 @@ __all__ = [
     "collect_run",
     "load_deployment",
     "report_run",
-    "resolver_for",
     "resume_options",
 ]
 
@@ -107,24 +106,6 @@ async def load_deployment(config: RunConfig) -> Deployment:
     )
     async with httpx.AsyncClient(transport=transport) as client:
         return await discover(client, head)
-
-
-def resolver_for(deployment: Deployment) -> Callable[[Identity], str]:
-    """Return a function from a rollout's identity to its ``/run`` URL."""
-    cache: dict[tuple[str | None, str | None], str] = {}
-
-    def resolve(identity: Identity) -> str:
-        key = (identity.environment_server, identity.agent_name)
-        url = cache.get(key)
-        if url is None:
-            if identity.environment_server is not None:
-                base = deployment.environment_server_url(identity.environment_server)
-            else:
-                base = deployment.route(identity.agent_name or "").url
-            url = cache[key] = base.rstrip("/") + "/run"
-        return url
-
-    return resolve
 
 
 def _materialized(layout: RunLayout) -> Iterator[MaterializedRow]:
@@ -197,7 +178,7 @@ async def collect_run(
         end = await run_session(
             store,
             config,
-            resolver_for(deployment),
+            deployment.run_url_resolver(),
             rows,
             total=total,
             stream=stream,

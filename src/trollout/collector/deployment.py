@@ -37,7 +37,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 from urllib.parse import SplitResult, urlsplit
@@ -50,6 +50,7 @@ import yaml
 from attrs import frozen
 
 from ..errors import ConfigError, DeploymentError, UnknownAgentError
+from ..records import Identity
 
 __all__ = [
     "AGENTS",
@@ -299,6 +300,27 @@ class Deployment:
     def environment_server_url(self, name: str) -> str:
         """Return the base URL of the environment server ``name``."""
         return self.environment_server(name).url
+
+    def run_url_resolver(self) -> Callable[[Identity], str]:
+        """Return a function from a rollout's identity to its ``/run`` URL (cached per route).
+
+        A row stamped with an environment server goes to that server; any other row to the
+        route of its agent. This is what `open_collector(resolve=...)` takes.
+        """
+        cache: dict[tuple[str | None, str | None], str] = {}
+
+        def resolve(identity: Identity) -> str:
+            key = (identity.environment_server, identity.agent_name)
+            url = cache.get(key)
+            if url is None:
+                if identity.environment_server is not None:
+                    base = self.environment_server_url(identity.environment_server)
+                else:
+                    base = self.route(identity.agent_name or "").url
+                url = cache[key] = base.rstrip("/") + "/run"
+            return url
+
+        return resolve
 
     def aggregate_metrics_targets(self) -> list[AggregateTarget]:
         """Return one ``/aggregate_metrics`` target per environment server or direct agent."""
