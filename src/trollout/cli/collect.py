@@ -81,10 +81,8 @@ class RunResult:
 
     layout: RunLayout
     expected: int
-    tasks: int
     progress: Progress
     elapsed_s: float
-    max_in_flight: int
     max_resident: int
     resumed: RunTally | None = None
     timing: str = ""
@@ -193,10 +191,8 @@ async def collect_run(
     return RunResult(
         layout=layout,
         expected=expected,
-        tasks=plan.tasks if plan is not None else 0,
         progress=collector.progress,
         elapsed_s=trio.current_time() - started,
-        max_in_flight=int(collector.limiter.total_tokens),
         max_resident=collector.max_resident,
         resumed=tally,
         timing=timing_report(collector),
