@@ -290,7 +290,7 @@ def build_config(values: Mapping[str, Any]) -> RunConfig:
     if unknown:
         raise ConfigError("; ".join(_unknown_key_message(k) for k in unknown))
     if isinstance(values.get("head_server"), Mapping):
-        values["head_server"] = _head_server_url(values["head_server"])
+        values["head_server"] = head_server_url(values["head_server"])
     try:
         config = converter.structure(values, RunConfig)
     except ConfigError:
@@ -326,7 +326,8 @@ def _structure_message(exc: Exception) -> str:
     return f"invalid settings: {exc}"
 
 
-def _head_server_url(block: Mapping[str, Any]) -> str:
+def head_server_url(block: Mapping[str, Any]) -> str:
+    """Return the URL of NeMo Gym's ``head_server: {host, port}`` block."""
     host = block.get("host", "127.0.0.1")
     port = block.get("port", 11000)
     return f"http://{host}:{port}"

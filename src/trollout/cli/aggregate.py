@@ -23,11 +23,12 @@ import trio
 from rich.console import Console
 
 from ..collector.deployment import discover
-from ..config import parse_override
+from ..config import head_server_url, parse_override
 from ..errors import ConfigError, DeploymentError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_shards, print_report
 from ..metrics import resolve_inputs as resolve_globs
 from ..metrics.server import Target
+from .common import http_client
 
 __all__ = ["aggregate"]
 
@@ -182,7 +183,7 @@ def _options(settings: dict[str, Any]) -> AggregateOptions:
 async def _run(shards: list[Path], settings: dict[str, Any]) -> AggregateResult:
     output = settings["output_jsonl_fpath"]
     targets: list[Target] = list(settings["targets"])
-    async with httpx.AsyncClient() as client:
+    async with http_client(connect_timeout_s=10.0, read_timeout_s=600.0) as client:
         if settings["head_server"]:
             targets += await _discover(client, settings["head_server"])
         return await aggregate_shards(
@@ -196,7 +197,7 @@ async def _run(shards: list[Path], settings: dict[str, Any]) -> AggregateResult:
 
 async def _discover(client: httpx.AsyncClient, head: Any) -> list[Target]:
     if isinstance(head, dict):
-        head = f"http://{head.get('host', '127.0.0.1')}:{head.get('port', 11000)}"
+        head = head_server_url(head)
     try:
         deployment = await discover(client, str(head))
     except DeploymentError as exc:

@@ -28,7 +28,6 @@ from typing import IO, Any, TypeVar
 
 import attrs
 import click
-import httpx
 import trio
 from rich.console import Console
 
@@ -36,7 +35,7 @@ from .. import jsonl
 from ..collector.deployment import Deployment, discover
 from ..collector.plan import Plan, plan_rollouts
 from ..collector.progress import Progress
-from ..collector.transport import H11Transport, PostTransport
+from ..collector.transport import PostTransport
 from ..config import RunConfig
 from ..errors import ConfigError, IncompleteEvaluationError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report
@@ -56,6 +55,7 @@ from .common import (
     build_run_config,
     collect_options,
     fail,
+    http_client,
     live_mode,
     print_summary,
     run_trio,
@@ -99,10 +99,10 @@ async def load_deployment(config: RunConfig) -> Deployment:
     if config.agent_urls:
         return Deployment.from_agent_urls(config.agent_urls)
     head = config.head_server or "http://127.0.0.1:11000"
-    transport = H11Transport(
-        connect_timeout_s=config.connect_timeout_s, read_timeout_s=min(config.read_timeout_s, 60.0)
-    )
-    async with httpx.AsyncClient(transport=transport) as client:
+    read_timeout_s = min(config.read_timeout_s, 60.0)
+    async with http_client(
+        connect_timeout_s=config.connect_timeout_s, read_timeout_s=read_timeout_s
+    ) as client:
         return await discover(client, head)
 
 
@@ -250,8 +250,8 @@ async def _aggregate(
         seed=config.seed,
     )
     targets = deployment.aggregate_metrics_targets()
-    transport = H11Transport(connect_timeout_s=config.connect_timeout_s, read_timeout_s=600.0)
-    async with httpx.AsyncClient(transport=transport) as client:
+    timeouts = {"connect_timeout_s": config.connect_timeout_s, "read_timeout_s": 600.0}
+    async with http_client(**timeouts) as client:
         return await aggregate_run(layout, options=options, targets=targets, client=client)
 
 

@@ -12,9 +12,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
+import httpx
 import trio
 from rich.console import Console
 
+from ..collector.transport import H11Transport
 from ..config import RunConfig, load_config
 from ..errors import (
     ConfigError,
@@ -30,6 +32,7 @@ __all__ = [
     "build_run_config",
     "collect_options",
     "fail",
+    "http_client",
     "live_mode",
     "print_summary",
     "run_options",
@@ -99,6 +102,16 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]
             yield from _leaves(exc)
         else:
             yield exc
+
+
+def http_client(*, connect_timeout_s: float, read_timeout_s: float) -> httpx.AsyncClient:
+    """Return an httpx client for the cold path: head server, ``/aggregate_metrics``, ``/metrics``.
+
+    It runs on trollout's own transport with explicit timeouts: httpx's default of 5 s would cut
+    a server's ``/aggregate_metrics`` over a large run short. Use it with ``async with``.
+    """
+    transport = H11Transport(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+    return httpx.AsyncClient(transport=transport)
 
 
 def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -23,14 +23,14 @@ from functools import partial
 from typing import IO
 
 import attrs
-import httpx
 import trio
 
 from ..collector.engine import Collector, open_collector
-from ..collector.transport import H11Transport, PostTransport
+from ..collector.transport import PostTransport
 from ..config import RunConfig
 from ..records import Identity, MaterializedRow
 from ..recovery.store import RunStore
+from .common import http_client
 from .progress import ProgressReporter
 
 __all__ = ["SessionEnd", "run_session"]
@@ -151,8 +151,7 @@ async def _watch_deadline(end: SessionEnd, max_run_time_s: float, grace_s: float
 
 
 async def _sample_queues(collector: Collector, config: RunConfig) -> None:
-    transport = H11Transport(connect_timeout_s=2.0, read_timeout_s=10.0)
-    async with httpx.AsyncClient(transport=transport) as client:
+    async with http_client(connect_timeout_s=2.0, read_timeout_s=10.0) as client:
         await collector.timer.run_queue_sampler(
             client, config.server_queue_metrics_urls, config.server_queue_sample_interval_s
         )
