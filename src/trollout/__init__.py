@@ -31,6 +31,7 @@ from .errors import (
     InputError,
     RunFolderError,
     RunFolderLockedError,
+    RunFolderWriteError,
     RunStoppedError,
     TrolloutError,
     UnknownAgentError,
@@ -51,7 +52,7 @@ from .records import (
     outcome_to_row,
 )
 from .recovery.layout import RunLayout
-from .recovery.store import RunStore, open_run_store
+from .recovery.store import RunStore, check_run_folder, open_run_store
 
 __all__ = [
     "BatchStatus",
@@ -81,6 +82,7 @@ __all__ = [
     "RunConfig",
     "RunFolderError",
     "RunFolderLockedError",
+    "RunFolderWriteError",
     "RunLayout",
     "RunManifest",
     "RunStoppedError",
@@ -89,6 +91,7 @@ __all__ = [
     "TrolloutError",
     "UnknownAgentError",
     "__version__",
+    "check_run_folder",
     "discover",
     "load_config",
     "open_collector",

@@ -125,6 +125,7 @@ class RunConfig:
     # dispatch
     num_samples_in_parallel: int = attrs.field(default=64, validator=_positive)
     max_resident_rollout_tasks: int | None = attrs.field(default=None, validator=_positive)
+    max_rollouts: int = attrs.field(default=10_000_000, validator=_positive)  # a plan's size
     connect_timeout_s: float = attrs.field(default=10.0, validator=_positive)
     read_timeout_s: float = attrs.field(default=3600.0, validator=_positive)
     dispatch_connect_grace_s: float = attrs.field(default=30.0, validator=_non_negative)
@@ -175,6 +176,7 @@ class RunConfig:
     # resume and attempts (protocol.md section 8); none changes the materialized rows, so none
     # is fingerprinted: raising the cap or retrying terminal timeouts on resume is legitimate
     resume_from_cache: bool = False
+    overwrite: bool = False  # a fresh run may replace a run already in the output folder
     allow_unsafe_resume: bool = False
     max_attempts: int = attrs.field(factory=default_max_attempts, validator=_positive)
     retry_terminal_timeouts: bool = False

@@ -9,8 +9,10 @@ A failed rollout is data (`records.Failed`), never an exception. Only run-level 
     │   └── UnknownAgentError(KeyError)  rows route to agents the deployment does not have
     ├── RunFolderError(OSError)          the run folder cannot be used (locked, changed, unreadable)
     │   ├── RunFolderLockedError         another collector owns the folder
-    │   └── RunChangedError              resume found a changed input, plan or agent set
+    │   ├── RunChangedError              resume found a changed input, plan or agent set
+    │   └── RunFolderWriteError ─┐       the folder could not be written mid-run (disk full)
     ├── RunStoppedError(RuntimeError)    a run-level stop no retry can fix (exit 1)
+    │   └── RunFolderWriteError ─┘       (both: a folder problem that stopped a run; exit 1)
     └── IncompleteEvaluationError        require_complete and work left (exit 75 or 76)
 
 Every message names the thing, shows the bad value with ``!r``, says what was expected and ends
@@ -30,6 +32,7 @@ __all__ = [
     "RunChangedError",
     "RunFolderError",
     "RunFolderLockedError",
+    "RunFolderWriteError",
     "RunStoppedError",
     "TrolloutError",
     "UnknownAgentError",
@@ -89,6 +92,14 @@ class RunChangedError(RunFolderError):
 
 class RunStoppedError(TrolloutError, RuntimeError):
     """A run-level condition stopped the run; its files are kept."""
+
+
+class RunFolderWriteError(RunStoppedError, RunFolderError):
+    """Writing the run folder failed mid-run (disk full, quota, I/O error).
+
+    The run stops: nothing more is written (no torn row is left behind), rollouts in flight are
+    cancelled, and the folder stays resumable once the cause is fixed.
+    """
 
 
 class IncompleteEvaluationError(TrolloutError, RuntimeError):

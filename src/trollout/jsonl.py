@@ -146,7 +146,8 @@ def repair_tail(path: str | os.PathLike[str]) -> bool:
     """Repair a torn last line in place; return whether the file changed.
 
     A last line without its newline that parses as a JSON object gets the newline; one that
-    does not parse is truncated away. A missing file is left alone.
+    does not parse is truncated away. A missing file is left alone; a symlink is refused
+    (``OSError``), never followed.
     """
     p = Path(path)
     try:
@@ -155,7 +156,7 @@ def repair_tail(path: str | os.PathLike[str]) -> bool:
         return False
     if size == 0:
         return False
-    with open(p, "r+b") as f:
+    with open(os.open(p, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC), "r+b") as f:
         start = _last_line_start(f, size)
         f.seek(start)
         tail = f.read()

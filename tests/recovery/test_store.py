@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from trollout.config import FsyncPolicy, RunConfig
-from trollout.errors import RunFolderError, RunFolderLockedError
+from trollout.errors import RunFolderError, RunFolderLockedError, RunFolderWriteError
 from trollout.records import (
     BatchStatus,
     Delivery,
@@ -209,32 +209,96 @@ async def test_store_rows_have_reference_keys(layout: RunLayout) -> None:
 # --- fresh runs and resume --------------------------------------------------------------------
 
 
-async def test_store_fresh_run_clears_old_files(layout: RunLayout) -> None:
-    """A fresh run removes every old file of the run, a stale sidecar and temp files included."""
-    layout.output.parent.mkdir(parents=True)
+def stale_run(layout: RunLayout) -> dict[Path, bytes]:
+    """Fill the folder with an old run's files, a leftover temp file and a stranger's file."""
+    layout.output.parent.mkdir(parents=True, exist_ok=True)
     for path in layout.all_files():
         path.write_text('{"stale": true}\n')
-    leftover = layout.output.parent / f".{layout.batch_status.name}.dead.tmp"
-    leftover.write_text("{")
-    other = layout.output.parent / "other.jsonl"
-    other.write_text("{}\n")
-    async with open_run_store(layout, RunConfig(), expected=2) as store:
+    (layout.output.parent / f".{layout.batch_status.name}.deadbeef.tmp").write_text("{")
+    (layout.output.parent / f".{layout.batch_status.name}.mine.tmp").write_text("mine")
+    (layout.output.parent / "other.jsonl").write_text("{}\n")
+    return folder_bytes(layout.output.parent)
+
+
+def folder_bytes(folder: Path) -> dict[Path, bytes]:
+    """Every file of a folder (links as their target text), for byte-for-byte comparisons."""
+    return {
+        p: (os.readlink(p).encode() if p.is_symlink() else p.read_bytes())
+        for p in sorted(folder.iterdir())
+        if p.is_symlink() or p.is_file()
+    }
+
+
+def without_lock(layout: RunLayout) -> dict[Path, bytes]:
+    """The folder's files but the lock (whose owner record a store writes while it runs)."""
+    return {p: b for p, b in folder_bytes(layout.output.parent).items() if p != layout.lock}
+
+
+async def test_store_fresh_run_over_a_run_is_refused_untouched(layout: RunLayout) -> None:
+    """Without overwrite, a fresh store refuses a folder holding a run and changes nothing."""
+    before = stale_run(layout)
+    with pytest.raises(RunFolderError, match=r"already holds a run.*--resume.*--overwrite"):
+        async with open_run_store(layout, RunConfig(), expected=2):
+            pass  # pragma: no cover
+    assert folder_bytes(layout.output.parent) == before
+
+
+async def test_store_overwrite_clears_old_files_only_once_the_new_inputs_are_written(
+    layout: RunLayout,
+) -> None:
+    """With overwrite, the old run stays whole until the new inputs are on disk, then goes."""
+    before = stale_run(layout)
+    leftover = layout.output.parent / f".{layout.batch_status.name}.deadbeef.tmp"
+    rows = [MaterializedRow.from_body({"_ng_task_index": 0, "_ng_rollout_index": 0, "q": 1})]
+    async with open_run_store(layout, RunConfig(overwrite=True), expected=1) as store:
+        assert without_lock(layout) == before
+        with pytest.raises(RunFolderError, match="has not started"):
+            await store.write([landed(0)])
+        assert await store.write_materialized_inputs(rows) == 1
         assert layout.rollouts.read_bytes() == b""
         assert not layout.failures.exists()
         assert not layout.manifest.exists()
         assert not leftover.exists()
+        assert [r["q"] for r in read_rows(layout.materialized_inputs)] == [1]
         assert attrs.evolve(read_status(layout), updated_at=0.0) == attrs.evolve(
             store.snapshot(), updated_at=0.0
         )
-    assert other.read_text() == "{}\n"
+        await store.write([landed(0)])
+    assert (layout.output.parent / "other.jsonl").read_text() == "{}\n"
+    assert (layout.output.parent / f".{layout.batch_status.name}.mine.tmp").read_text() == "mine"
 
 
-async def test_store_resume_keeps_files_and_repairs_tails(layout: RunLayout) -> None:
-    """A non-fresh open keeps rows, drops a torn last line and completes a newline-less one."""
+async def test_store_overwrite_interrupted_while_writing_inputs_keeps_the_old_run(
+    layout: RunLayout,
+) -> None:
+    """A cancelled materialization removes its temp file and leaves the old run as it was."""
+    before = stale_run(layout)
+    started = threading.Event()
+
+    def endless() -> Iterator[MaterializedRow]:
+        for i in range(10**9):
+            started.set()
+            yield MaterializedRow.from_body({"_ng_task_index": i, "_ng_rollout_index": 0})
+
+    async with open_run_store(layout, RunConfig(overwrite=True), expected=1) as store:
+        with trio.move_on_after(30) as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.write_materialized_inputs, endless())
+                await trio.to_thread.run_sync(started.wait)
+                nursery.cancel_scope.cancel()
+        assert not scope.cancelled_caught  # stopped by our cancel, not by the hang guard
+    assert without_lock(layout) == before
+
+
+async def test_store_resume_keeps_files_and_repairs_tails_once_seeded(layout: RunLayout) -> None:
+    """A non-fresh open changes nothing; seed keeps rows, drops a torn tail, ends a line."""
     layout.output.parent.mkdir(parents=True)
     layout.rollouts.write_bytes(b'{"_ng_task_index": 0}\n{"_ng_task_ind')
     layout.failures.write_bytes(b'{"_ng_task_index": 1}')
+    before = folder_bytes(layout.output.parent)
     async with open_run_store(layout, RunConfig(), expected=3, fresh=False) as store:
+        assert without_lock(layout) == before
+        store.seed(expected=4, landed=set(), statuses=[])
         await store.write([landed(2), failed(3)])
     assert [r["_ng_task_index"] for r in read_rows(layout.rollouts)] == [0, 2]
     assert [r["_ng_task_index"] for r in read_rows(layout.failures)] == [1, 3]
@@ -556,12 +620,39 @@ async def test_store_write_error_names_the_file(
     def full(fd: int, data: Any) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    async with open_run_store(layout, RunConfig(), expected=1) as store:
+    async with open_run_store(layout, RunConfig(), expected=2) as store:
+        await store.write([landed(0)])
         monkeypatch.setattr(os, "write", full)
-        with pytest.raises(RunFolderError, match=r"cannot append to '.*out\.jsonl'.*free space"):
-            await store.write([landed(0)])
+        with pytest.raises(RunFolderWriteError, match=r"cannot append to '.*out\.jsonl'.*free"):
+            await store.write([landed(1)])
         monkeypatch.undo()
-        assert store.counts.landed == 0
+        assert store.counts.landed == 1
+        with pytest.raises(RunFolderWriteError):  # poisoned: nothing more is written
+            await store.write([landed(1)])
+    assert [r["_ng_task_index"] for r in read_rows(layout.rollouts)] == [0]
+
+
+async def test_store_short_write_on_a_full_disk_leaves_no_torn_row(
+    layout: RunLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write cut short by ENOSPC is cut back: the file ends with the last whole row."""
+    real_write = os.write
+    calls = []
+
+    def half_then_full(fd: int, data: Any) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async with open_run_store(layout, RunConfig(), expected=3) as store:
+        await store.write([landed(0)])
+        monkeypatch.setattr(os, "write", half_then_full)
+        with pytest.raises(RunFolderWriteError):
+            await store.write([landed(1), landed(2)])
+        monkeypatch.undo()
+    assert layout.rollouts.read_bytes().endswith(b"}\n")
+    assert [r["_ng_task_index"] for r in read_rows(layout.rollouts)] == [0]
 
 
 # --- materialized inputs and counts -----------------------------------------------------------
@@ -616,10 +707,18 @@ async def test_store_landed_keys_never_collide(layout: RunLayout) -> None:
     assert len(read_rows(layout.rollouts)) == 3
 
 
-async def test_store_open_failure_releases_the_lock(layout: RunLayout) -> None:
+async def test_store_open_failure_releases_the_lock(
+    layout: RunLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A folder that cannot be prepared raises a RunFolderError and leaves the lock free."""
-    layout.output.mkdir(parents=True)  # a folder where the rollouts file should be
-    with pytest.raises(RunFolderError, match=r"cannot clear '.*out\.jsonl'"):
+
+    def cannot(path: Any) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    layout.output.parent.mkdir(parents=True)
+    layout.batch_status.write_text("{}")
+    monkeypatch.setattr(os, "unlink", cannot)
+    with pytest.raises(RunFolderError, match=r"cannot clear the old files of '.*out\.jsonl'"):
         async with open_run_store(layout, RunConfig(), expected=1):
             pass  # pragma: no cover
     with RunLock.for_layout(layout) as lock:

@@ -20,6 +20,7 @@ manifest or no materialized inputs is refused and left as it was.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -37,9 +38,10 @@ from ..collector.plan import Plan, plan_rollouts
 from ..collector.progress import Progress
 from ..collector.transport import PostTransport
 from ..config import RunConfig
-from ..errors import ConfigError, IncompleteEvaluationError
+from ..errors import ConfigError, IncompleteEvaluationError, RunFolderError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report
 from ..records import MaterializedRow
+from ..recovery.files import format_bytes
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import (
     FolderState,
@@ -49,7 +51,7 @@ from ..recovery.manifest import (
     write_manifest,
 )
 from ..recovery.resume import Fate, Resubmit, ResumeRules, RunTally, scan_run
-from ..recovery.store import RunStore, open_run_store
+from ..recovery.store import RunStore, check_run_folder, open_run_store
 from .common import (
     EXIT_FAILED,
     build_run_config,
@@ -151,13 +153,15 @@ async def collect_run(
     resuming = config.resume_from_cache or resubmit is not None
     if not config.input_jsonl_fpath and not resuming:
         raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
+    layout = RunLayout.for_output(config.output_jsonl_fpath)
+    check_run_folder(layout, config, fresh=not resuming)  # before slow work; the store rechecks
     if deployment is None:
         deployment = await load_deployment(config)
-    layout = RunLayout.for_output(config.output_jsonl_fpath)
     stream = progress_stream or sys.stderr
     plan = None
     if not resuming or folder_state(layout) is FolderState.NEW:
         plan = _plan(config, deployment)  # bad input is refused before a file is touched
+        _check_free_space(layout, plan)
     started = trio.current_time()
     expected = plan.expected if plan is not None else 0
     async with open_run_store(layout, config, expected=expected, fresh=not resuming) as store:
@@ -168,8 +172,6 @@ async def collect_run(
             total, expected = tally.to_dispatch, tally.expected
         else:
             plan = plan if plan is not None else _plan(config, deployment)
-            if resuming:
-                store.reset(expected=plan.expected)
             await _start(store, config, deployment, plan)
             rows = ((row, 0) for row in _materialized(layout))
             total, expected, tally = plan.expected, plan.expected, None
@@ -208,10 +210,28 @@ def _plan(config: RunConfig, deployment: Deployment) -> Plan:
     return plan_rollouts(config.input_jsonl_fpath, config, deployment)
 
 
+def _check_free_space(layout: RunLayout, plan: Plan) -> None:
+    """Refuse a plan whose materialized inputs alone would not fit on the output's disk."""
+    folder = layout.output.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if plan.materialized_bytes > free:
+        raise RunFolderError(
+            f"the plan's {plan.expected:,} rollouts need about "
+            f"{format_bytes(plan.materialized_bytes)} of materialized inputs, but "
+            f"{str(folder)!r} has {format_bytes(free)} free; free space, or plan fewer "
+            "rollouts (--limit, --num-repeats)"
+        )
+
+
 async def _start(store: RunStore, config: RunConfig, deployment: Deployment, plan: Plan) -> None:
     """Write the materialized inputs, then the manifest (both fsynced) of a new run."""
     assert config.input_jsonl_fpath is not None
-    digest = await trio.to_thread.run_sync(sha256_file, config.input_jsonl_fpath)
+    # Read-only, so a Ctrl-C may abandon it at once.
+    digest = await trio.to_thread.run_sync(
+        sha256_file, config.input_jsonl_fpath, abandon_on_cancel=True
+    )
     await store.write_materialized_inputs(plan.rows())
     manifest = build_manifest(
         config, deployment, input_sha256=digest, expected=plan.expected, tasks=plan.tasks

@@ -7,8 +7,11 @@ row, unknown agent: one line on stderr, nothing dispatched, nothing written); 13
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -46,7 +49,6 @@ EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_INCOMPLETE_RETRYABLE = 75  # require_complete, and a resume would dispatch more
 EXIT_INCOMPLETE_FINAL = 76  # require_complete, and nothing left can be retried
-EXIT_SIGINT = 130
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -60,19 +62,50 @@ def run_trio(fn: Callable[..., Any], *args: Any) -> Any:
 
     Nurseries may wrap an error in exception groups; when every leaf is one of ours, each is
     reported on its own line and the exit code is the most severe one's.
+
+    Signals: a dispatch session watches SIGINT and SIGTERM itself (`session`). Outside it
+    (discovery, planning, writing the materialized inputs, aggregation) SIGINT interrupts at
+    once, as Trio delivers KeyboardInterrupt, and so does SIGTERM, which is turned into the same
+    interrupt here; both leave the folder as it was or resumable, and exit 130 or 143.
     """
+    with _sigterm_interrupts() as received:
+        try:
+            return trio.run(fn, *args)
+        except KeyboardInterrupt:
+            signum = received[-1] if received else signal.SIGINT
+            name = signal.Signals(signum).name
+            click.echo(f"trollout: {name}: stopped; the run folder is kept as it was", err=True)
+            sys.exit(128 + signum)
+        except TrolloutError as exc:
+            report_errors([exc])
+        except BaseExceptionGroup as group:
+            leaves = list(_leaves(group))
+            if not all(isinstance(leaf, TrolloutError) for leaf in leaves):
+                raise
+            report_errors(leaves)
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[list[int]]:
+    """Make SIGTERM interrupt like SIGINT (Trio's safe KeyboardInterrupt) while in the block.
+
+    Yields the signals received, so the caller can exit 143 rather than 130. Only on the main
+    thread (Python's rule for handlers); the previous handler is restored on exit.
+    """
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        received.append(signum)
+        signal.raise_signal(signal.SIGINT)  # runs Trio's KeyboardInterrupt handler
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        return trio.run(fn, *args)
-    except KeyboardInterrupt:
-        click.echo("trollout: interrupted before dispatch began; nothing was sent", err=True)
-        sys.exit(EXIT_SIGINT)
-    except TrolloutError as exc:
-        report_errors([exc])
-    except BaseExceptionGroup as group:
-        leaves = list(_leaves(group))
-        if not all(isinstance(leaf, TrolloutError) for leaf in leaves):
-            raise
-        report_errors(leaves)
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def report_errors(errors: Sequence[BaseException]) -> NoReturn:
@@ -89,6 +122,8 @@ _SEVERITY = (EXIT_FAILED, EXIT_INCOMPLETE_FINAL, EXIT_INCOMPLETE_RETRYABLE, EXIT
 
 
 def _exit_code(error: BaseException) -> int:
+    if isinstance(error, RunStoppedError):  # a RunFolderWriteError is both: the run stopped
+        return EXIT_FAILED
     if isinstance(error, ConfigError | DeploymentError | RunFolderError):
         return EXIT_USAGE
     if isinstance(error, IncompleteEvaluationError):
@@ -136,6 +171,13 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
         type=click.Path(exists=True, dir_okay=False),
         help="YAML file of settings (NeMo Gym key names).",
     ),
+    "overwrite": click.option(
+        "--overwrite",
+        is_flag=True,
+        default=None,
+        help="Start afresh even if the output folder holds a run: its files are deleted, but "
+        "only once the new run's inputs are written (without it such a run is refused).",
+    ),
     "head-server": click.option(
         "--head-server", help="Head server URL (default http://127.0.0.1:11000)."
     ),
@@ -156,6 +198,13 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
         "num_samples_in_parallel",
         type=int,
         help="Requests in flight at most (num_samples_in_parallel, default 64).",
+    ),
+    "max-rollouts": click.option(
+        "--max-rollouts",
+        "max_rollouts",
+        type=int,
+        help="Refuse plans of more rollouts than this (default 10,000,000): a typo in "
+        "--num-repeats must not fill the disk.",
     ),
     "max-resident": click.option(
         "--max-resident",

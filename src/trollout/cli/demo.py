@@ -41,11 +41,13 @@ DEFAULT_OUTPUT = "runs/demo/rollouts.jsonl"
 def demo(args: tuple[str, ...], spec_path: str, live: str, **options: Any) -> None:
     """Start the bundled fake deployment, collect INPUT from it, print the summary.
 
-    INPUT defaults to fixtures/example_tasks.jsonl, the output to runs/demo/rollouts.jsonl,
-    and the run to 4 seeded repeats per task.
+    INPUT defaults to fixtures/example_tasks.jsonl, the output to runs/demo/rollouts.jsonl
+    (replaced by each demo; a folder given with -o is replaced only with --overwrite), and the
+    run to 4 seeded repeats per task.
     """
     options = {k: v for k, v in options.items() if v is not None and v != ()}
-    options.setdefault("output_jsonl_fpath", DEFAULT_OUTPUT)
+    if "output_jsonl_fpath" not in options:  # the demo's own folder: each demo replaces it
+        options.update(output_jsonl_fpath=DEFAULT_OUTPUT, overwrite=True)
     options.setdefault("num_repeats", 4)
     options.setdefault("num_repeats_add_seed", True)
     if not any(not a.startswith("+") for a in args):

@@ -6,8 +6,10 @@ Shape (design.md, Concurrency)::
                                               │ CapacityLimiter(num_samples_in_parallel)
                                               ▼ dispatch(): one POST /run → Landed | Failed
 
-- **Workers bound memory.** N = ``max_resident_rollout_tasks`` (default: the concurrency)
-  workers each hold at most one rollout, so memory is O(N), never O(rows). The rows channel has
+- **Workers bound memory.** At most N = ``max_resident_rollout_tasks`` (default: the
+  concurrency) workers each hold at most one rollout, so memory is O(N), never O(rows). Workers
+  are started on demand, when a row is handed over and none is idle, so a run never has more
+  workers than rollouts (``--concurrency 1000000`` over 3 rows starts 3). The rows channel has
   no buffer, so the feeder blocks until a worker is free (back-pressure all the way to the input
   file, which is read lazily).
 - **The limiter bounds requests in flight.** Workers take a token of a `trio.CapacityLimiter`
@@ -15,7 +17,10 @@ Shape (design.md, Concurrency)::
   row, ready to go.
 - **One writer.** Workers send outcomes to a single writer task that batches what is ready and
   hands it to the sink; the sink therefore needs no lock. The outcomes channel buffers one
-  outcome per worker, so a slow fsync back-pressures workers instead of growing memory.
+  outcome per worker, so a slow fsync back-pressures workers instead of growing memory. A sink
+  that raises (a full disk) stops the run like `stop`: admission closes, rollouts in flight are
+  cancelled, the writer keeps draining (without the sink) so no worker waits on it forever,
+  and leaving the block raises the sink's error.
 - **Cancellation is a scope exit.** Leaving ``open_collector``'s block early (an exception, a
   signal handler cancelling the scope) cancels the workers; each in-flight rollout turns into an
   `Omitted` (interrupted) outcome that is handed to the writer under a shield, and the writer
@@ -119,6 +124,10 @@ class Collector:
         self._writer_done = trio.Event()
         self._resident = 0
         self.max_resident = 0
+        self._workers: trio.Nursery | None = None
+        self._spawned = 0  # workers started so far
+        self._idle = 0  # workers ready for a row: waiting, or started and about to wait
+        self.sink_error: Exception | None = None
         self.stop_reason: str | None = None
         self._run_scope: trio.CancelScope | None = None
         self._writer_scope = trio.CancelScope(shield=True)
@@ -156,6 +165,7 @@ class Collector:
                     await self._reserve(batch)
                     for row, attempt in batch:
                         await self._send(row, attempt)
+        self._close_spawning()
         if self._feed_scope.cancelled_caught and self.window.closed_reason is None:
             self.window.close(self.window.spent_reason)  # the feeder's deadline passed
         await self._writer_done.wait()
@@ -233,8 +243,23 @@ class Collector:
 
     async def _send(self, row: MaterializedRow, attempt_index: int) -> None:
         self._begin()
+        if self._idle == 0 and self._spawned < self.config.resident_rollouts:
+            self._spawn_worker()
         await self._rows_tx.send((row, attempt_index))
+        self._idle -= 1  # counted here: the worker that took it may not have run yet
         self.progress.submitted += 1
+
+    def _spawn_worker(self) -> None:
+        if self._workers is None or self._out_tx._closed:
+            return  # not open yet, or admission is over: no row can arrive for it
+        self._spawned += 1
+        self._idle += 1
+        self._workers.start_soon(self._worker, self._rows_rx.clone(), self._out_tx.clone())
+
+    def _close_spawning(self) -> None:
+        """Close the channel ends kept for starting workers (no more rows can come)."""
+        self._rows_rx.close()
+        self._out_tx.close()
 
     async def _worker(
         self,
@@ -250,6 +275,7 @@ class Collector:
                 finally:
                     self._resident -= 1
                 await outcomes.send(outcome)
+                self._idle += 1
 
     async def _attempt(
         self, row: MaterializedRow, attempt: int, outcomes: trio.MemorySendChannel[Outcome]
@@ -328,8 +354,12 @@ class Collector:
             reason = self._stops.check(outcome)
             if reason is not None and self.stop_reason is None:
                 self.stop(reason)
-        if self._sink is not None:
-            await self._sink.write(batch)
+        if self._sink is not None and self.sink_error is None:
+            try:
+                await self._sink.write(batch)
+            except Exception as exc:  # any sink's failure ends the run, never the writer
+                self.sink_error = exc
+                self.stop(f"the outcomes could not be written: {exc}")
         if self._retain:
             self._unconsumed.extend(batch)
         self._wake_consumers()
@@ -394,7 +424,7 @@ async def open_collector(
             try:
                 async with trio.open_nursery() as workers:
                     collector._run_scope = workers.cancel_scope
-                    _start_workers(collector, workers)
+                    collector._workers = workers
                     try:
                         yield collector
                     except Exception as exc:
@@ -404,6 +434,8 @@ async def open_collector(
                         workers.cancel_scope.cancel(reason=f"the driver raised {exc!r}")
                     else:
                         collector._rows_tx.close()
+                    finally:
+                        collector._close_spawning()
             except BaseException:
                 # A cancellation or a crash: bound the writer's final, shielded flush.
                 collector._writer_scope.deadline = trio.current_time() + _SHIELDED_FLUSH_S
@@ -419,6 +451,8 @@ async def open_collector(
                 await transport.aclose()
     if driver_error is not None:
         raise driver_error
+    if collector.sink_error is not None:
+        raise collector.sink_error
     if collector.stop_reason is not None:
         raise RunStoppedError(collector.stop_reason)
 
@@ -430,10 +464,3 @@ def _batches(
     pairs = ((item, 0) if isinstance(item, MaterializedRow) else item for item in rows)
     while batch := list(islice(pairs, size)):
         yield batch
-
-
-def _start_workers(collector: Collector, workers: trio.Nursery) -> None:
-    rows_rx = collector._rows_rx
-    with rows_rx, collector._out_tx as out_tx:
-        for _ in range(collector.config.resident_rollouts):
-            workers.start_soon(collector._worker, rows_rx.clone(), out_tx.clone())

@@ -48,7 +48,7 @@ import attrs
 from attrs import frozen
 
 from ..config import RunConfig
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 from ..records import MaterializedRow
 from .plan_input import FileSource, Problems, RowsSource, Selection, TaskTable, check_row
 from .plan_routing import Copy, Resolver, Router
@@ -59,6 +59,7 @@ __all__ = ["Plan", "Router", "plan_rollouts", "plan_rows", "rollout_seed"]
 _Source = FileSource | RowsSource
 _Group = tuple[str | None, str | None]
 _Rows = Generator[MaterializedRow, None, None]
+_STAMP_BYTES = 128  # what materializing adds to a row, about: indices, agent_ref, seed
 
 
 def plan_rollouts(input_path: str | os.PathLike[str], config: RunConfig, router: Router) -> Plan:
@@ -89,12 +90,13 @@ def plan_rows(rows: Sequence[Mapping[str, Any]], config: RunConfig, router: Rout
 
 
 class _Entry(NamedTuple):
-    """A kept input row with its task, first rollout index and copies."""
+    """A kept input row with its task, first rollout index, copies and size as read."""
 
     row: Mapping[str, Any]
     task: int
     base: int
     copies: tuple[Copy, ...]
+    size: int
 
 
 class _Walker:
@@ -127,7 +129,7 @@ class _Walker:
                     continue
                 base = counters.get(task, 0)
                 counters[task] = base + sum(copy.repeats for copy in copies)
-            yield _Entry(row, task, base, copies)
+            yield _Entry(row, task, base, copies, len(line.text))
 
 
 class _Orders:
@@ -204,10 +206,13 @@ class Plan:
     Attributes:
         tasks: distinct tasks kept (after `limit` and `task_ids`).
         expected: materialized rollouts (every repeat of every kept row, every fan-out agent).
+        materialized_bytes: an estimate of the materialized-inputs file's size (each kept
+            row's size times its rollouts, plus the stamps each rollout gets).
     """
 
     tasks: int
     expected: int
+    materialized_bytes: int
     _orders: _Orders = attrs.field(alias="orders", repr=False, eq=False)
 
     def rows(self) -> Generator[MaterializedRow, None, None]:
@@ -234,7 +239,13 @@ def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
     selection = table.selection(config.task_ids, problems)
     problems.raise_if_any()
     walker = _Walker(source, table, selection, resolver)
-    expected, rounds, groups = _count(walker)
+    expected, size, rounds, groups = _count(walker)
+    if expected > config.max_rollouts:
+        raise ConfigError(
+            f"the plan has {expected:,} rollouts, more than max_rollouts={config.max_rollouts:,}; "
+            "pass --max-rollouts to allow a plan this large, or plan fewer rollouts "
+            "(--limit, --num-repeats)"
+        )
     orders = _Orders(
         walker,
         materializer,
@@ -244,7 +255,7 @@ def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
         round_robin=config.round_robin_agents,
     )
     tasks = table.count if selection.tasks is None else len(selection.tasks)
-    return Plan(tasks=tasks, expected=expected, orders=orders)
+    return Plan(tasks=tasks, expected=expected, materialized_bytes=size, orders=orders)
 
 
 def _check_rows(
@@ -273,13 +284,14 @@ def _check_rows(
             problems.line(source.label(line.number), seed_problem)
 
 
-def _count(walker: _Walker) -> tuple[int, int, list[_Group]]:
-    """Pass 2: count rollouts, repeat rounds and round-robin groups of the kept rows."""
-    expected, rounds = 0, 0
+def _count(walker: _Walker) -> tuple[int, int, int, list[_Group]]:
+    """Pass 2: count rollouts, their bytes, repeat rounds and round-robin groups of kept rows."""
+    expected, size, rounds = 0, 0, 0
     groups: dict[_Group, None] = {}
     for entry in walker.entries():
         for copy in entry.copies:
             expected += copy.repeats
+            size += copy.repeats * (entry.size + _STAMP_BYTES)
             rounds = max(rounds, copy.repeats)
             groups.setdefault(copy.group, None)
-    return expected, rounds, list(groups)
+    return expected, size, rounds, list(groups)

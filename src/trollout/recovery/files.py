@@ -1,36 +1,56 @@
 """The run folder's file operations: appends, atomic replaces, fsyncs, clear errors.
 
 Synchronous on purpose: the store runs the slow ones (fsync, whole-file writes) in worker
-threads. Every OS error is translated once, here, into a `RunFolderError` that names the file,
-the action and the remedy.
+threads. Every OS error is translated once, here, into a `RunFolderError` (opening, clearing:
+the folder cannot be used) or a `RunFolderWriteError` (writing mid-run: the run stops) that
+names the file, the action, the free space when the disk is full, and the remedy.
+
+Nothing here follows a symlink to write: run files are opened with ``O_NOFOLLOW`` and temp files
+with ``O_EXCL``, so a link planted in the folder can never redirect a write (or a truncation)
+to a file outside it. A failed append is cut back to where it began, so a full disk never
+leaves a torn row behind.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import secrets
-from collections.abc import Iterable, Iterator
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .. import jsonl
-from ..errors import RunFolderError, TrolloutError
+from ..errors import RunFolderError, RunFolderWriteError, TrolloutError
 from ..records import MaterializedRow, converter
 from .layout import RunLayout
 
 __all__ = [
     "REMEDY",
     "Appender",
+    "Stopped",
     "folder_error",
+    "format_bytes",
+    "free_space_text",
     "fsync_all",
     "fsync_dir",
     "os_errors",
     "remove_temp_files",
     "replace_atomically",
+    "temp_files",
     "write_materialized",
 ]
 
 REMEDY = "check free space and permissions of the folder, then resume the run"
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+_TEMP_SUFFIX = re.compile(r"\.[0-9a-f]{8}\.tmp")
+
+
+class Stopped(Exception):
+    """A whole-file write was asked to stop (its caller was cancelled); nothing was replaced."""
 
 
 class Appender:
@@ -43,22 +63,33 @@ class Appender:
         self.created = False  # opened with O_CREAT when the file did not exist
 
     def open(self) -> int:
-        """Open the file for appending (once); return its descriptor."""
+        """Open the file for appending (once, never through a symlink); return its descriptor."""
         if self.fd is None:
             with os_errors(self.path, "open"):
-                self.created = not self.path.exists()
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                self.created = not os.path.lexists(self.path)
+                self.fd = os.open(self.path, _APPEND_FLAGS, 0o644)
         return self.fd
 
     def append(self, data: bytes) -> None:
-        """Append ``data`` whole (a short write is continued)."""
+        """Append ``data`` whole (a short write is continued).
+
+        Raises:
+            RunFolderWriteError: the write failed (disk full, I/O error); what this call wrote
+                was cut away again, so the file ends where it ended before.
+        """
         fd = self.open()
         view = memoryview(data)
+        written = 0
         try:
             while view:
-                view = view[os.write(fd, view) :]
+                n = os.write(fd, view)
+                written += n
+                view = view[n:]
         except OSError as exc:  # a try, not os_errors: this runs once per batch
-            raise folder_error(self.path, "append to", exc) from exc
+            if written:
+                with suppress(OSError):  # freeing blocks works on a full disk
+                    os.ftruncate(fd, os.fstat(fd).st_size - written)
+            raise folder_error(self.path, "append to", exc, RunFolderWriteError) from exc
         finally:
             self.dirty = True  # a partial write still needs its fsync
 
@@ -74,20 +105,35 @@ class Appender:
             os.close(fd)
 
 
-def replace_atomically(path: Path, chunks: Iterable[bytes]) -> None:
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def replace_atomically(
+    path: Path, chunks: Iterable[bytes], *, before_replace: Callable[[Path], None] | None = None
+) -> None:
     """Replace ``path`` with ``chunks``: temp file beside it, fsync, rename, fsync the folder.
 
     A reader sees the old file or the new one, never a part; a crash leaves at most a temp file
-    named ``.<name>.<random>.tmp``, which the next `open_run_store` removes.
+    named ``.<name>.<8 hex digits>.tmp``, which the next run on the folder removes. Any error
+    (`Stopped` included) removes the temp file and leaves ``path`` as it was.
+
+    Args:
+        path: the file to replace (a symlink there is replaced, never followed).
+        chunks: the new content.
+        before_replace: called with the temp file's path once the new content is complete and
+            synced, just before the rename (a fresh run clears the old run's files there, and
+            only there).
     """
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         with open(fd, "wb", buffering=1 << 20) as f:
             for chunk in chunks:
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace(tmp)
         os.replace(tmp, path)
     except BaseException:
         with suppress(FileNotFoundError):
@@ -96,18 +142,34 @@ def replace_atomically(path: Path, chunks: Iterable[bytes]) -> None:
     fsync_dir(path.parent)
 
 
-def write_materialized(path: Path, rows: Iterable[MaterializedRow]) -> int:
-    """Write the materialized-inputs file atomically; return the row count."""
+def write_materialized(
+    path: Path,
+    rows: Iterable[MaterializedRow],
+    *,
+    stop: threading.Event | None = None,
+    before_replace: Callable[[Path], None] | None = None,
+) -> int:
+    """Write the materialized-inputs file atomically; return the row count.
+
+    Args:
+        path: the materialized-inputs file.
+        rows: the rows, consumed once.
+        stop: when set (by a cancelled caller in another thread), the write stops at the next
+            row with `Stopped` and removes its temp file.
+        before_replace: as for `replace_atomically`.
+    """
     count = 0
 
     def lines() -> Iterator[bytes]:
         nonlocal count
         for row in rows:
+            if stop is not None and count % 256 == 0 and stop.is_set():
+                raise Stopped(f"writing {str(path)!r} was stopped")
             count += 1
             yield jsonl.dumps(converter.unstructure(row, MaterializedRow))
 
     with os_errors(path, "write"):
-        replace_atomically(path, lines())
+        replace_atomically(path, lines(), before_replace=before_replace)
     return count
 
 
@@ -129,27 +191,68 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def remove_temp_files(layout: RunLayout) -> None:
-    """Remove temp files a crash left beside the run's files."""
+def temp_files(layout: RunLayout) -> list[Path]:
+    """Return the temp files a crash left beside the run's files (our exact names only)."""
     folder = layout.output.parent
+    found = []
     for path in layout.all_files():
-        for tmp in folder.glob(f".{path.name}.*.tmp"):
-            with os_errors(tmp, "remove the leftover temp file"):
-                tmp.unlink(missing_ok=True)
+        prefix = f".{path.name}"
+        for tmp in folder.glob(f"{prefix}.*.tmp"):
+            if _TEMP_SUFFIX.fullmatch(tmp.name[len(prefix) :]):
+                found.append(tmp)
+    return found
+
+
+def remove_temp_files(layout: RunLayout, *, keep: Path | None = None) -> None:
+    """Remove temp files a crash left beside the run's files (never anything else)."""
+    for tmp in temp_files(layout):
+        if tmp == keep:
+            continue
+        with os_errors(tmp, "remove the leftover temp file"):
+            tmp.unlink(missing_ok=True)
 
 
 @contextmanager
-def os_errors(path: Path, action: str) -> Iterator[None]:
-    """Translate an OSError into a `RunFolderError` naming the file and the remedy."""
+def os_errors(
+    path: Path, action: str, cls: type[RunFolderError | RunFolderWriteError] = RunFolderError
+) -> Iterator[None]:
+    """Translate an OSError into ``cls`` naming the file, the free space and the remedy."""
     try:
         yield
     except OSError as exc:
         if isinstance(exc, TrolloutError):
             raise
-        raise folder_error(path, action, exc) from exc
+        raise folder_error(path, action, exc, cls) from exc
 
 
-def folder_error(path: Path, action: str, exc: OSError) -> RunFolderError:
-    """Return the `RunFolderError` for an OSError during ``action`` on ``path``."""
+def folder_error(
+    path: Path,
+    action: str,
+    exc: OSError,
+    cls: type[RunFolderError | RunFolderWriteError] = RunFolderError,
+) -> RunFolderError | RunFolderWriteError:
+    """Return the error for an OSError during ``action`` on ``path`` (free space if full)."""
     reason = exc.strerror or str(exc)
-    return RunFolderError(f"cannot {action} {str(path)!r}: {reason}; {REMEDY}")
+    if exc.errno in _DISK_FULL:
+        reason += f" ({free_space_text(path.parent)})"
+    return cls(f"cannot {action} {str(path)!r}: {reason}; {REMEDY}")
+
+
+def free_space_text(folder: Path) -> str:
+    """Return e.g. ``"12.5 MB free on its file system"`` (or that it cannot be measured)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return "free space unknown"
+    return f"{format_bytes(free)} free on its file system"
+
+
+def format_bytes(n: float) -> str:
+    """Return a byte count for people: ``512 B``, ``12.5 MB``, ``3.1 GB``."""
+    if n < 1000:
+        return f"{n:.0f} B"
+    for unit in ("kB", "MB", "GB"):
+        n /= 1000
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} TB"

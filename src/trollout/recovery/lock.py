@@ -121,6 +121,25 @@ class RunLock:
         self._fd = fd
         self._write_owner(fd)
 
+    def check_free(self) -> None:
+        """Fail if another holds the lock, without taking it or creating the lock file.
+
+        Raises:
+            RunFolderLockedError: another process, or another `RunLock`, holds it.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return  # no lock file: nobody holds it (acquire reports any other problem)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunFolderLockedError(self._locked_message()) from None
+        except OSError:
+            pass  # flock unsupported here: acquire says so
+        finally:
+            os.close(fd)  # closing drops the shared lock
+
     def release(self) -> None:
         """Drop the lock (a no-op when not held); the lock file itself stays."""
         fd, self._fd = self._fd, None
@@ -146,7 +165,8 @@ class RunLock:
 
     def _open(self) -> int:
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            # Never through a link: truncating the owner record would truncate its target.
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise RunFolderError(
                 f"cannot open the run lock {str(self.path)!r}: {exc.strerror}; check that the "

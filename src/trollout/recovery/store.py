@@ -1,17 +1,28 @@
 """The run folder's only writer: appends outcome rows, fsyncs them, and saves progress.
 
-`open_run_store` takes the folder's cross-process lock, clears the old files of a fresh run (or
-repairs torn tails when resuming), and yields a `RunStore`, the `OutcomeSink` the engine's single
-writer task feeds. Each batch becomes at most one ``write(2)`` per file: landed rows to the
-rollouts file, failures to the sidecar (kill-shaped ``no_persist`` failures nowhere), omitted
-attempts nowhere unless ``record_omitted_rollouts``. A rollout lands at most once per store: a
-second `Landed` for a landed (task, rollout) is refused and counted, never written.
+`open_run_store` checks the folder (`preflight`: no symlinked or special run files; a folder that
+holds a run is replaced only on ``overwrite``), takes its cross-process lock and yields a
+`RunStore`, the `OutcomeSink` the engine's single writer task feeds. Each batch becomes at most
+one ``write(2)`` per file: landed rows to the rollouts file, failures to the sidecar
+(kill-shaped ``no_persist`` failures nowhere), omitted attempts nowhere unless
+``record_omitted_rollouts``. A rollout lands at most once per store: a second `Landed` for a
+landed (task, rollout) is refused and counted, never written.
+
+Starting, and never destroying early: a store writes nothing until its run starts. A fresh run
+in a folder holding no run starts at once; a fresh run over an old one (``overwrite``) starts in
+`RunStore.write_materialized_inputs`, which removes the old files only once the new inputs are
+complete on disk, so a run refused, failing or interrupted before then leaves the old run whole;
+a resume starts in `RunStore.seed`, after the caller's checks, which repairs torn tails and hands
+the store what the folder holds (landed keys, latest states, the whole run's ``expected``), so a
+refused resume leaves the folder byte for byte as it was, and a resumed one reports the whole run.
 
 Attempts: the store is also the engine's `AttemptReserver`: `RunStore.reserve` appends each
-batch of attempt numbers to the ledger (`ledger`) before the engine sends any of them. Resume:
-a non-fresh store writes no status until `RunStore.seed` hands it what the folder holds
-(landed keys, latest states, the whole run's ``expected``), so a refused resume leaves the
-folder byte for byte as it was, and a resumed one reports the whole run.
+batch of attempt numbers to the ledger (`ledger`) before the engine sends any of them.
+
+Failure: a write the OS refuses mid-run (disk full, quota, I/O error) raises
+`RunFolderWriteError`, naming the file and the free space; what that call appended is cut away,
+and from then on the store writes nothing (every call raises the same error, close writes no
+status), so the folder holds no torn row and a resume picks up where the disk gave out.
 
 Durability: rows are written with plain ``os.write`` on the event loop (they land in the page
 cache, so they survive the process being killed), and ``fsync`` follows `RunConfig.fsync`: after
@@ -33,9 +44,8 @@ hundreds of rollouts' bookkeeping).
 Memory: the set of landed keys (one int per landed rollout) plus the latest `RolloutStatus` of
 every rollout that has an outcome but has not landed.
 
-Length: this module runs past the house's ~400 lines because the sink, its append/fsync file
-helpers and the status bookkeeping were assigned as one file; the file helpers (`Appender`,
-`replace_atomically`, the fsync functions) would split off cleanly into a ``recovery/files.py``.
+Length: this module runs past the house's ~400 lines because the sink's life cycle (start,
+append, fsync, status, failure) shares one set of state; file operations live in `files`.
 """
 
 from __future__ import annotations
@@ -43,9 +53,12 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
+from functools import partial
 from pathlib import Path
 from typing import TypeAlias, TypeVar
 
@@ -55,7 +68,7 @@ from attrs import frozen
 
 from .. import jsonl
 from ..config import FsyncPolicy, RunConfig
-from ..errors import RunFolderError
+from ..errors import RunFolderError, RunFolderWriteError
 from ..records import (
     FAILURE_MAX_ATTEMPTS,
     BatchStatus,
@@ -84,8 +97,10 @@ from .files import (
 from .layout import RunLayout
 from .ledger import encode_reservation
 from .lock import RunLock
+from .manifest import FolderState, folder_state
+from .preflight import check_fresh, check_run_folder, check_run_paths
 
-__all__ = ["RunStore", "StoreCounts", "open_run_store", "rollout_key"]
+__all__ = ["RunStore", "StoreCounts", "check_run_folder", "open_run_store", "rollout_key"]
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -93,7 +108,7 @@ _T = TypeVar("_T")
 _Key: TypeAlias = int | tuple[int, int]
 _ROLLOUT_BITS = 32
 _ROLLOUT_LIMIT = 1 << _ROLLOUT_BITS
-REMEDY = "check free space and permissions of the folder, then resume the run"
+_STOP_WAIT_S = 10.0  # how long a cancelled whole-file write may take to stop and clean up
 
 
 @frozen
@@ -130,31 +145,43 @@ async def open_run_store(
     fresh: bool = True,
     max_close_s: float = 30.0,
 ) -> AsyncIterator[RunStore]:
-    """Own a run folder for one run: lock it, prepare it, and yield its store.
+    """Own a run folder for one run: check it, lock it, and yield its store.
+
+    Nothing in the folder is removed or rewritten until the run provably starts: a fresh run
+    over a folder that holds a run (allowed by ``config.overwrite``) replaces it only once
+    `RunStore.write_materialized_inputs` has written the new inputs completely, so a run refused
+    or interrupted before that leaves the old one as it was; a resumed run repairs torn tails
+    only in `RunStore.seed`, after the caller's checks passed, so a refused resume leaves the
+    folder byte for byte as it was. A fresh run in a folder that holds no run starts at once.
 
     Args:
         layout: the run folder's file names.
-        config: fsync policy, status interval and ``record_omitted_rollouts``.
+        config: fsync policy, status interval, ``record_omitted_rollouts`` and ``overwrite``.
         expected: rollouts the run was asked for (the status file's ``expected``).
-        fresh: clear every file of the run first; False keeps them and repairs torn tails,
-            and the store then saves no status until `RunStore.seed` (or `RunStore.reset`)
-            says what the run holds, so a resume that is refused leaves the folder as it was.
+        fresh: start a new run; a folder that already holds one (a manifest or outcome rows)
+            is refused unless ``config.overwrite``. False opens the folder for a resume: the
+            store then writes nothing until `RunStore.seed` (or, in a folder that holds no
+            run, `RunStore.write_materialized_inputs`) starts it.
         max_close_s: bound on the final flush at exit, which runs shielded from cancellation.
 
     Raises:
         RunFolderLockedError: another collector owns the folder.
-        RunFolderError: the folder cannot be created, cleared or written.
+        RunFolderError: a run file is a symlink or not a regular file; the input is one of the
+            run's files; the folder holds a run and neither resume nor overwrite was asked;
+            the folder cannot be created (`check_run_folder`).
 
     Cancellation: entering does no checkpoint. Exit is shielded (up to ``max_close_s``): every
     row `write` accepted is fsynced (unless the policy is ``never``) and the final status is
     written even when the surrounding scope is cancelled; the lock is released last.
     """
+    check_run_folder(layout, config, fresh=fresh)  # before mkdir and lock: nothing touched
     with os_errors(layout.output.parent, "create the run folder"):
         layout.output.parent.mkdir(parents=True, exist_ok=True)
     with RunLock.for_layout(layout):
+        check_run_paths(layout)  # again under the lock: another process may have been first
         store = RunStore(layout, config, expected=expected)
         try:
-            store._prepare(fresh=fresh)
+            store._open(fresh=fresh)
         except BaseException:
             store._close_files()
             raise
@@ -177,7 +204,10 @@ class RunStore:
         self._rollouts = Appender(layout.rollouts)
         self._failures = Appender(layout.failures)
         self._ledger = Appender(layout.attempts)
-        self._status_enabled = True
+        self._status_enabled = False  # until the run starts (fresh, seeded or replaced)
+        self._may_replace = False  # a new run's inputs may replace what the folder holds
+        self._started = False
+        self._failure: RunFolderWriteError | None = None
         self._landed: set[_Key] = set()
         self._pending: dict[_Key, RolloutStatus] = {}
         self._failure_rows = 0
@@ -221,16 +251,38 @@ class RunStore:
         """Write the materialized-inputs file atomically and fsync it; return the row count.
 
         ``rows`` is consumed in a worker thread (streaming: memory does not grow with it), so it
-        must not touch Trio. The file appears complete or not at all.
+        must not touch Trio. The file appears complete or not at all. In a store that has not
+        started yet (a fresh run over an old one, or a resume of a folder holding no run), this
+        starts the run: once the new inputs are complete and synced, and only then, the old
+        run's files are removed and the new inputs take their place.
 
-        Cancellation: a checkpoint before the thread starts; once started, the write runs to
-        the end (a cancellation then takes effect at the caller's next checkpoint). Safe to retry.
+        Raises:
+            RunFolderError: the file cannot be written, or the store is resuming a folder that
+                holds a run (a resume dispatches the saved inputs; it never replaces them).
+
+        Cancellation: a checkpoint; cancelling (Ctrl-C included) stops the writer thread at its
+        next row, removes its temp file and leaves the folder as it was. Safe to retry.
         """
         self._check_open()
-        return await _off_loop(write_materialized, self.layout.materialized_inputs, rows)
+        path = self.layout.materialized_inputs
+        if self._started:
+            return await _off_loop_stoppable(write_materialized, path, rows)
+        if not self._may_replace:
+            raise RunFolderError(
+                f"{str(self.layout.output)!r} holds a run being resumed; its materialized inputs "
+                "are what it dispatches and are never replaced; collect into a new output file"
+            )
+        replace = partial(_clear_run_files, self.layout, self.snapshot())
+        count = await _off_loop_stoppable(write_materialized, path, rows, before_replace=replace)
+        self.expected = count
+        self._opened(status_at=trio.current_time())
+        return count
 
     def seed(self, *, expected: int, landed: set[_Key], statuses: Iterable[RolloutStatus]) -> None:
         """Start a resumed store from what the run folder already holds.
+
+        Call it once the caller's checks of the folder passed: only then are torn tails repaired
+        and leftover temp files removed, so a resume refused before it changes nothing.
 
         Args:
             expected: rollouts of the whole run.
@@ -239,23 +291,20 @@ class RunStore:
 
         From then on the counts and the status file cover the whole run, and a landed rollout
         is refused a second row even when this session never saw it land.
+
+        Raises:
+            RunFolderError: a torn tail cannot be repaired.
         """
+        self._check_open()
+        remove_temp_files(self.layout)
+        for path in (self.layout.rollouts, self.layout.failures, self.layout.attempts):
+            with os_errors(path, "repair the tail of"):
+                jsonl.repair_tail(path)
         self.expected = expected
         self._landed = landed
         self._pending = {rollout_key(s.task_index, s.rollout_index): s for s in statuses}
-        self._status_enabled = True
         self._status_dirty = True
-
-    def reset(self, *, expected: int) -> None:
-        """Clear every file of the run, as a fresh store does (under the lock, before writing)."""
-        self._check_open()
-        self._rollouts.close()
-        self._failures.close()
-        self._ledger.close()
-        self.expected = expected
-        self._landed, self._pending = set(), {}
-        self._prepare(fresh=True)
-        self._status_enabled = True
+        self._opened(status_at=-math.inf)
 
     async def reserve(self, attempts: Sequence[tuple[Identity, int]]) -> None:
         """Put a batch of attempt numbers in the ledger before they are sent (`AttemptReserver`).
@@ -265,38 +314,43 @@ class RunStore:
         loss once the fsync has.
 
         Raises:
-            RunFolderError: the ledger cannot be written.
+            RunFolderWriteError: the ledger cannot be written; the store then writes nothing
+                more (every later call raises the same error).
 
         Cancellation: a checkpoint (during the fsync); if cancelled, the numbers may be on
         record but nothing was sent, which is safe: resume skips them, it never reuses them.
         """
-        self._check_open()
+        self._check_started()
         line = encode_reservation(
             [(i.task_index, i.rollout_index, attempt) for i, attempt in attempts]
         )
-        self._ledger.append(line)
+        with self._mid_run(self._ledger.path, "append to"):
+            self._ledger.append(line)
         if self.config.fsync is not FsyncPolicy.NEVER:
             fds: list[int | None] = [self._ledger.sync_target()]
             if self._ledger.created:
                 self._ledger.created = False
                 fds.append(None)
-            with os_errors(self._ledger.path, "fsync"):
+            with self._mid_run(self._ledger.path, "fsync"):
                 await _off_loop(fsync_all, fds, self.layout.output.parent)
 
     async def write(self, outcomes: Sequence[Outcome]) -> None:
         """Append a batch of outcomes to the run folder, then fsync per the policy.
 
         Raises:
-            RunFolderError: a file cannot be written (disk full, permissions).
+            RunFolderWriteError: a file cannot be written (disk full, I/O error). What the batch
+                appended is cut away again, and the store writes nothing more: every later call
+                raises the same error, so the folder holds no torn row and stays resumable.
 
         Cancellation: the rows are written before the first checkpoint; a cancellation during
         the fsync or status update that follows leaves them written but perhaps not yet synced
         (`aclose` syncs them). Not safe to retry: the batch is already written. The engine calls
         this inside a shielded scope.
         """
-        self._check_open()
+        self._check_started()
         landed, failures, changes = self._encode(outcomes)
-        self._append(landed, failures)
+        with self._mid_run(self.layout.output, "append to the run files of"):
+            self._append(landed, failures)
         self._apply(changes)
         policy = self.config.fsync
         if policy is FsyncPolicy.ROW or (
@@ -340,6 +394,8 @@ class RunStore:
         if self._closed:
             return
         try:
+            if self._failure is not None:
+                return  # the disk refused a write: writing more would only fail again
             if self.config.fsync is not FsyncPolicy.NEVER:
                 await self._sync()
             if self._status_enabled:
@@ -349,30 +405,41 @@ class RunStore:
 
     # --- opening ------------------------------------------------------------------------------
 
-    def _prepare(self, *, fresh: bool) -> None:
-        """Clear (fresh) or repair (resume) the run's files, then open the rollouts file."""
-        remove_temp_files(self.layout)
+    def _open(self, *, fresh: bool) -> None:
+        """Decide how the run starts (under the lock); a fresh run in a new folder starts now."""
+        new = folder_state(self.layout) is FolderState.NEW
         if fresh:
-            for path in self.layout.all_files():
-                with os_errors(path, "clear"):
-                    path.unlink(missing_ok=True)
-            with os_errors(self.layout.batch_status, "save the batch status"):
-                _write_status_file(self.layout.batch_status, self.snapshot())
-            self._status_at = trio.current_time()
-        else:
-            self._status_enabled = False  # until seed() or reset() says what the run holds
-            for path in (self.layout.rollouts, self.layout.failures, self.layout.attempts):
-                with os_errors(path, "repair the tail of"):
-                    jsonl.repair_tail(path)
+            check_fresh(self.layout, overwrite=self.config.overwrite)
+        self._may_replace = fresh or new
+        if fresh and new:
+            with os_errors(self.layout.output, "clear the old files of"):
+                _clear_run_files(self.layout, self.snapshot(), None)
+            self._opened(status_at=trio.current_time())
+
+    def _opened(self, *, status_at: float) -> None:
+        """Open the rollouts file and start saving status: the run has begun."""
+        self._status_at = status_at
+        self._status_enabled = True
+        self._started = True
         self._rollouts.open()
         self._rollouts.created = False
         fsync_dir(self.layout.output.parent)
 
     def _check_open(self) -> None:
+        if self._failure is not None:
+            raise self._failure
         if self._closed:
             raise RunFolderError(
                 f"the run store of {str(self.layout.output)!r} is closed; write before leaving "
                 "open_run_store's block"
+            )
+
+    def _check_started(self) -> None:
+        self._check_open()
+        if not self._started:
+            raise RunFolderError(
+                f"the run store of {str(self.layout.output)!r} has not started: write the "
+                "materialized inputs (a new run) or seed it (a resume) before any outcome"
             )
 
     def _close_files(self) -> None:
@@ -481,7 +548,7 @@ class RunStore:
             for a in files:
                 a.dirty = a.created = False
             self._unsynced_rows, self._unsynced_since = 0, None
-            with os_errors(self.layout.output, "fsync the run files of"):
+            with self._mid_run(self.layout.output, "fsync the run files of"):
                 await _off_loop(fsync_all, fds, self.layout.output.parent)
 
     async def _write_status(self, *, finished: bool = False) -> None:
@@ -494,8 +561,19 @@ class RunStore:
             args = (self.expected, len(self._landed), list(self._pending.values()), finished)
             self._status_dirty, self._status_at = False, trio.current_time()
             path = self.layout.batch_status
-            with os_errors(path, "save the batch status"):
+            with self._mid_run(path, "save the batch status"):
                 await _off_loop(_save_status, path, *args)
+
+    @contextmanager
+    def _mid_run(self, path: Path, action: str) -> Iterator[None]:
+        """Translate an OSError of a running store; remember it, so nothing more is written."""
+        try:
+            with os_errors(path, action, RunFolderWriteError):
+                yield
+        except RunFolderWriteError as exc:
+            if self._failure is None:
+                self._failure = exc
+            raise
 
 
 # --- helpers (sync: they run in worker threads) ---------------------------------------------------
@@ -504,6 +582,45 @@ class RunStore:
 async def _off_loop(fn: Callable[..., _T], *args: object) -> _T:
     """Run blocking file work in a worker thread (tests replace this to stay on the fake clock)."""
     return await trio.to_thread.run_sync(fn, *args)
+
+
+async def _off_loop_stoppable(fn: Callable[..., _T], *args: object, **kwargs: object) -> _T:
+    """Run a long whole-file write in a worker thread that a cancellation stops at once.
+
+    ``fn`` takes a ``stop`` event and must raise once it is set (`files.write_materialized`
+    checks it every few rows). A cancelled caller, Ctrl-C included (Trio delivers
+    KeyboardInterrupt to the waiting task), sets it and waits for the thread to clean up (its
+    temp file removed) before the cancellation propagates: a write of gigabytes never keeps a
+    user waiting, and never leaves a temp file behind.
+    """
+    stop, done = threading.Event(), threading.Event()
+
+    def work() -> _T:
+        try:
+            return fn(*args, stop=stop, **kwargs)
+        finally:
+            done.set()
+
+    try:
+        return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+    except BaseException:
+        stop.set()
+        done.wait(_STOP_WAIT_S)  # blocking on purpose: cleanup must end before we unwind
+        raise
+
+
+def _clear_run_files(layout: RunLayout, status: BatchStatus, new_inputs: Path | None) -> None:
+    """Remove an old run's files and leftover temp files; save a first status.
+
+    ``new_inputs`` is the temp file of the new materialized inputs, renamed into place next
+    (None: there are none yet, so the old ones go too).
+    """
+    remove_temp_files(layout, keep=new_inputs)
+    for path in layout.all_files():
+        if not (new_inputs is not None and path == layout.materialized_inputs):
+            with suppress(FileNotFoundError):
+                os.unlink(path)
+    _write_status_file(layout.batch_status, status)
 
 
 def _build_status(

@@ -1,0 +1,155 @@
+"""Refuse a run before anything is touched: trollout writes only its own run folder's files.
+
+A run replaces, appends to and truncates the files of its folder (`RunLayout`), so before any of
+that (and again under the folder's lock) three checks refuse what would destroy data that is not
+ours to destroy, each with one line that names the file and the remedy:
+
+- `check_run_paths`: every run file that exists is a regular file, not a symlink. A link could
+  send an append or a truncation to a file outside the folder (``OUT.lock`` planted as a link to
+  someone's file); a device, FIFO or directory at ``-o`` is not a file we made and must never be
+  replaced (``-o /dev/null`` run as root replaced the device with a regular file).
+- `check_input`: the input is not one of the run's files nor a temp file of one, by path and by
+  inode (a hard link), so a fresh run can never replace its own input
+  (``collect out/r.jsonl -o out/r.jsonl``, or input ``out/r_failures.jsonl``).
+- `check_fresh`: a fresh run over a folder that already holds a run (a manifest or outcome rows)
+  needs ``overwrite``; without it the message says ``--resume`` or ``--overwrite``.
+
+The store runs them again under the lock (a second process may have changed the folder since)
+and opens files with ``O_NOFOLLOW`` besides, which closes the window between check and open.
+
+Rejected alternative: following links and writing wherever they point (what NeMo Gym does). A
+run folder is ours to clear on ``--overwrite``; a link's target never is.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from ..config import RunConfig
+from ..errors import RunFolderError
+from .files import temp_files
+from .layout import RunLayout
+from .lock import RunLock
+from .manifest import FolderState, folder_state
+
+__all__ = ["check_fresh", "check_input", "check_run_folder", "check_run_paths", "run_paths"]
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_run_folder(layout: RunLayout, config: RunConfig, *, fresh: bool) -> None:
+    """Refuse a run that would destroy what is not ours; read-only (the checks above).
+
+    `open_run_store` runs it (and again under the lock); a driver may call it earlier to fail
+    before slow work such as planning a large input.
+
+    Args:
+        layout: the run folder.
+        config: the run's settings (``input_jsonl_fpath``, ``overwrite``).
+        fresh: a new run (False: a resume, which replaces nothing).
+
+    Raises:
+        RunFolderLockedError: another collector is using the folder.
+        RunFolderError: one line naming the file and the remedy.
+    """
+    check_run_paths(layout)
+    check_input(layout, config.input_jsonl_fpath)
+    RunLock.for_layout(layout).check_free()  # "in use" says more than "holds a run"
+    if fresh:
+        check_fresh(layout, overwrite=config.overwrite)
+
+
+def run_paths(layout: RunLayout) -> tuple[Path, ...]:
+    """Return every path a run may write in its folder, the lock included."""
+    return (*layout.all_files(), layout.lock)
+
+
+def check_run_paths(layout: RunLayout) -> None:
+    """Refuse a run whose files exist as anything but regular files (links, devices, ...).
+
+    Raises:
+        RunFolderError: naming the first such file, what it is, and the remedy.
+    """
+    for path in run_paths(layout):
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise RunFolderError(
+                f"cannot inspect the run file {str(path)!r}: {exc.strerror}; check the output "
+                "folder's permissions"
+            ) from exc
+        if stat.S_ISLNK(mode):
+            raise RunFolderError(
+                f"the run file {str(path)!r} is a symlink; trollout never writes through links "
+                "(one could point outside the run folder); remove the link, or collect into "
+                "another output file (-o)"
+            )
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+            raise RunFolderError(
+                f"the run file {str(path)!r} is {kind}, not a regular file trollout made; it "
+                "would be replaced; choose another output file (-o)"
+            )
+
+
+def check_input(layout: RunLayout, input_path: str | os.PathLike[str] | None) -> None:
+    """Refuse an input that is one of the run's files, which a fresh run would replace.
+
+    Raises:
+        RunFolderError: naming the input, the run file it is, and the remedy.
+    """
+    if not input_path:
+        return
+    source = Path(input_path)
+    resolved = _resolved(source)
+    for path in (*run_paths(layout), *temp_files(layout)):
+        if _resolved(path) == resolved or _same_file(source, path):
+            raise RunFolderError(
+                f"the input {str(source)!r} is the run file {str(path)!r} of output "
+                f"{str(layout.output)!r}, which the run would replace; collect into another "
+                "output file (-o), or move the input out of the way"
+            )
+
+
+def check_fresh(layout: RunLayout, *, overwrite: bool) -> None:
+    """Refuse to start afresh over a folder that holds a run, unless ``overwrite``.
+
+    Raises:
+        RunFolderError: naming the output, what it holds, and ``--resume`` / ``--overwrite``.
+    """
+    if overwrite or folder_state(layout) is FolderState.NEW:
+        return
+    held = [p.name for p in (layout.rollouts, layout.failures, layout.manifest) if _nonempty(p)]
+    raise RunFolderError(
+        f"{str(layout.output)!r} already holds a run ({', '.join(held)}); pass --resume to "
+        "continue it, or --overwrite to delete it and start afresh"
+    )
+
+
+def _resolved(path: Path) -> Path:
+    # The folder resolved, the name kept: a missing file resolves like an existing one.
+    return Path(os.path.realpath(path.parent)) / path.name
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return os.lstat(path).st_size > 0
+    except OSError:
+        return False
