@@ -1,0 +1,105 @@
+"""SIGINT and SIGTERM while a huge plan is materialized: prompt exit, no temp file, no loss.
+
+Writing the materialized inputs of a plan of millions of rollouts takes a long time; a signal
+there must stop the writer thread at once, remove its temp file and leave the folder as it was
+(an old run replaced with --overwrite included). The tests wait for the temp file to grow,
+signal, and allow a generous hang guard; how fast the exit is gets measured, not asserted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trollout import jsonl
+from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment, task_rows
+
+ROWS, REPEATS = 2_000, 5_000  # 10M rollouts: minutes to materialize, seconds to plan
+HANG_GUARD_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeUrls]:
+    """A fake deployment with one agent in its own process."""
+    spec = DeploymentSpec(agents=(AgentSpec(name="math_agent"),), record_runs=False)
+    with spawn_fake_deployment(spec) as urls:
+        yield urls
+
+
+def command(source: Path, out: Path, fake: FakeUrls, *extra: str) -> list[str]:
+    """The `trollout collect` command line of a 10M-rollout plan."""
+    return [sys.executable, "-m", "trollout.cli.main", "collect", str(source), "-o", str(out),
+            "--agent-url", f"math_agent={fake.run_urls['math_agent']}", "--agent", "math_agent",
+            "--num-repeats", str(REPEATS), "--max-rollouts", str(ROWS * REPEATS),
+            "--progress", "plain", "--no-aggregate", *extra]  # fmt: skip
+
+
+def wait_for_temp_file(folder: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Wait until the materialized inputs' temp file holds bytes (the write is under way)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if any(p.stat().st_size for p in folder.glob(".r_materialized_inputs.jsonl.*.tmp")):
+            return
+        time.sleep(0.02)
+    pytest.fail("the materialized inputs were never written")
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    """The input: 2,000 example rows (skips where the disk could not hold the plan anyway)."""
+    if shutil.disk_usage(tmp_path).free < 8 * 10**9:
+        pytest.skip("the 10M-rollout plan needs a few GB of free disk")
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(jsonl.dumps(r) for r in task_rows(ROWS, seed=3)))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_during_materialization_exits_at_once_without_temp_files(
+    tmp_path: Path, fake: FakeUrls, source: Path, signum: int, code: int
+) -> None:
+    """A signal mid-write exits 128+signal, removes the temp file, dispatches nothing."""
+    out = tmp_path / "run" / "r.jsonl"
+    proc = subprocess.Popen(command(source, out, fake), stderr=subprocess.PIPE)
+    try:
+        wait_for_temp_file(out.parent, proc)
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=HANG_GUARD_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, stderr
+    assert signal.Signals(signum).name in stderr.decode()
+    assert not list(out.parent.glob(".*.tmp"))
+    assert not (out.parent / "r_materialized_inputs.jsonl").exists()
+    assert out.read_bytes() == b""
+
+
+@pytest.mark.slow
+def test_signal_during_overwrite_keeps_the_old_run(
+    tmp_path: Path, fake: FakeUrls, source: Path
+) -> None:
+    """--overwrite interrupted while the new inputs are written leaves the old run whole."""
+    out = tmp_path / "run" / "r.jsonl"
+    first = [*command(source, out, fake, "--limit", "3")]
+    first[first.index("--num-repeats") + 1] = "1"
+    subprocess.run(first, check=True, capture_output=True, timeout=HANG_GUARD_S)
+    before = {p.name: p.read_bytes() for p in out.parent.iterdir() if p.name != "r.lock"}
+    proc = subprocess.Popen(command(source, out, fake, "--overwrite"), stderr=subprocess.PIPE)
+    try:
+        wait_for_temp_file(out.parent, proc)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=HANG_GUARD_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    after = {p.name: p.read_bytes() for p in out.parent.iterdir() if p.name != "r.lock"}
+    assert after == before
