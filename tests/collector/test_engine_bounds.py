@@ -72,7 +72,8 @@ async def test_engine_sink_failure_stops_the_run_without_hanging(autojump_clock:
         ) as collector:
             await collector.collect(make_rows(40))
     assert trio.current_time() - start == pytest.approx(1.0)  # not 50: in flight was cancelled
-    assert collector.progress.submitted == 4  # admission closed at the failure
+    # Admission closed at the failure: 4 in flight, and at most the row a freed worker took.
+    assert collector.progress.submitted in (4, 5)
     assert sink.outcomes == []
     assert collector.stop_reason is not None
     assert "could not be written" in collector.stop_reason

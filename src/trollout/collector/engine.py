@@ -126,6 +126,7 @@ class Collector:
         self.max_resident = 0
         self._workers: trio.Nursery | None = None
         self._spawned = 0  # workers started so far
+        self._spawning_closed = False
         self._idle = 0  # workers ready for a row: waiting, or started and about to wait
         self.sink_error: Exception | None = None
         self.stop_reason: str | None = None
@@ -250,7 +251,7 @@ class Collector:
         self.progress.submitted += 1
 
     def _spawn_worker(self) -> None:
-        if self._workers is None or self._out_tx._closed:
+        if self._workers is None or self._spawning_closed:
             return  # not open yet, or admission is over: no row can arrive for it
         self._spawned += 1
         self._idle += 1
@@ -258,6 +259,7 @@ class Collector:
 
     def _close_spawning(self) -> None:
         """Close the channel ends kept for starting workers (no more rows can come)."""
+        self._spawning_closed = True
         self._rows_rx.close()
         self._out_tx.close()
 
