@@ -11,10 +11,9 @@ Exit codes: 0 done; 1 a server's ``/aggregate_metrics`` failed (everything else 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 import httpx
@@ -28,7 +27,8 @@ from ..errors import ConfigError, DeploymentError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_shards, print_report
 from ..metrics import resolve_inputs as resolve_globs
 from ..metrics.server import Target
-from .common import http_client
+from ..text import visible
+from .common import fail, http_client
 
 __all__ = ["aggregate"]
 
@@ -54,11 +54,6 @@ rollout; a file identical to one already read is skipped.
 Writes OUTPUT (the merged rollouts, with merged sidecars), <stem>_aggregate_metrics.json and
 <stem>_report.html beside it; without -o, one shard's metrics are written beside it.
 """
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    click.echo(f"trollout: error: {message}", err=True)
-    sys.exit(code)
 
 
 @click.command("aggregate", help=_HELP, context_settings={"ignore_unknown_options": True})
@@ -110,14 +105,14 @@ def aggregate(args: tuple[str, ...], **opts: Any) -> None:
         shards = resolve_globs(settings["inputs"])
         result = trio.run(_run, shards, settings)
     except (ConfigError, DeploymentError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if settings["as_json"]:
         click.echo(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode())
     else:
         print_report(result, Console(soft_wrap=False))
         _print_files(result)
     if not result.ok:
-        _fail(
+        fail(
             f"{len(result.server_errors)} /aggregate_metrics call(s) failed; "
             "local metrics and the report were written",
             1,
@@ -207,4 +202,4 @@ async def _discover(client: httpx.AsyncClient, head: Any) -> list[Target]:
 
 def _print_files(result: AggregateResult) -> None:
     written = [result.merged_path, result.metrics_path, result.report_path]
-    click.echo("wrote " + ", ".join(str(p) for p in written if p is not None), err=True)
+    click.echo("wrote " + ", ".join(visible(str(p)) for p in written if p is not None), err=True)

@@ -18,6 +18,7 @@ import click
 import httpx
 import trio
 from rich.console import Console
+from rich.text import Text
 
 from ..collector.transport import H11Transport
 from ..config import RunConfig, load_config
@@ -29,6 +30,7 @@ from ..errors import (
     RunStoppedError,
     TrolloutError,
 )
+from ..text import visible
 from .progress import summary_table
 
 __all__ = [
@@ -52,8 +54,11 @@ EXIT_INCOMPLETE_FINAL = 76  # require_complete, and nothing left can be retried
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    """Print ``error: message`` on stderr and exit with ``code``."""
-    click.echo(f"trollout: error: {message}", err=True)
+    """Print ``error: message`` on stderr and exit with ``code``.
+
+    Messages quote files and servers, so control characters are shown escaped (`visible`).
+    """
+    click.echo(f"trollout: error: {visible(message)}", err=True)
     sys.exit(code)
 
 
@@ -113,7 +118,7 @@ def report_errors(errors: Sequence[BaseException]) -> NoReturn:
     codes = {_exit_code(error) for error in errors}
     for error in errors:
         prefix = "run stopped: " if isinstance(error, RunStoppedError) else ""
-        click.echo(f"trollout: error: {prefix}{error}", err=True)
+        click.echo(f"trollout: error: {prefix}{visible(str(error))}", err=True)
     sys.exit(next(code for code in _SEVERITY if code in codes))
 
 
@@ -366,8 +371,8 @@ def print_summary(result: Any, *, title: str) -> None:
             result.progress, total=result.expected, elapsed_s=result.elapsed_s, title=title
         )
     )
-    console.print(f"rollouts: {result.layout.rollouts}")
-    console.print(f"failures: {result.layout.failures}")
+    console.print(Text(visible(f"rollouts: {result.layout.rollouts}")))
+    console.print(Text(visible(f"failures: {result.layout.failures}")))
 
 
 def live_mode(value: str) -> bool | None:

@@ -5,6 +5,8 @@ failures by class, running mean reward. When stderr is not a terminal (CI logs, 
 plain line every ``plain_interval_s`` seconds instead, so logs stay readable and small.
 
 The reporter only reads the engine's `Progress` counters; it never touches the hot path.
+Failure classes are server text: they are shown through `trollout.text.visible`, and rich is
+given `Text` objects only, so no class is ever read as markup.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rich.text import Text
 
 from ..collector.engine import Collector
 from ..collector.progress import Progress
+from ..text import visible
 
 __all__ = ["ProgressReporter", "format_duration", "summary_table"]
 
@@ -53,7 +56,7 @@ def progress_line(progress: Progress, *, total: int, in_flight: int, now: float)
     ]
     failures = sum(progress.failed.values())
     if failures:
-        by_class = ", ".join(f"{k} {v}" for k, v in progress.failed.most_common(3))
+        by_class = ", ".join(f"{visible(k)} {v}" for k, v in progress.failed.most_common(3))
         parts.append(f"failed {failures} ({by_class})")
     if progress.no_persist:
         parts.append(f"no-persist {progress.no_persist}")
@@ -122,8 +125,8 @@ class ProgressReporter:
 
 
 def summary_table(progress: Progress, *, total: int, elapsed_s: float, title: str) -> Table:
-    """Return the final summary of a collection run as a table."""
-    table = Table(title=title, show_header=True, header_style="bold")
+    """Return the final summary of a collection run as a table (every cell a `Text`)."""
+    table = Table(title=Text(visible(title)), show_header=True, header_style="bold")
     table.add_column("what")
     table.add_column("count", justify="right")
     table.add_column("share", justify="right")
@@ -140,9 +143,13 @@ def summary_table(progress: Progress, *, total: int, elapsed_s: float, title: st
         rows.append(("not started", missing))
     for label, count in rows:
         share = f"{100.0 * count / total:.1f}%" if total else "-"
-        table.add_row(label, str(count), share)
+        _add_row(table, label, str(count), share)
     mean = f"{progress.mean_reward:.4f}" if progress.scored else "-"
-    table.add_row("mean reward (landed)", mean, f"n={progress.scored}")
+    _add_row(table, "mean reward (landed)", mean, f"n={progress.scored}")
     rate = progress.settled / elapsed_s if elapsed_s > 0 else 0.0
-    table.add_row("wall time", format_duration(elapsed_s), f"{rate:.1f}/s")
+    _add_row(table, "wall time", format_duration(elapsed_s), f"{rate:.1f}/s")
     return table
+
+
+def _add_row(table: Table, *cells: str) -> None:
+    table.add_row(*(Text(visible(cell)) for cell in cells))

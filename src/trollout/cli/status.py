@@ -22,6 +22,7 @@ from ..recovery.layout import RunLayout
 from ..recovery.lock import read_owner
 from ..recovery.manifest import locate_run, read_manifest
 from ..recovery.resume import Fate, ResumeRules, RunTally, scan_run
+from ..text import visible
 from .common import fail
 
 __all__ = ["run_status", "status"]
@@ -101,24 +102,29 @@ _LINES = (
 
 
 def _print_human(doc: dict[str, Any]) -> None:
-    click.echo(f"run {doc['run']}" + (f" (id {doc['run_id']})" if doc["run_id"] else ""))
-    click.echo(f"  expected            {doc['expected']}")
-    for label, key in _LINES:
-        click.echo(f"  {label:<19} {doc[key]}")
-    for name, count in doc["failures_by_class"].items():
-        click.echo(f"    {name:<17} {count}")
+    # Paths, run ids and failure classes come from files and servers: shown escaped.
+    for line in _human_lines(doc):
+        click.echo(visible(line))
+
+
+def _human_lines(doc: dict[str, Any]) -> list[str]:
+    lines = [f"run {doc['run']}" + (f" (id {doc['run_id']})" if doc["run_id"] else "")]
+    lines.append(f"  expected            {doc['expected']}")
+    lines += [f"  {label:<19} {doc[key]}" for label, key in _LINES]
+    lines += [f"    {visible(name):<17} {n}" for name, n in doc["failures_by_class"].items()]
     if doc["duplicate_landed"] or doc["foreign_rows"]:
-        click.echo(f"  duplicate landed    {doc['duplicate_landed']}")
-        click.echo(f"  foreign rows        {doc['foreign_rows']}")
+        lines.append(f"  duplicate landed    {doc['duplicate_landed']}")
+        lines.append(f"  foreign rows        {doc['foreign_rows']}")
     if doc["collector_pid"] is not None:
-        click.echo(f"  in use by pid {doc['collector_pid']}")
+        lines.append(f"  in use by pid {doc['collector_pid']}")
     if doc["complete"]:
         verdict = "complete: every rollout landed"
     elif doc["retryable_remains"]:
         verdict = f"retryable work remains: trollout resume would dispatch {doc['to_dispatch']}"
     else:
         verdict = "done, incomplete: nothing retryable remains (trollout resubmit sends it again)"
-    click.echo(f"  {verdict} (max attempts {doc['max_attempts']})")
+    lines.append(f"  {verdict} (max attempts {doc['max_attempts']})")
+    return lines
 
 
 @click.command()

@@ -12,6 +12,7 @@ import attrs
 from attrs import frozen
 
 from ..records import Identity
+from ..text import visible
 from .retry import RetryCounters
 
 __all__ = ["LatencySummary", "RunTimingReport", "Straggler", "TimingRow", "format_seconds"]
@@ -60,7 +61,8 @@ class Straggler:
     def render(self) -> str:
         """Return one line naming the rollout."""
         who = f"task {self.identity.task_index} rollout {self.identity.rollout_index}"
-        agent = f" ({self.identity.agent_name})" if self.identity.agent_name else ""
+        name = self.identity.agent_name
+        agent = f" ({visible(name)})" if name else ""  # a name from the input file
         running = format_seconds(self.running_s)
         return f"{who}{agent}: running {running} ({self.p90_multiple:.1f} x p90)"
 

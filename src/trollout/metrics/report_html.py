@@ -4,7 +4,8 @@ Inline CSS and inline SVG only: no script, no font, no image, no network, so the
 anywhere, offline, and can be attached to an issue. Per group: the coverage sentence, both
 views with intervals, and four charts: reward distribution, pass@k curve (both views, interval
 bars), rollouts not scored by class, and the latency histogram (``elapsed_seconds``). Every
-text from the data is escaped.
+text from the data goes through `_e`: control characters shown as escapes (`visible`: they are
+invisible, or invalid, in HTML), then HTML-escaped.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..text import visible
 from .coverage import coverage_lines
 from .summary import GroupSummary, Histogram
 from .views import Estimate, ViewSummary
@@ -232,4 +234,4 @@ def _num(x: float) -> str:
 
 
 def _e(text: str) -> str:
-    return html.escape(text, quote=True)
+    return html.escape(visible(text), quote=True)

@@ -1,4 +1,9 @@
-"""The terminal report: coverage lines and one table row per agent and view (rich)."""
+"""The terminal report: coverage lines and one table row per agent and view (rich).
+
+Agent and server names, failure classes, paths and server errors are data: every one goes to
+rich inside a `Text` (never parsed as markup, whatever the console) after `visible` has escaped
+its control characters.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from ..text import visible
 from .coverage import coverage_lines
 from .summary import GroupSummary
 from .views import Estimate, ViewSummary
@@ -39,14 +46,14 @@ def summary_table(groups: Sequence[GroupSummary]) -> Table:
         share = f"{cov.covered}/{cov.expected}" + (
             f" {100 * cov.covered / cov.expected:.0f}%" if cov.expected else ""
         )
-        table.add_row(
-            g.label,
+        numbers = (
             share,
             _estimate(g.excluded.mean_reward),
             _estimate(g.as_zero.mean_reward),
             _estimate(g.excluded.pass_at_k.get(1), short=True),
             _largest_full_k(g.excluded),
         )
+        table.add_row(_data(g.label), *(Text(cell) for cell in numbers))
     return table
 
 
@@ -69,17 +76,20 @@ def _estimate(e: Estimate | None, *, short: bool = False) -> str:
 def print_report(result: AggregateResult, console: Console) -> None:
     """Print the input findings, the coverage report, the table and any server errors."""
     for line in result.inputs.lines():
-        console.print(f"[yellow]note:[/] {line}", highlight=False)
+        console.print(Text.assemble(("note:", "yellow"), " ", _data(line)))
     for line in coverage_lines(result.coverage):
-        console.print(line, highlight=False)
+        console.print(_data(line))
     console.print(summary_table(list(result.groups)))
     for group in result.groups:
         missing = ", ".join(f"{c} {n}" for c, n in group.coverage.did_not_land().items())
         if missing:
-            console.print(f"{group.label}: did not land: {missing}", highlight=False)
+            console.print(_data(f"{group.label}: did not land: {missing}"))
     for group in result.groups:
         if group.aggregation_error:
-            console.print(
-                f"[red]server metrics failed for {group.label}:[/] {group.aggregation_error}",
-                highlight=False,
-            )
+            failed = _data(f"server metrics failed for {group.label}:", style="red")
+            console.print(Text.assemble(failed, " ", _data(group.aggregation_error)))
+
+
+def _data(text: str, *, style: str = "") -> Text:
+    """Return external text for rich: control characters escaped, never read as markup."""
+    return Text(visible(text), style=style)
