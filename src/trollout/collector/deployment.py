@@ -592,6 +592,9 @@ def _load_yaml(text: str, head_url: str) -> Mapping[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    except (ValueError, LookupError, AttributeError, TypeError, RecursionError) as exc:
+        # PyYAML's constructors raise plain errors that quote the value (`!!int sk-...`).
+        where = f" ({type(exc).__name__} while building a value)"
     else:
         if isinstance(cfg, Mapping):
             return cfg
