@@ -41,6 +41,7 @@ from ..config import RunConfig
 from ..errors import ConfigError, IncompleteEvaluationError, RunFolderError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report
 from ..records import MaterializedRow
+from ..text import visible
 from ..recovery.files import format_bytes
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import (
@@ -364,9 +365,9 @@ def report_run(result: RunResult, *, title: str) -> None:
     click.echo(result.timing)
     if result.aggregate is not None:
         print_report(result.aggregate, Console())
-        click.echo(f"metrics: {result.aggregate.metrics_path}")
+        click.echo(f"metrics: {visible(str(result.aggregate.metrics_path))}")
         if result.aggregate.report_path is not None:
-            click.echo(f"report:  {result.aggregate.report_path}")
+            click.echo(f"report:  {visible(str(result.aggregate.report_path))}")
     if result.signal is not None:
         click.echo(f"stopped by {signal.Signals(result.signal).name}; resume to finish", err=True)
         sys.exit(128 + result.signal)
