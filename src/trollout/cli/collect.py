@@ -41,7 +41,6 @@ from ..config import RunConfig
 from ..errors import ConfigError, IncompleteEvaluationError, RunFolderError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report
 from ..records import MaterializedRow
-from ..text import visible
 from ..recovery.files import format_bytes
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import (
@@ -53,6 +52,7 @@ from ..recovery.manifest import (
 )
 from ..recovery.resume import Fate, Resubmit, ResumeRules, RunTally, scan_run
 from ..recovery.store import RunStore, check_run_folder, open_run_store
+from ..text import visible
 from .common import (
     EXIT_FAILED,
     build_run_config,
