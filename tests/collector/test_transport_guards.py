@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import select
 from pathlib import Path
 
 import httpx
@@ -339,3 +340,25 @@ async def test_guard_discard_connection_spares_a_reused_one() -> None:
         second.discard_connection()  # too late: that connection has served another request
         assert (await transport.post(server.url, b"4")).body == b"4"
     assert server.connections == 2
+
+
+async def test_guard_without_epoll_a_blocked_send_still_completes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Out of descriptors for the epoll, a send waits for room only: uploads still complete,
+    and an early reply is still returned when the server closes."""
+
+    def no_fds() -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(select, "epoll", no_fds)
+
+    async def refuse(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        await stream.send_all(response(413, b"too big", headers=b"connection: close\r\n"))
+
+    async with paired(echo) as transport:
+        assert len((await transport.post(URL, b"x" * 20_000_000)).body) == 20_000_000
+        transport.serve = refuse
+        await transport.aclose()
+        assert (await transport.post(URL, b"x" * 50_000_000)).status == 413

@@ -146,6 +146,16 @@ def _expire_due(queue: dict[Exchange, float], now: float, reason: int) -> float:
     return float("inf")
 
 
+def _watch_both(sock: socket.socket) -> select.epoll | None:
+    """Return an epoll that is readable when `sock` is readable or writable (None: no fds)."""
+    try:
+        either = select.epoll()
+    except OSError:
+        return None  # out of descriptors: the send waits for room only
+    either.register(sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
+    return either
+
+
 class Exchange:
     """One request and its response on one connection, under the transport's two timers.
 
@@ -272,13 +282,12 @@ class Exchange:
 
     async def _wait_send(self) -> bool:
         """Wait until the socket takes more bytes or has bytes to read; return the latter."""
-        if not _EPOLL or self._peer_closed:
+        either = self._either
+        if either is None and _EPOLL and not self._peer_closed:
+            either = self._either = _watch_both(self.sock)
+        if either is None or self._peer_closed:
             await self._wait(_wait_writable, self.sock)
             return False
-        either = self._either
-        if either is None:
-            either = self._either = select.epoll()
-            either.register(self.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
         await self._wait(_wait_readable, either)
         return any(events & select.EPOLLIN for _, events in either.poll(0))
 
