@@ -1,6 +1,7 @@
 """Throughput and memory of the collection hot path, side by side with a NeMo Gym-style baseline.
 
     .venv/bin/python bench/throughput.py [--rollouts 20000] [--concurrency 1,64,512,4096]
+        [--compare-src OTHER_CHECKOUT/src]
 
 For each concurrency, two clients run in fresh subprocesses against the same fake deployment
 (a separate process, zero latency, no faults), one after the other in this one invocation:
@@ -14,6 +15,10 @@ Reported per client: rollouts/s, client CPU seconds per 1,000 rollouts (user+sys
 client process, measured around the collection only), and peak RSS. Then two memory figures for
 trollout: peak RSS with 10,000 rollouts in flight (the server sleeps), and for a 100,000-row input
 compared with a 10,000-row one (flat means memory does not follow rows).
+
+With ``--compare-src``, a third client, ``before``, runs the same trollout client code with
+``trollout`` imported from another checkout's ``src`` (e.g. a worktree of an older commit), so a
+change's cost is measured side by side in one run against the same server.
 
 The machine is shared and noisy: compare ratios within one run, not absolute figures across runs.
 """
@@ -131,13 +136,18 @@ def client_main(argv: list[str]) -> None:
 # --- orchestration ----------------------------------------------------------------------------
 
 
-def run_client(kind: str, url: str, rows_path: Path, out: Path, concurrency: int) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--client", kind, url, str(rows_path), str(out)]
+def run_client(
+    kind: str, url: str, rows_path: Path, out: Path, concurrency: int, src: str | None = None
+) -> dict[str, Any]:
+    client = "trollout" if kind == "before" else kind
+    command = [sys.executable, __file__, "--client", client, url, str(rows_path), str(out)]
+    env = dict(os.environ, PYTHONPATH=src) if src else None  # `before`: another checkout
     proc = subprocess.run(
         [*command, str(concurrency)],
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} client failed:\n{proc.stderr[-3000:]}")
@@ -161,7 +171,9 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=20000)
     parser.add_argument("--concurrency", default="1,64,512,4096")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--compare-src", help="also run trollout imported from this src folder")
     args = parser.parse_args()
+    kinds = ("trollout", "before", "baseline") if args.compare_src else ("trollout", "baseline")
     from trollout.testing import DeploymentSpec, spawn_fake_deployment
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -177,10 +189,9 @@ def main() -> None:
                 part = folder / f"rows_{n}.jsonl"
                 if not part.exists():
                     write_materialized(part, n, "bench_agent")
-                for kind in ("trollout", "baseline"):
-                    r = run_client(
-                        kind, url, part, folder / f"{kind}_{concurrency}.jsonl", concurrency
-                    )
+                for kind in kinds:
+                    out = folder / f"{kind}_{concurrency}.jsonl"
+                    r = run_client(kind, url, part, out, concurrency, args.compare_src)
                     print(report(kind, concurrency, r), flush=True)
         if not args.skip_memory:
             memory_figures(folder)

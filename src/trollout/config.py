@@ -128,6 +128,10 @@ class RunConfig:
     max_rollouts: int = attrs.field(default=10_000_000, validator=_positive)  # a plan's size
     connect_timeout_s: float = attrs.field(default=10.0, validator=_positive)
     read_timeout_s: float = attrs.field(default=3600.0, validator=_positive)
+    # the longest one /run request may take, sending through the last reply byte, however
+    # steadily bytes trickle in; None: twice read_timeout_s (7200 s by default)
+    reply_timeout_s: float | None = attrs.field(default=None, validator=_positive)
+    max_reply_bytes: int = attrs.field(default=256 * 1024 * 1024, validator=_positive)  # decoded
     dispatch_connect_grace_s: float = attrs.field(default=30.0, validator=_non_negative)
     max_connect_retries: int = attrs.field(default=4, validator=_non_negative)
     fail_fast: bool = False

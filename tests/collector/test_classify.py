@@ -12,12 +12,23 @@ import pytest
 
 from trollout.collector.classify import (
     cut_text,
+    echo_mismatches,
     error_kind,
+    expected_echo,
     outcome_from_error,
     outcome_from_response,
     retry_after_seconds,
 )
-from trollout.collector.transport import BodyProtocolError, BodyReadError, RawResponse
+from trollout.collector.replies import began
+from trollout.collector.transport import (
+    BodyProtocolError,
+    BodyReadError,
+    BodyReplyTimeout,
+    ContentDecodingError,
+    RawResponse,
+    ReplyTimeout,
+    ReplyTooLargeError,
+)
 from trollout.records import Delivery, Failed, Identity, Landed, outcome_to_row
 
 IDENTITY = Identity(task_index=7, rollout_index=3, agent_name="math")
@@ -344,3 +355,109 @@ def test_retry_after_seconds_reads_delta_and_date(value: bytes, seconds: float |
 def test_retry_after_seconds_absent_is_none() -> None:
     """No Retry-After header means no delay hint."""
     assert retry_after_seconds(RawResponse(503, [], b"", False)) is None
+
+
+# --- reply limits and deadlines, foreign replies -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "exception_type", "delivery", "status"),
+    [
+        (began(ReplyTooLargeError, "big", 200), "reply_too_large", "ReplyTooLargeError", "d", 200),
+        (
+            began(ContentDecodingError, "br", 200),
+            "content_encoding",
+            "ContentDecodingError",
+            "d",
+            200,
+        ),
+        (ReplyTimeout("slow"), "reply_timeout", "ReplyTimeout", "p", None),
+        (began(BodyReplyTimeout, "slow", 200), "reply_timeout", "ReplyTimeout", "d", 200),
+    ],
+)
+def test_outcome_from_error_names_reply_limits(
+    exc: Exception, kind: str, exception_type: str, delivery: str, status: int | None
+) -> None:
+    """A reply over the size limit, in an unknown coding or past its deadline is a typed
+    agent_request_failed, never malformed_body."""
+    outcome = outcome_from_error(IDENTITY, 0, exc, elapsed_seconds=1.0, max_attempts=3)
+    assert (outcome.failure_class, outcome.kind, outcome.exception_type) == (
+        "agent_request_failed",
+        kind,
+        exception_type,
+    )
+    assert outcome.http_status == status
+    want = Delivery.DELIVERED if delivery == "d" else Delivery.POSSIBLY_DELIVERED
+    assert outcome.delivery is want
+
+
+SENT = {"_ng_task_index": 7, "_ng_rollout_index": 3, "_ng_attempt_index": 1, "_ng_rollout_id": "q"}
+
+
+def echo_reply(payload: dict[str, Any], sent: dict[str, Any] = SENT) -> Any:
+    """Classify a 200 carrying `payload` as the reply to a request that carried `sent`."""
+    raw = RawResponse(200, [], orjson.dumps(payload), False, URL)
+    echo = expected_echo(sent)
+    return outcome_from_response(IDENTITY, 1, raw, elapsed_seconds=1.0, max_attempts=3, echo=echo)
+
+
+@pytest.mark.parametrize(
+    ("key", "echoed"),
+    [
+        ("_ng_task_index", 8),
+        ("_ng_rollout_index", 0),
+        ("_ng_attempt_index", 0),
+        ("_ng_rollout_id", "other"),
+        ("_ng_task_index", "7"),
+    ],
+)
+def test_outcome_from_response_foreign_identity_is_a_typed_failure(key: str, echoed: Any) -> None:
+    """A 200 echoing another request's identity fails as identity_mismatch, possibly
+    delivered, naming the key and both values, and keeps none of the foreign body."""
+    outcome = echo_reply({**SENT, key: echoed, "reward": 1.0, "response": {"id": "theirs"}})
+    assert isinstance(outcome, Failed)
+    assert (outcome.failure_class, outcome.kind, outcome.delivery) == (
+        "agent_request_failed",
+        "identity_mismatch",
+        Delivery.POSSIBLY_DELIVERED,
+    )
+    assert f"{key} {echoed!r} where {SENT[key]!r} was sent" in (outcome.message or "")
+    assert outcome.response_body is None
+    assert "theirs" not in str(outcome_to_row(outcome))
+
+
+def test_outcome_from_response_foreign_identity_beats_sentinels() -> None:
+    """Another request's failure sentinel is not this request's failure either."""
+    outcome = echo_reply({**SENT, "_ng_task_index": 1, "_ng_failure_class": "transient"})
+    assert isinstance(outcome, Failed)
+    assert outcome.kind == "identity_mismatch"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {**SENT, "reward": 1.0},
+        {"reward": 1.0},
+        {"_ng_task_index": 7, "reward": 1.0},
+    ],
+)
+def test_outcome_from_response_matching_or_absent_echo_lands(payload: dict[str, Any]) -> None:
+    """An echo that matches, or no echo at all (0.7.0 environment servers), lands."""
+    assert isinstance(echo_reply(payload), Landed)
+
+
+def test_expected_echo_holds_only_what_the_request_carried() -> None:
+    """Identity keys absent from the request are not expected back; others are ignored."""
+    request = {"_ng_task_index": 2, "_ng_rollout_index": 0, "expected_answer": "4"}
+    assert expected_echo(request) == [("_ng_task_index", 2), ("_ng_rollout_index", 0)]
+    outcome = echo_reply({"_ng_attempt_index": 5, "_ng_rollout_id": "x"}, sent=request)
+    assert isinstance(outcome, Landed)
+
+
+def test_echo_mismatches_lists_each_contradiction() -> None:
+    """echo_mismatches returns (key, sent, echoed) for every contradicted pair, in order."""
+    expected = [("a", 1), ("b", {"id": 2}), ("c", 3)]
+    assert echo_mismatches({"a": 1, "b": {"id": 9}, "c": 4}, expected) == [
+        ("b", {"id": 2}, {"id": 9}),
+        ("c", 3, 4),
+    ]

@@ -106,6 +106,17 @@ def test_dispatch_policy_from_config_takes_run_settings() -> None:
     assert policy == DispatchPolicy(2.0, 90.0, 1, config.dispatch_connect_grace_s, max_attempts=5)
 
 
+def test_dispatch_policy_carries_the_reply_limits_to_its_transport() -> None:
+    """from_config takes reply_timeout_s and max_reply_bytes; make_transport applies them."""
+    config = RunConfig(read_timeout_s=90.0, reply_timeout_s=100.0, max_reply_bytes=1234)
+    policy = DispatchPolicy.from_config(config)
+    assert (policy.reply_timeout_s, policy.max_reply_bytes) == (100.0, 1234)
+    transport = policy.make_transport()
+    assert (transport._deadlines.reply_timeout_s, transport._max_body_bytes) == (100.0, 1234)
+    default = DispatchPolicy.from_config(RunConfig(read_timeout_s=90.0)).make_transport()
+    assert (default._deadlines.reply_timeout_s, default._max_body_bytes) == (180.0, 256 * 2**20)
+
+
 def test_dispatch_policy_rejects_negative_values() -> None:
     """A negative retry count or zero timeout is refused with the setting's name."""
     with pytest.raises(ConfigError, match=r"max_connect_retries must be >= 0 \(got -1\)"):
@@ -255,3 +266,25 @@ async def test_dispatch_refused_loopback_port_fails_not_sent() -> None:
     )
     assert "Connection refused" in (outcome.message or "")
     assert (outcome.message or "").endswith("(after 2 connect retries)")
+
+
+async def test_dispatch_foreign_reply_fails_and_drops_its_connection(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A 200 that echoes another rollout's identity is identity_mismatch, possibly delivered,
+    and the connection that carried it is closed rather than pooled."""
+    foreign = orjson.dumps({**ROW.body, "_ng_task_index": 8, "reward": 1.0})
+    own = orjson.dumps({**ROW.body, "reward": 0.0})
+    async with scripted([answer(200, foreign), answer(200, own)], POLICY) as transport:
+        outcome = await dispatch(transport, URL, ROW, 0, POLICY, rng=random.Random(0))
+        assert isinstance(outcome, Failed)
+        assert (outcome.kind, outcome.delivery) == (
+            "identity_mismatch",
+            Delivery.POSSIBLY_DELIVERED,
+        )
+        assert "_ng_task_index 8 where 7 was sent" in (outcome.message or "")
+        assert transport.idle_connections() == 0
+        landed = await dispatch(transport, URL, ROW, 0, POLICY, rng=random.Random(0))
+        assert isinstance(landed, Landed)
+        assert landed.reward == 0.0
+    assert len(transport.connects) == 2

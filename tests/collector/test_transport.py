@@ -266,7 +266,7 @@ async def test_transport_read_timeout_measures_silence(
             await trio.sleep(gap)
             await stream.send_all(b"b")
 
-    async with paired(trickle) as transport:
+    async with paired(trickle, reply_timeout_s=100.0) as transport:
         raw = await transport.post("http://agent:8000/run", b"{}")
         assert (raw.body, trio.current_time()) == (b"abb", 27.0)
         await transport.aclose()  # the next request gets a fresh scripted connection

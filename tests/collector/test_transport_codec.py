@@ -299,10 +299,31 @@ def test_parser_rejects_malformed_chunks(body: bytes) -> None:
         parse(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + body)
 
 
-def test_parser_rejects_bare_lf_heads_before_they_end() -> None:
-    """A head using bare LF line ends is rejected at once, not after a read timeout."""
-    with pytest.raises(FramingError, match="bare LF"):
-        parse(b"HTTP/1.1 200 OK\ncontent-length: 0\n\n")
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\ncontent-length: 2\nx-a: 1\n\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\nx-a: 1\r\n\n",
+        b"HTTP/1.1 200 OK\ncontent-length: 2\r\nx-a: 1\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-a: 1\r\n\n",
+        b"HTTP/1.1 100 Continue\n\nHTTP/1.1 200 OK\ncontent-length: 2\nx-a: 1\n\r\n",
+    ],
+)
+def test_parser_accepts_bare_lf_and_mixed_line_ends(head: bytes) -> None:
+    """Heads with bare LF or mixed line ends (even ending \\n\\r\\n) parse, in any split."""
+    data = head + b"ok"
+    expected = Parsed(200, [(b"content-length", b"2"), (b"x-a", b"1")], b"ok", True, True)
+    for cut in range(1, len(data)):
+        assert parse(data[:cut], data[cut:]) == expected
+    assert parse(*[data[i : i + 1] for i in range(len(data))]) == expected
+
+
+def test_parser_accepts_bare_lf_trailers() -> None:
+    """A chunked body's trailers may end their lines with a bare LF; chunk lines may not."""
+    data = b"HTTP/1.1 200 OK\ntransfer-encoding: chunked\n\n2\r\nok\r\n0\r\nx-t: 1\n\n"
+    assert parse(data).body == b"ok"
+    with pytest.raises(FramingError, match="chunk-size line"):
+        parse(b"HTTP/1.1 200 OK\ntransfer-encoding: chunked\n\n2\nok\r\n")
 
 
 @pytest.mark.parametrize("trickle", [False, True])

@@ -246,6 +246,20 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
         type=float,
         help="Seconds of silence allowed while waiting for a reply (default 3600).",
     ),
+    "reply-timeout": click.option(
+        "--reply-timeout",
+        "reply_timeout_s",
+        type=float,
+        help="Seconds one request may take from sending to the last reply byte, however "
+        "steadily bytes arrive (default: twice --read-timeout, 7200).",
+    ),
+    "max-reply-bytes": click.option(
+        "--max-reply-bytes",
+        "max_reply_bytes",
+        type=int,
+        help="Longest reply body read, after decoding; a longer one fails the rollout "
+        "(default 268435456, 256 MiB).",
+    ),
     "fsync": click.option(
         "--fsync",
         type=click.Choice(["row", "batch", "never"]),

@@ -1,10 +1,11 @@
 """Turn a `/run` reply or a transport error into an outcome (protocol.md section 2).
 
 Pure functions, no I/O. A reply decides by status first, then, for a 200 whose body is a JSON
-object, by the sentinel keys:
+object, by the identity it echoes and the sentinel keys:
 
 | reply                                    | outcome                                         |
 |------------------------------------------|-------------------------------------------------|
+| 200, echoes another request's identity   | Failed(agent_request_failed, identity_mismatch) |
 | 200, ``_ng_no_persist: true``            | Failed(no_persist, class from reply or kill)    |
 | 200, ``_ng_failure_class`` not null      | Failed(producer's class, terminal, kind, extra) |
 | 200, other JSON object                   | Landed(result = the reply without stamps)       |
@@ -16,6 +17,30 @@ object, by the sentinel keys:
 Failure rows never carry a reward or response the collector made up: an infrastructure failure
 is not a zero score. Bodies are decoded from at most `MAX_DECODED_BODY_BYTES` and kept to
 `MAX_TEXT_CHARS` characters, with ``…`` appended when cut.
+
+Design note (forged and foreign replies). HTTP/1.1 has no request ids: on a kept-alive
+connection, whatever complete response follows a request is taken as its reply. A server (or a
+proxy) that sends a reply nobody asked for can therefore make a request take the reply of
+another one, or a forged body. Two mechanisms stand against it, one per layer:
+
+- the transport (transport.py) never sends a request on a connection that carried bytes nobody
+  asked for: bytes after a complete response close the connection after that exchange, and a
+  pooled connection that is readable at checkout (one ``poll`` just before the request is
+  written) is discarded;
+- here, a 200 whose echoed identity (`echo_mismatches`: ``_ng_task_index``,
+  ``_ng_rollout_index``, ``_ng_attempt_index``, ``_ng_rollout_id``, each checked when the
+  request carried it) contradicts the request is `identity_mismatch`, possibly delivered (the
+  reply is not ours and nothing proves ours ran); the dispatcher then closes the connection that
+  carried it, which is no longer in step with its server.
+
+What remains: a stray reply that carries no identity and arrives after the next request was
+written (in the microseconds between the checkout poll and the write, or while the request is in
+flight) is indistinguishable from that request's reply, and is taken as it. No mechanism at the
+HTTP level can tell them apart; closing every connection after one request would, at a TCP
+connect per rollout. NeMo Gym agents echo the request row, so their replies carry the identity;
+0.7.0 environment servers' replies to flat rows carry none, so against them only the transport's
+rules hold. The episode protocol's ``episode_id`` echo (protocol.md section 3) will close the gap
+for episodes through the same `echo_mismatches`.
 """
 
 from __future__ import annotations
@@ -23,7 +48,7 @@ from __future__ import annotations
 import email.utils
 import http
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import httpx
@@ -34,11 +59,15 @@ from ..records import Delivery, Failed, FailureClass, Identity, Landed
 from .transport import RawResponse, ResponseBegan, delivery_of
 
 __all__ = [
+    "ECHOED_IDENTITY_KEYS",
     "GATEWAY_STATUSES",
+    "IDENTITY_MISMATCH",
     "MAX_DECODED_BODY_BYTES",
     "MAX_TEXT_CHARS",
     "cut_text",
+    "echo_mismatches",
     "error_kind",
+    "expected_echo",
     "one_line_message",
     "outcome_from_error",
     "outcome_from_response",
@@ -48,7 +77,16 @@ __all__ = [
 GATEWAY_STATUSES: Final = frozenset({429, 502, 503, 504})  # a gateway answered: nothing proven
 MAX_DECODED_BODY_BYTES: Final = 8192
 MAX_TEXT_CHARS: Final = 2000
+IDENTITY_MISMATCH: Final = "identity_mismatch"
+ECHOED_IDENTITY_KEYS: Final = (
+    records.TASK_INDEX,
+    records.ROLLOUT_INDEX,
+    records.ATTEMPT_INDEX,
+    records.ROLLOUT_ID,
+)
+"""The request keys a reply may echo back; an echo must carry the value that was sent."""
 _ELLIPSIS: Final = "…"
+_MAX_VALUE_CHARS: Final = 60
 
 # Keys of the reply the collector owns: stamps it re-applies, failure fields it maps.
 _STAMP_KEYS: Final = records.IDENTITY_KEYS | {
@@ -137,6 +175,7 @@ def outcome_from_response(
     *,
     elapsed_seconds: float | None,
     max_attempts: int | None,
+    echo: Sequence[tuple[str, Any]] = (),
 ) -> Landed | Failed:
     """Classify a `/run` reply (protocol.md section 2).
 
@@ -146,6 +185,7 @@ def outcome_from_response(
         response: the reply.
         elapsed_seconds: wall time of the attempt.
         max_attempts: the attempt cap in force, written on failure rows.
+        echo: the (key, value sent) pairs a 200 may echo only unchanged (`expected_echo`).
     """
     if response.status != 200:
         return _status_failure(identity, attempt_index, response, elapsed_seconds, max_attempts)
@@ -157,6 +197,11 @@ def outcome_from_response(
     if not isinstance(reply, dict):
         problem = f"is a JSON {_json_type(reply)}, not an object"
         return _malformed(identity, attempt_index, response, elapsed_seconds, max_attempts, problem)
+    mismatched = echo_mismatches(reply, echo) if echo else None
+    if mismatched:
+        return _foreign(
+            identity, attempt_index, response, elapsed_seconds, max_attempts, mismatched
+        )
     if reply.get(records.NO_PERSIST) is True or reply.get(records.FAILURE_CLASS) is not None:
         return _producer_failure(identity, attempt_index, reply, elapsed_seconds, max_attempts)
     result = {key: value for key, value in reply.items() if key not in _STAMP_KEYS}
@@ -196,17 +241,76 @@ def outcome_from_error(
 
 
 def error_kind(exc: BaseException) -> str:
-    """Return the short machine word for a transport error (``body_`` once a reply began)."""
+    """Return the short machine word for a transport error (``body_`` once a reply began).
+
+    An error class with a ``failure_kind`` (a reply limit or deadline) names its own.
+    """
+    own: str | None = getattr(exc, "failure_kind", None)
+    if own is not None:
+        return own
     kind = next((word for cls, word in _KINDS if isinstance(exc, cls)), "transport")
     return f"body_{kind}" if isinstance(exc, ResponseBegan) else kind
 
 
 def _public_type_name(exc: BaseException) -> str:
-    # Our ResponseBegan subclasses report the httpx class they stand for.
+    # Our ResponseBegan subclasses report the httpx class they stand for, or, for a class that
+    # names its own failure_kind, the class that named it.
     for cls in type(exc).__mro__:
-        if cls.__module__.startswith("httpx"):
+        if "failure_kind" in vars(cls) or cls.__module__.startswith("httpx"):
             return cls.__name__
     return type(exc).__name__
+
+
+def expected_echo(request: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Return the (key, value sent) pairs of `request` that a reply may echo only unchanged."""
+    return [(key, request[key]) for key in ECHOED_IDENTITY_KEYS if key in request]
+
+
+def echo_mismatches(
+    reply: Mapping[str, Any], expected: Iterable[tuple[str, Any]]
+) -> list[tuple[str, Any, Any]]:
+    """Return (key, sent, echoed) for each expected key that `reply` echoes with another value.
+
+    A key the reply leaves out is no contradiction: servers need not echo.
+    """
+    return [
+        (key, sent, reply[key]) for key, sent in expected if key in reply and reply[key] != sent
+    ]
+
+
+def _foreign(
+    identity: Identity,
+    attempt_index: int,
+    response: RawResponse,
+    elapsed_seconds: float | None,
+    max_attempts: int | None,
+    mismatched: list[tuple[str, Any, Any]],
+) -> Failed:
+    contradictions = "; ".join(
+        f"{key} {_short(echoed)} where {_short(sent)} was sent" for key, sent, echoed in mismatched
+    )
+    message = (
+        f"the HTTP 200 reply from {_where(response)} is another request's: it echoes "
+        f"{contradictions}; a connection or proxy mixed up replies (or the server forged one), "
+        "so whether this attempt ran is unknown"
+    )
+    return Failed(
+        identity=identity,
+        attempt_index=attempt_index,
+        failure_class=FailureClass.AGENT_REQUEST_FAILED.value,
+        kind=IDENTITY_MISMATCH,
+        exception_type="IdentityMismatch",
+        message=one_line_message(message),
+        http_status=response.status,
+        max_attempts=max_attempts,
+        delivery=Delivery.POSSIBLY_DELIVERED,
+        elapsed_seconds=elapsed_seconds,
+    )
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_VALUE_CHARS else text[:_MAX_VALUE_CHARS] + _ELLIPSIS
 
 
 def _status_failure(

@@ -37,7 +37,13 @@ from attrs import frozen
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..records import Delivery, Failed, FailureClass, Landed, MaterializedRow
-from .classify import one_line_message, outcome_from_error, outcome_from_response
+from .classify import (
+    IDENTITY_MISMATCH,
+    expected_echo,
+    one_line_message,
+    outcome_from_error,
+    outcome_from_response,
+)
 from .retry import (
     REFUSAL_STATUSES,
     Admission,
@@ -45,7 +51,7 @@ from .retry import (
     RetryPolicy,
     RetryState,
 )
-from .transport import H11Transport, PostTransport
+from .transport import DEFAULT_MAX_BODY_BYTES, H11Transport, PostTransport, RawResponse
 
 __all__ = ["DispatchPolicy", "NewAttempt", "dispatch"]
 
@@ -74,6 +80,9 @@ class DispatchPolicy:
     Attributes:
         connect_timeout_s: the longest wait to establish a connection.
         read_timeout_s: the longest silence while the server holds a request.
+        reply_timeout_s: the longest one request may take, sending through the last reply
+            byte (None: twice `read_timeout_s`).
+        max_reply_bytes: the longest reply body read (after decoding).
         max_connect_retries: retries of a never-established connection per rollout.
         dispatch_connect_grace_s: no connect retry starts later than this after the rollout began.
         backoff_base_s: the first connect retry's backoff cap; it doubles per retry.
@@ -94,6 +103,10 @@ class DispatchPolicy:
     retry: RetryPolicy = attrs.field(factory=RetryPolicy, kw_only=True)
     rollout_timeout_s: float | None = attrs.field(default=None, kw_only=True, validator=_positive)
     timeout_is_terminal: bool = attrs.field(default=False, kw_only=True)
+    reply_timeout_s: float | None = attrs.field(default=None, kw_only=True, validator=_positive)
+    max_reply_bytes: int = attrs.field(
+        default=DEFAULT_MAX_BODY_BYTES, kw_only=True, validator=_positive
+    )
 
     @classmethod
     def from_config(cls, config: RunConfig) -> DispatchPolicy:
@@ -107,13 +120,17 @@ class DispatchPolicy:
             retry=RetryPolicy.from_config(config),
             rollout_timeout_s=config.rollout_timeout_s,
             timeout_is_terminal=config.timeout_is_terminal,
+            reply_timeout_s=config.reply_timeout_s,
+            max_reply_bytes=config.max_reply_bytes,
         )
 
     def make_transport(self, *, max_idle_per_host: int | None = None) -> H11Transport:
-        """Return a transport with this policy's timeouts (use it with ``async with``)."""
+        """Return a transport with this policy's timeouts and limits (use with ``async with``)."""
         return H11Transport(
             connect_timeout_s=self.connect_timeout_s,
             read_timeout_s=self.read_timeout_s,
+            reply_timeout_s=self.reply_timeout_s,
+            max_body_bytes=self.max_reply_bytes,
             max_idle_per_host=max_idle_per_host,
         )
 
@@ -192,10 +209,11 @@ class _Rollout:
         self.delivery = Delivery.NOT_SENT
         self.last: Failed | None = None
         self.note = ""
+        self.echo: list[tuple[str, Any]] = []
 
     async def run(self) -> Landed | Failed:
         """Send, and re-send while the rules allow; return the final outcome."""
-        body = orjson.dumps(self.row.request_body(self.attempt))
+        body = self._request()
         while True:
             outcome = await self._send_once(body)
             if isinstance(outcome, Landed):
@@ -209,8 +227,14 @@ class _Rollout:
                 assert self.new_attempt is not None
                 self.attempt = await self.new_attempt(self._final(outcome))
                 self.delivery = Delivery.NOT_SENT
-                body = orjson.dumps(self.row.request_body(self.attempt))
+                body = self._request()
             await trio.sleep(delay)
+
+    def _request(self) -> bytes:
+        """Return the current attempt's body, noting the identity its reply may echo."""
+        request = self.row.request_body(self.attempt)
+        self.echo = expected_echo(request)
+        return orjson.dumps(request)
 
     async def _send_once(self, body: bytes) -> Landed | Failed:
         admission = Admission.ALLOWED if self.health is None else self.health.admit(self._now())
@@ -247,13 +271,23 @@ class _Rollout:
             self.delivery = failed.delivery
             return failed
         self.delivery = Delivery.DELIVERED
-        return outcome_from_response(
+        outcome = outcome_from_response(
             self.row.identity,
             self.attempt,
             response,
             elapsed_seconds=self._now() - self.start,
             max_attempts=self.policy.max_attempts,
+            echo=self.echo,
         )
+        if type(outcome) is Failed and outcome.kind == IDENTITY_MISMATCH:
+            self._foreign_reply(outcome, response)
+        return outcome
+
+    def _foreign_reply(self, failed: Failed, response: RawResponse) -> None:
+        """Close the connection that carried another request's reply (it is out of step)."""
+        self.delivery = failed.delivery
+        if response.discard_connection is not None:
+            response.discard_connection()
 
     def _retry_delay(self, failed: Failed) -> float | None:
         """Return the wait before re-sending after `failed`, or None to stop here."""

@@ -409,7 +409,10 @@ async def open_collector(
     own_transport = transport is None
     if transport is None:
         transport = H11Transport(
-            connect_timeout_s=config.connect_timeout_s, read_timeout_s=config.read_timeout_s
+            connect_timeout_s=config.connect_timeout_s,
+            read_timeout_s=config.read_timeout_s,
+            reply_timeout_s=config.reply_timeout_s,
+            max_body_bytes=config.max_reply_bytes,
         )
     collector = Collector(
         config=config,

@@ -1,210 +1,200 @@
 """One HTTP/1.1 exchange on a connection the pool lent: send, read, time out.
 
-Also the vocabulary the transport's callers see: `RawResponse`, and the `ResponseBegan`
-failures that came after a status line arrived.
-
 Design note. Each exchange does one ``send`` of its request, then waits for readability and
 ``recv``s (a response is rarely there before the first wait, so trying ``recv`` first would
 mostly fail), all on the plain non-blocking socket: Trio's socket methods add a scheduler round
-trip per call, and `trio.SocketStream` a conflict detector besides. The read timeout is not a
-cancel scope per exchange (measured: 8-10 us of CPU to open and close one around a checkpoint,
-a quarter of the transport's cost per request at 64 in flight) but one `Deadlines` queue per
+trip per call, and `trio.SocketStream` a conflict detector besides. The timers are not a cancel
+scope per exchange (measured: 8-10 us of CPU to open and close one around a checkpoint, a
+quarter of the transport's cost per request at 64 in flight) but one `Deadlines` queue per
 transport, enforced by one Trio system task; see that class. A system task rather than a task in
 a caller's nursery because the transport has no nursery of its own: callers make it as
 ``H11Transport(...)`` and may never enter it. Rejected alternative: a ``trio.move_on_after``
 scope per exchange, as before.
+
+Two timers run per exchange: silence (``read_timeout_s``, restarted by every byte received) and
+the whole exchange (``reply_timeout_s``, from the first byte sent to the last byte received), so
+a server that trickles a byte a second cannot hold a rollout forever.
+
+Early responses. A server may answer before it has read the whole request (a 413 to a large
+POST, or a 200 from a server that does not need the rest) and then stop reading or close. While
+a send waits for room, the exchange therefore waits for the socket to become writable *or*
+readable, with one ``epoll`` descriptor watching both (Linux; one Trio task can wait on one
+readiness at a time, and a second task would need a nursery, whose exception groups would wrap
+a caller's `trio.Cancelled`); elsewhere it waits for writability only and sees the response when
+the server closes. When a send fails, whatever the server already sent is read. Either way, a
+final response that began is read to its end and returned instead of a write error, as httpx
+does; its connection is closed, since the request was never completed. Sends that do not block,
+the hot path, pay nothing for this.
 """
 
 from __future__ import annotations
 
+import select
 import socket
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
 
-import attrs
 import httpx
 import trio
-from attrs import frozen
 
-from ..records import Delivery
-from .http11 import FramingError, IncompleteResponseError, ResponseParser
+from .http11 import (
+    BodyTooLargeError,
+    ContentEncodingError,
+    FramingError,
+    IncompleteResponseError,
+    ResponseParser,
+)
+from .replies import (
+    BodyProtocolError,
+    BodyReadError,
+    BodyReadTimeout,
+    BodyReplyTimeout,
+    ContentDecodingError,
+    RawResponse,
+    ReplyTimeout,
+    ReplyTooLargeError,
+    began,
+)
 
-__all__ = [
-    "BodyProtocolError",
-    "BodyReadError",
-    "BodyReadTimeout",
-    "Deadlines",
-    "Exchange",
-    "RawResponse",
-    "ResponseBegan",
-    "delivery_of",
-    "response_began",
-]
+__all__ = ["Deadlines", "Exchange", "Expired"]
 
 _RECEIVE_BYTES: Final = 65536
-_Headers = Sequence[tuple[bytes, bytes]]
 _wait_readable = trio.lowlevel.wait_readable
 _wait_writable = trio.lowlevel.wait_writable
-
-
-@frozen
-class RawResponse:
-    """A response as the hot path sees it: status, raw headers, bytes.
-
-    Attributes:
-        status: the HTTP status code.
-        headers: the header pairs as received, names lower-cased.
-        body: the body; for non-2xx at most the transport's `max_error_body_bytes`.
-        truncated: the body was cut (an oversized or interrupted error body).
-        url: the URL that was requested, for messages.
-    """
-
-    status: int
-    headers: _Headers = attrs.field(eq=False)
-    body: bytes = attrs.field(repr=False)
-    truncated: bool = False
-    url: str = ""
-
-    def header(self, name: str) -> str | None:
-        """Return the first value of header `name` (any case), or None."""
-        key = name.lower().encode("latin-1")
-        for header_name, value in self.headers:
-            if header_name == key:
-                return value.decode("latin-1")
-        return None
-
-
-class ResponseBegan(httpx.TransportError):
-    """Base mixin of failures that came after the response's status line arrived.
-
-    Attributes:
-        status_code: the status of the response that began.
-    """
-
-    status_code: int = 0
-
-
-class BodyReadError(ResponseBegan, httpx.ReadError):
-    """The connection broke while a 2xx body was being read."""
-
-
-class BodyReadTimeout(ResponseBegan, httpx.ReadTimeout):
-    """A 2xx body stopped arriving for longer than the read timeout."""
-
-
-class BodyProtocolError(ResponseBegan, httpx.RemoteProtocolError):
-    """A 2xx body broke HTTP/1.1 framing."""
-
-
-def response_began(exc: BaseException) -> bool:
-    """Return whether `exc` happened after a response began (never retry then)."""
-    return isinstance(exc, ResponseBegan)
-
-
-def delivery_of(exc: BaseException) -> Delivery:
-    """Return how far a request that raised `exc` got."""
-    if isinstance(
-        exc,
-        httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.LocalProtocolError,
-    ):
-        return Delivery.NOT_SENT
-    if isinstance(exc, ResponseBegan):
-        return Delivery.DELIVERED
-    return Delivery.POSSIBLY_DELIVERED
-
-
-_Began = TypeVar("_Began", bound=ResponseBegan)
-
-
-def _began(cls: type[_Began], message: str, status: int) -> _Began:
-    exc = cls(message)
-    exc.status_code = status
-    return exc
+_EPOLL: Final = hasattr(select, "epoll")
+_SILENCE: Final = 1  # why an exchange expired: the silence timer ...
+_REPLY: Final = 2  # ... or the whole-exchange deadline
 
 
 class Expired(Exception):
-    """An exchange's read timeout ran out (raised inside the exchange, never outside)."""
+    """An exchange's timer ran out (raised inside the exchange, never outside)."""
 
 
 class Deadlines:
-    """The read-timeout deadlines of the exchanges in flight, and one task that enforces them.
+    """The timers of the exchanges in flight, and one task that enforces them.
 
-    Every deadline is "now + timeout" when set, so insertion order is deadline order and a dict
+    Each exchange has a silence deadline ("now + timeout_s", set again at every receive) and a
+    whole-exchange deadline ("start + reply_timeout_s", fixed). Within each kind every deadline
+    is "now + one fixed timeout" when set, so insertion order is deadline order and a dict
     (insertion-ordered, O(1) insert and delete) is the whole queue: the first entry is the
-    earliest. The watcher sleeps until the first deadline, or one timeout ahead when there is
-    none; an entry added later can only be due later, so the watcher never needs waking early.
-    A due exchange is marked expired and its socket's waiters are woken with
-    `trio.ClosedResourceError` (`trio.lowlevel.notify_closing`); the exchange then raises its
-    phase's timeout. An exchange that is running rather than waiting when it expires finds the
-    mark before its next wait, just as a cancel scope would cancel it at its next checkpoint.
+    earliest. The watcher sleeps until the first deadline of either queue, or one (shorter)
+    timeout ahead when both are empty; an entry added later can only be due later, so the
+    watcher never needs waking early. A due exchange is marked expired and its socket's waiters
+    are woken with `trio.ClosedResourceError` (`trio.lowlevel.notify_closing`); the exchange then
+    raises its phase's timeout. An exchange that is running rather than waiting when it expires
+    finds the mark before its next wait, just as a cancel scope would cancel it at its next
+    checkpoint.
+
+    Args:
+        timeout_s: the longest silence.
+        reply_timeout_s: the longest whole exchange (None: twice `timeout_s`).
     """
 
-    __slots__ = ("_due", "_watching", "timeout_s")
+    __slots__ = ("_due", "_ends", "_watching", "reply_timeout_s", "timeout_s")
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, reply_timeout_s: float | None = None) -> None:
         self.timeout_s = timeout_s
+        self.reply_timeout_s = 2.0 * timeout_s if reply_timeout_s is None else reply_timeout_s
         self._due: dict[Exchange, float] = {}
+        self._ends: dict[Exchange, float] = {}
         self._watching = False
 
     def start(self, exchange: Exchange) -> None:
-        """Start `exchange`'s timer (and the watcher, if it is not running)."""
-        self._due[exchange] = trio.current_time() + self.timeout_s
+        """Start `exchange`'s timers (and the watcher, if it is not running)."""
+        now = trio.current_time()
+        self._due[exchange] = now + self.timeout_s
+        self._ends[exchange] = now + self.reply_timeout_s
         if not self._watching:
             self._watching = True
-            trio.lowlevel.spawn_system_task(self._watch, name="H11Transport read timeouts")
+            trio.lowlevel.spawn_system_task(self._watch, name="H11Transport timeouts")
 
     def push(self, exchange: Exchange) -> None:
-        """Restart `exchange`'s timer: the silence it measures starts again now."""
+        """Restart `exchange`'s silence timer: the silence it measures starts again now."""
         del self._due[exchange]
         self._due[exchange] = trio.current_time() + self.timeout_s
 
     def stop(self, exchange: Exchange) -> None:
         """Forget `exchange` (done, failed or cancelled)."""
         self._due.pop(exchange, None)
+        self._ends.pop(exchange, None)
 
     async def _watch(self) -> None:
         # A system task: it must never raise. Trio cancels it when the run's main task ends.
-        due = self._due
+        idle_s = min(self.timeout_s, self.reply_timeout_s)
         try:
             while True:
                 now = trio.current_time()
-                wake = now + self.timeout_s
-                while due:
-                    exchange = next(iter(due))
-                    if due[exchange] > now:
-                        wake = due[exchange]
-                        break
-                    del due[exchange]
-                    exchange.expire()
+                wake = min(
+                    now + idle_s,
+                    _expire_due(self._due, now, _SILENCE),
+                    _expire_due(self._ends, now, _REPLY),
+                )
                 await trio.sleep_until(wake)
         finally:
             self._watching = False
 
 
-class Exchange:
-    """One request and its response on one connection, under one silence timer.
+def _expire_due(queue: dict[Exchange, float], now: float, reason: int) -> float:
+    """Expire the exchanges of `queue` that are due; return the next deadline (or inf)."""
+    while queue:
+        exchange = next(iter(queue))
+        when = queue[exchange]
+        if when > now:
+            return when
+        del queue[exchange]
+        exchange.expire(reason)
+    return float("inf")
 
-    The transport's `Deadlines` times it: each receive restarts the timer, so it measures
-    silence, not the whole exchange. When it runs out, `expire` marks the exchange and wakes its
-    wait; the exchange then raises the timeout of the phase it was in.
+
+def _watch_both(sock: socket.socket) -> select.epoll | None:
+    """Return an epoll that is readable when `sock` is readable or writable (None: no fds)."""
+    try:
+        either = select.epoll()
+    except OSError:
+        return None  # out of descriptors: the send waits for room only
+    either.register(sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
+    return either
+
+
+class Exchange:
+    """One request and its response on one connection, under the transport's two timers.
+
+    The transport's `Deadlines` times it. When a timer runs out, `expire` marks the exchange and
+    wakes its wait; the exchange then raises the timeout of the phase it was in.
+
+    Attributes:
+        parser: the response so far.
+        sent: the whole request went out (False after an early response: never reuse then).
     """
 
-    __slots__ = ("deadlines", "expired", "parser", "sent", "sock", "url")
+    __slots__ = ("_either", "_peer_closed", "deadlines", "expired", "parser", "sent", "sock", "url")
 
     def __init__(
-        self, sock: socket.socket, url: str, deadlines: Deadlines, *, no_body: bool
+        self,
+        sock: socket.socket,
+        url: str,
+        deadlines: Deadlines,
+        *,
+        no_body: bool,
+        max_body_bytes: int | None = None,
     ) -> None:
         self.sock = sock
         self.url = url
         self.deadlines = deadlines
-        self.expired = False
+        self.expired = 0
         self.sent = False
-        self.parser = ResponseParser(no_body=no_body)
+        self.parser = ResponseParser(no_body=no_body, max_body_bytes=max_body_bytes)
+        self._either: select.epoll | None = None  # made when a send first has to wait
+        self._peer_closed = False
 
-    def expire(self) -> None:
-        """Mark the read timeout as run out and wake the exchange if it is waiting."""
-        self.expired = True
+    def expire(self, reason: int = _SILENCE) -> None:
+        """Mark a timer as run out (the first reason wins) and wake a waiting exchange."""
+        if self.expired:
+            return
+        self.expired = reason
         trio.lowlevel.notify_closing(self.sock)
+        if self._either is not None:
+            trio.lowlevel.notify_closing(self._either)
 
     async def run(self, data: bytes, body: bytes, limit: int | None) -> None:
         """Send `data` and `body`, then read the response (error bodies up to `limit` bytes).
@@ -217,19 +207,20 @@ class Exchange:
         """
         await trio.lowlevel.checkpoint_if_cancelled()  # never send for a cancelled caller
         try:
-            await self._send(data)
-            if body:
-                await self._send(body)
-            self.sent = True
-            await self._read(limit)
+            if await self._send(data) and (not body or await self._send(body)):
+                self.sent = True
+            if not self.parser.complete:
+                await self._read(limit)
         except Expired:
             self._timed_out(limit)
         except httpx.TransportError:
             if not self._bounded(limit):
                 raise
             # An error body is kept as far as it arrived.
+        finally:
+            self._close_either()
 
-    def response(self, limit: int | None) -> RawResponse:
+    def response(self, limit: int | None, discard: Callable[[], None] | None = None) -> RawResponse:
         """Build the response read so far (cut to `limit` for error bodies)."""
         parser = self.parser
         body = parser.body()
@@ -237,21 +228,29 @@ class Exchange:
         if limit is not None and len(body) > limit and self._bounded(limit):
             body = body[:limit]
             truncated = True
-        return RawResponse(parser.status, parser.headers, body, truncated, self.url)
+        return RawResponse(parser.status, parser.headers, body, truncated, self.url, discard)
 
     def _timed_out(self, limit: int | None) -> None:
         """Raise the timeout of the phase that stalled, unless an error body can be returned."""
         if self._bounded(limit):
             return
-        timeout_s = self.deadlines.timeout_s
-        message = f"{self.url} sent nothing for read_timeout_s={timeout_s}"
-        if not self.sent:
-            message = f"sending the request to {self.url} stalled for {timeout_s}s"
-            raise httpx.WriteTimeout(message)
         status = self.parser.status
+        if self.expired == _REPLY:
+            message = (
+                f"the exchange with {self.url} did not finish within reply_timeout_s="
+                f"{self.deadlines.reply_timeout_s} ({self.parser.size} body bytes received);"
+                " raise --reply-timeout if replies legitimately take this long"
+            )
+            if not status:
+                raise ReplyTimeout(message)
+            raise began(BodyReplyTimeout, message, status)
+        timeout_s = self.deadlines.timeout_s
+        if not self.sent and not status:
+            raise httpx.WriteTimeout(f"sending the request to {self.url} stalled for {timeout_s}s")
+        message = f"{self.url} sent nothing for read_timeout_s={timeout_s}"
         if not status:
             raise httpx.ReadTimeout(message)
-        raise _began(BodyReadTimeout, f"{message} (HTTP {status} began)", status)
+        raise began(BodyReadTimeout, message, status)
 
     def _cut(self, limit: int | None) -> bool:
         """Return whether an error body has grown past `limit` (read no further)."""
@@ -262,7 +261,8 @@ class Exchange:
         status = self.parser.status
         return limit is not None and status != 0 and not 200 <= status < 300
 
-    async def _send(self, data: bytes) -> None:
+    async def _send(self, data: bytes) -> bool:
+        """Send `data`; return False when a final response began first (send no more)."""
         sock = self.sock
         sent = 0
         while True:
@@ -271,11 +271,53 @@ class Exchange:
             except BlockingIOError:
                 pass
             except OSError as exc:
+                if self._read_early():
+                    return False
                 message = f"sending the request to {self.url} failed: {exc}"
                 raise httpx.WriteError(message) from exc
             if sent >= len(data):
-                return
-            await self._wait(_wait_writable)
+                return True
+            if await self._wait_send() and self._read_early():
+                return False
+
+    async def _wait_send(self) -> bool:
+        """Wait until the socket takes more bytes or has bytes to read; return the latter."""
+        either = self._either
+        if either is None and _EPOLL and not self._peer_closed:
+            either = self._either = _watch_both(self.sock)
+        if either is None or self._peer_closed:
+            await self._wait(_wait_writable, self.sock)
+            return False
+        await self._wait(_wait_readable, either)
+        return any(events & select.EPOLLIN for _, events in either.poll(0))
+
+    def _read_early(self) -> bool:
+        """Read what the server sent while the request went out; return if a reply began."""
+        parser = self.parser
+        while True:
+            try:
+                data = self.sock.recv(_RECEIVE_BYTES)
+            except OSError:
+                break  # nothing more (or a reset): what arrived before is still parsed
+            try:
+                if data:
+                    parser.feed(data)
+                elif parser.status:
+                    parser.feed_eof()
+                else:
+                    self._peer_closed = True  # the send will fail, or finish and read EOF
+            except (FramingError, ContentEncodingError) as exc:
+                raise self._framing_error(exc) from exc
+            if not data or parser.complete:
+                break
+        return parser.status != 0
+
+    def _close_either(self) -> None:
+        either = self._either
+        if either is not None:
+            self._either = None
+            trio.lowlevel.notify_closing(either)
+            either.close()
 
     async def _read(self, limit: int | None) -> None:
         # One flat loop: this is the hot path, and every coroutine layer between here and the
@@ -299,19 +341,21 @@ class Exchange:
                     parser.feed(data)
                 else:
                     parser.feed_eof()
-            except FramingError as exc:
+            except (FramingError, ContentEncodingError) as exc:
                 raise self._framing_error(exc) from exc
             if parser.complete or self._cut(limit):
                 return
+            if self.expired:
+                raise Expired  # expired while this task was running: no timer to restart
             self.deadlines.push(self)
 
-    async def _wait(self, wait: Callable[[socket.socket], Awaitable[None]]) -> None:
+    async def _wait(self, wait: Callable[[Any], Awaitable[None]], on: object) -> None:
         if not self.expired:
             try:
-                await wait(self.sock)
+                await wait(on)
                 return
             except trio.ClosedResourceError:
-                pass  # only `expire` wakes a wait on our own socket
+                pass  # only `expire` wakes a wait on our own socket or epoll
         raise Expired
 
     def _broken(self, exc: OSError) -> httpx.ReadError:
@@ -319,16 +363,24 @@ class Exchange:
         status = self.parser.status
         if not status:
             return httpx.ReadError(message)
-        return _began(BodyReadError, f"{message} (HTTP {status} began)", status)
+        return began(BodyReadError, message, status)
 
-    def _framing_error(self, exc: FramingError) -> httpx.TransportError:
+    def _framing_error(self, exc: FramingError | ContentEncodingError) -> httpx.TransportError:
         status = self.parser.status
+        url = self.url
+        if isinstance(exc, BodyTooLargeError):
+            message = (
+                f"the reply from {url} is too large: {exc.size} body bytes {exc.seen}, over"
+                f" max_reply_bytes={exc.limit}; raise --max-reply-bytes if such replies are"
+                " expected"
+            )
+            return began(ReplyTooLargeError, message, status)
+        if isinstance(exc, ContentEncodingError):
+            return began(ContentDecodingError, f"the reply from {url} is unreadable: {exc}", status)
         if isinstance(exc, IncompleteResponseError):
             if not status:
-                return httpx.ReadError(f"{self.url} closed the connection before responding")
-            message = f"{self.url} closed the connection mid-body (HTTP {status} began)"
-            return _began(BodyReadError, message, status)
+                return httpx.ReadError(f"{url} closed the connection before responding")
+            return began(BodyReadError, f"{url} closed the connection mid-body", status)
         if not status:
-            return httpx.RemoteProtocolError(f"{self.url} broke HTTP/1.1 framing: {exc}")
-        message = f"{self.url} broke HTTP/1.1 framing: {exc} (HTTP {status} began)"
-        return _began(BodyProtocolError, message, status)
+            return httpx.RemoteProtocolError(f"{url} broke HTTP/1.1 framing: {exc}")
+        return began(BodyProtocolError, f"{url} broke HTTP/1.1 framing: {exc}", status)

@@ -28,16 +28,32 @@ only (two codecs whose errors must map alike), h11 with cached request events on
 (its response side alone costs three times this whole codec), and httptools or another C parser
 (a new dependency, for a parse that is already three C calls).
 
-Strictness, following RFC 9112 where it allows a choice: lines end in CRLF (a bare LF is
-rejected; h11 accepted it); header names are tokens and values are visible characters, spaces
-and tabs (no control characters; h11 let most through); obsolete line folding is unfolded to a
-space, as the RFC requires of user agents; Transfer-Encoding must be exactly ``chunked`` (as in
-h11) and then wins over Content-Length; several Content-Length values must agree; an HTTP/1.0
-response or ``Connection: close`` ends the connection; 1xx responses are skipped (101 is an
-error: nothing here asks to upgrade); 204, 304 and replies to HEAD have no body. A head may be at
-most `MAX_HEAD_BYTES` (h11's default) and a chunk-size line at most `MAX_LINE_BYTES`. Bytes
-after the end of the response mean the server does not take turns, so the connection is not
-reused (requests are never pipelined).
+Strictness, following RFC 9112 where it allows a choice, and tolerance where it is safe: lines
+of a head (and of trailers) end in CRLF or a bare LF, mixed freely, as h11 and httpx accept
+(RFC 9112 section 2.2 lets a recipient take LF as a line terminator; a head is found by its first
+empty line, ``\n\n`` or ``\n\r\n``, as h11 finds it), while chunk-size lines and the CRLF after
+chunk data stay strict, as in h11 0.16; header names are tokens and values are visible
+characters, spaces and tabs (no control characters, so no lone CR; h11 let most through);
+obsolete line folding is unfolded to a space, as the RFC requires of user agents;
+Transfer-Encoding must be exactly ``chunked`` (as in h11) and then wins over Content-Length;
+several Content-Length values must agree; an HTTP/1.0 response or ``Connection: close`` ends the
+connection; 1xx responses are skipped (101 is an error: nothing here asks to upgrade); 204, 304
+and replies to HEAD have no body. A head may be at most `MAX_HEAD_BYTES` (h11's default) and a
+chunk-size line at most `MAX_LINE_BYTES`. Bytes after the end of the response mean the server
+does not take turns, so the connection is not reused (requests are never pipelined).
+
+Bodies. A body may be at most ``max_body_bytes``: a larger Content-Length fails at once, before
+any body byte is read, and a chunked or close-delimited body fails as soon as it passes the limit,
+so no more than about the limit is ever held. ``Content-Encoding: gzip`` and ``deflate`` are
+decoded as they arrive, and the limit applies to the decoded size (codings.py: a zip bomb never
+inflates past it); any other coding fails with `ContentEncodingError`, since a body nobody can
+read is no reply. Pieces are kept in a list and joined once, dropping the pieces (``body``), so
+a body is never held twice except during that one join. Rejected alternative: a bytearray grown
+in place, which copies every piece once more (and again into bytes) for the common reply that
+arrives in one piece and is kept as it came.
+
+Errors never quote the peer's bytes: a head server's reply carries its config and API keys, and an
+error message goes to a terminal and a log. Messages name what broke, with sizes and positions.
 
 The module runs past the house's ~400 lines on purpose: the parser's states share one buffer and
 one set of limits, and the request side is the same grammar run the other way.
@@ -50,10 +66,13 @@ from collections.abc import Iterable
 from typing import Final
 
 from ..errors import TrolloutError
+from .codings import ContentEncodingError, Decoder, coding_name, decoder_for
 
 __all__ = [
     "MAX_HEAD_BYTES",
     "MAX_LINE_BYTES",
+    "BodyTooLargeError",
+    "ContentEncodingError",
     "FramingError",
     "IncompleteResponseError",
     "ResponseParser",
@@ -68,15 +87,18 @@ MAX_HEAD_BYTES: Final = 16384
 MAX_LINE_BYTES: Final = 8192
 """The longest chunk-size line accepted, CRLF included."""
 
+_NO_LIMIT: Final = 1 << 62
 _TOKEN: Final = rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
 _VCHAR: Final = rb"[\x21-\x7e\x80-\xff]"
 # Runs of visible characters separated by spaces or tabs: linear, no catastrophic backtracking.
 _VALUE: Final = rb"(?:" + _VCHAR + rb"+(?:[\t ]+" + _VCHAR + rb"+)*)?"
-_STATUS_LINE: Final = re.compile(rb"HTTP/1\.([0-9]) ([0-9]{3})(?: ([\t \x21-\x7e\x80-\xff]*))?\r\n")
-_HEADER_LINE: Final = re.compile(
-    rb"^(" + _TOKEN + rb"):[\t ]*(" + _VALUE + rb")[\t ]*\r\n", re.MULTILINE
+_STATUS_LINE: Final = re.compile(
+    rb"HTTP/1\.([0-9]) ([0-9]{3})(?: ([\t \x21-\x7e\x80-\xff]*))?\r?\n"
 )
-_FOLD: Final = re.compile(rb"\r\n[\t ]+")
+_HEADER_LINE: Final = re.compile(
+    rb"^(" + _TOKEN + rb"):[\t ]*(" + _VALUE + rb")[\t ]*\r?\n", re.MULTILINE
+)
+_FOLD: Final = re.compile(rb"\r?\n[\t ]+")
 _CHUNK_LINE: Final = re.compile(rb"([0-9A-Fa-f]{1,16})[\t ]*(?:;[^\r\n\x00]*)?\r\n")
 _TARGET: Final = re.compile(rb"[\x21-\x7e\x80-\xff]+")
 _TOKEN_RE: Final = re.compile(_TOKEN)
@@ -100,6 +122,22 @@ class FramingError(TrolloutError, ValueError):
 
 class IncompleteResponseError(FramingError):
     """The connection ended before the response was complete."""
+
+
+class BodyTooLargeError(FramingError):
+    """The body is longer than the parser's ``max_body_bytes`` (declared, received or decoded).
+
+    Attributes:
+        size: the declared length, or the bytes received (decoded) when the limit was passed.
+        limit: the limit in force.
+        seen: how `size` was seen: ``"declared"``, ``"received"`` or ``"decoded"``.
+    """
+
+    def __init__(self, size: int, limit: int, seen: str) -> None:
+        super().__init__(f"the body has {size} bytes {seen}, over the limit of {limit}")
+        self.size = size
+        self.limit = limit
+        self.seen = seen
 
 
 def post_prefix(path: bytes, host: bytes) -> bytes:
@@ -155,11 +193,12 @@ def check_field_value(value: bytes) -> None:
     """Check that `value` may stand as a header value (no CR, LF or other control bytes).
 
     Raises:
-        FramingError: it may not.
+        FramingError: it may not (the message gives its size, never the value: it may be a key).
     """
     if not _VALUE_RE.fullmatch(value):
         raise FramingError(
-            f"header value {value!r} has control characters or edge whitespace; remove them"
+            f"a header value ({len(value)} bytes) has control characters or edge whitespace;"
+            " remove them"
         )
 
 
@@ -173,7 +212,8 @@ def _check_target(target: bytes) -> None:
 def _request_chunked(value: bytes) -> bool:
     if value.strip(b" \t").lower() != b"chunked":
         raise FramingError(
-            f"request Transfer-Encoding {value!r} is not supported; send 'chunked' or a length"
+            f"request Transfer-Encoding {coding_name(value)} is not supported;"
+            " send 'chunked' or a length"
         )
     return True
 
@@ -187,19 +227,22 @@ class ResponseParser:
 
     Args:
         no_body: the request was HEAD, so the response has no body whatever its headers say.
+        max_body_bytes: the longest body accepted, after decoding (None: no limit).
 
     Attributes:
         status: the final status code; 0 until the final status line has been parsed.
         reason: the final reason phrase.
         headers: the final response's header pairs, names lower-cased.
-        chunks: the body so far, in pieces.
-        size: the body's length so far.
+        chunks: the body so far (decoded), in pieces.
+        size: the body's length so far (decoded).
         complete: the whole response has arrived.
         keep_alive: the connection may carry another request once the response is complete.
     """
 
     __slots__ = (
         "_buffer",
+        "_decoder",
+        "_max_body",
         "_no_body",
         "_remaining",
         "_state",
@@ -212,8 +255,10 @@ class ResponseParser:
         "status",
     )
 
-    def __init__(self, *, no_body: bool = False) -> None:
+    def __init__(self, *, no_body: bool = False, max_body_bytes: int | None = None) -> None:
         self._no_body = no_body
+        self._max_body = _NO_LIMIT if max_body_bytes is None else max_body_bytes
+        self._decoder: Decoder | None = None
         self._state = _HEAD
         self._buffer = bytearray()
         self._remaining = 0
@@ -226,14 +271,22 @@ class ResponseParser:
         self.keep_alive = False
 
     def body(self) -> bytes:
-        """Return the body received so far, joined."""
-        return b"".join(self.chunks)
+        """Return the body received so far, joined (the pieces are dropped: held once)."""
+        chunks = self.chunks
+        if len(chunks) == 1 and type(chunks[0]) is bytes:
+            return chunks[0]
+        body = b"".join(chunks)
+        chunks.clear()
+        chunks.append(body)
+        return body
 
     def feed(self, data: bytes) -> None:
         """Consume the next bytes of the response (non-empty; EOF is `feed_eof`).
 
         Raises:
-            FramingError: the bytes break the framing; the connection is unusable.
+            FramingError: the bytes break the framing, or the body is too large
+                (`BodyTooLargeError`); the connection is unusable.
+            ContentEncodingError: the body's coding is unknown, or the body does not decode.
         """
         state = self._state
         if state == _HEAD:
@@ -243,8 +296,7 @@ class ResponseParser:
             self._feed_length(data)
         elif state == _UNTIL_EOF:
             if data:
-                self.chunks.append(data)
-                self.size += len(data)
+                self._take(data)
         elif state == _DONE:
             if data:
                 self.keep_alive = False  # bytes we never asked for: do not take turns here
@@ -257,6 +309,7 @@ class ResponseParser:
 
         Raises:
             IncompleteResponseError: the response was not complete.
+            ContentEncodingError: a close-delimited body's compressed stream was cut short.
         """
         self.keep_alive = False
         if self._state == _UNTIL_EOF:
@@ -276,49 +329,53 @@ class ResponseParser:
             if self._buffer:
                 data = bytes(self._buffer)
                 self._buffer.clear()
-            if end + 4 > MAX_HEAD_BYTES:
-                raise _oversized_head(data)
-            self._parse_head(data, end + 2)
-            data = data[end + 4 :]
+            after = end + (2 if data[end + 1] == 10 else 3)  # past "\n\n" or "\n\r\n"
+            if after > MAX_HEAD_BYTES:
+                raise _oversized_head(after)
+            self._parse_head(data, end + 1)
+            data = data[after:]
             if self._state != _HEAD or not data:
                 return data
 
     def _find_head_end(self, data: bytes) -> int:
-        """Return where the head's blank line starts, or -1 after keeping `data` for later."""
+        """Return where the head's last line ends (its LF), or -1 after keeping `data`."""
         buffer = self._buffer
         if not buffer:
-            end = data.find(b"\r\n\r\n")
+            end = _blank_line(data, 0)
             if end < 0:
-                _check_partial_head(data, 0)
+                _check_partial_head(data)
                 buffer += data
             return end
-        start = max(len(buffer) - 3, 0)  # a blank line may straddle the two pieces
+        start = max(len(buffer) - 2, 0)  # a blank line may straddle the two pieces
         buffer += data
-        end = buffer.find(b"\r\n\r\n", start)
+        end = _blank_line(buffer, start)
         if end < 0:
-            _check_partial_head(buffer, start)
+            _check_partial_head(buffer)
         return end
 
     def _parse_head(self, data: bytes, end: int) -> None:
-        """Parse the head in ``data[:end]`` (its last CRLF included) and choose the framing."""
+        """Parse the head in ``data[:end]`` (its last LF included) and choose the framing."""
         line = _STATUS_LINE.match(data, 0, end)
         status = int(line[2]) if line is not None else 0
         if line is None or status < 100:
-            first = data[: data.find(b"\n") + 1 or 80]
-            raise FramingError(f"malformed status line {first!r}; expected 'HTTP/1.1 200 OK'")
+            size = (data.find(b"\n", 0, end) + 1) or end
+            raise FramingError(
+                f"malformed status line ({size} bytes); expected e.g. 'HTTP/1.1 200 OK'"
+            )
+        if status == 101:
+            raise FramingError("the server switched protocols (101) though none was asked")
+        headers = _parse_headers(data, line.end(), end)  # checked even in an interim head
         if status < 200:
-            if status == 101:
-                raise FramingError("the server switched protocols (101) though none was asked")
             return  # an interim response: the final one follows
         self.status = status
         self.reason = line[3] or b""
-        headers = _parse_headers(data, line.end(), end)
         self.headers = headers
         self._choose_framing(headers, close=line[1] == b"0")
 
     def _choose_framing(self, headers: list[tuple[bytes, bytes]], *, close: bool) -> None:
         length: bytes | None = None
         chunked = False
+        coding = b""
         for name, value in headers:
             if name == b"content-length":
                 length = _content_length(value, length)
@@ -326,13 +383,20 @@ class ResponseParser:
                 chunked = _response_chunked(value, seen=chunked)
             elif name == b"connection":
                 close = close or b"close" in _tokens(value)
+            elif name == b"content-encoding":
+                coding = coding + b"," + value if coding else value
         self.keep_alive = not close
         if self._no_body or self.status in (204, 304):
             self._finish()
-        elif chunked:
+            return
+        if coding:
+            self._decoder = decoder_for(coding)
+        if chunked:
             self._state = _CHUNK_SIZE
         elif length is not None:
             self._remaining = int(length)
+            if self._remaining > self._max_body:
+                raise BodyTooLargeError(self._remaining, self._max_body, "declared")
             self._state = _LENGTH
             if not self._remaining:
                 self._finish()
@@ -342,9 +406,23 @@ class ResponseParser:
 
     def _finish(self) -> None:
         self._state = _DONE
+        if self._decoder is not None:
+            self._decoder.finish()
         self.complete = True
 
     # --- bodies ------------------------------------------------------------------------------
+
+    def _take(self, data: bytes | bytearray) -> None:
+        """Keep the next piece of body, decoded, within the limit."""
+        if self._decoder is not None:
+            data = self._decoder.decode(data, self._max_body - self.size)
+        size = self.size + len(data)
+        if size > self._max_body:
+            seen = "received" if self._decoder is None else "decoded"
+            raise BodyTooLargeError(size, self._max_body, seen)
+        self.size = size
+        if data:
+            self.chunks.append(data)
 
     def _feed_length(self, data: bytes) -> None:
         size = len(data)
@@ -356,10 +434,12 @@ class ResponseParser:
                 self.keep_alive = False  # bytes after the response: see feed()
                 data = data[:remaining]
                 size = remaining
+            self._remaining = 0
+            self._take(data)
             self._finish()
-        self.chunks.append(data)
-        self.size += size
+            return
         self._remaining = remaining - size
+        self._take(data)
 
     def _feed_chunked(self) -> None:
         buffer = self._buffer
@@ -368,11 +448,10 @@ class ResponseParser:
             if state == _CHUNK_DATA:
                 piece = buffer[: self._remaining]
                 del buffer[: len(piece)]
-                self.chunks.append(piece)
-                self.size += len(piece)
                 self._remaining -= len(piece)
                 if not self._remaining:
                     self._state = _CHUNK_END
+                self._take(piece)
             elif state == _CHUNK_SIZE:
                 if not self._chunk_size_line(buffer):
                     return
@@ -380,7 +459,7 @@ class ResponseParser:
                 if len(buffer) < 2:
                     return
                 if buffer[:2] != b"\r\n":
-                    raise FramingError(f"chunk data runs on past its size: {bytes(buffer[:20])!r}")
+                    raise FramingError("chunk data runs on past its declared size")
                 del buffer[:2]
                 self._state = _CHUNK_SIZE
             elif state == _TRAILERS:
@@ -393,34 +472,53 @@ class ResponseParser:
     def _chunk_size_line(self, buffer: bytearray) -> bool:
         end = buffer.find(b"\r\n", 0, MAX_LINE_BYTES)
         if end < 0:
-            if len(buffer) >= MAX_LINE_BYTES or b"\n" in buffer:
-                raise FramingError(f"malformed chunk-size line {bytes(buffer[:80])!r}")
+            if len(buffer) >= MAX_LINE_BYTES:
+                raise FramingError(
+                    f"a chunk-size line runs past MAX_LINE_BYTES={MAX_LINE_BYTES} bytes"
+                )
+            if b"\n" in buffer:
+                raise FramingError("malformed chunk-size line (a bare LF); expected hex digits")
             return False
         line = _CHUNK_LINE.fullmatch(buffer, 0, end + 2)
         if line is None:
-            raise FramingError(f"malformed chunk-size line {bytes(buffer[: end + 2])!r}")
+            raise FramingError(
+                f"malformed chunk-size line ({end + 2} bytes); expected hex digits and CRLF"
+            )
         self._remaining = int(line[1], 16)  # before the deletion: groups read the buffer late
         del buffer[: end + 2]
         self._state = _CHUNK_DATA if self._remaining else _TRAILERS
         return True
 
     def _trailers(self, buffer: bytearray) -> bool:
-        if buffer[:2] == b"\r\n":
-            end = 0
+        if buffer[:1] == b"\n" or buffer[:2] == b"\r\n":
+            after = 1 if buffer[0] == 10 else 2  # no trailers: the blank line alone
         else:
-            end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES) + 2
-            if end < 2:
-                if len(buffer) >= MAX_HEAD_BYTES or b"\n\n" in buffer:
-                    raise FramingError(f"malformed or oversized trailers {bytes(buffer[:80])!r}")
+            end = _blank_line(buffer, 0, MAX_HEAD_BYTES)
+            if end < 0:
+                if len(buffer) >= MAX_HEAD_BYTES:
+                    raise FramingError(f"the trailers exceed MAX_HEAD_BYTES={MAX_HEAD_BYTES}")
+                if buffer[:1] == b"\r" and len(buffer) > 1:
+                    raise FramingError("malformed trailers (a lone CR)")
                 return False
-            _parse_headers(bytes(buffer[:end]), 0, end)  # checked, then dropped
-        del buffer[: end + 2]
+            after = end + (2 if buffer[end + 1] == 10 else 3)
+            _parse_headers(bytes(buffer[: end + 1]), 0, end + 1)  # checked, then dropped
+        del buffer[:after]
         self._finish()
         return True
 
 
+def _blank_line(data: bytes | bytearray, start: int, stop: int | None = None) -> int:
+    """Return the index of the LF that ends the line before the first empty line, or -1.
+
+    An empty line is ``\\n`` or ``\\r\\n`` right after a LF, as h11 finds it.
+    """
+    crlf = data.find(b"\n\r\n", start, stop)
+    lf = data.find(b"\n\n", start, crlf + 2 if crlf >= 0 else stop)
+    return lf if lf >= 0 else crlf
+
+
 def _parse_headers(data: bytes, start: int, end: int) -> list[tuple[bytes, bytes]]:
-    """Return the header pairs of ``data[start:end]`` (whole CRLF-ended lines), names lowered."""
+    """Return the header pairs of ``data[start:end]`` (whole lines), names lowered."""
     pairs = _HEADER_LINE.findall(data, start, end)
     if len(pairs) != data.count(b"\n", start, end):
         pairs = _unfolded(data[start:end])
@@ -430,15 +528,18 @@ def _parse_headers(data: bytes, start: int, end: int) -> list[tuple[bytes, bytes
 def _unfolded(block: bytes) -> list[tuple[bytes, bytes]]:
     """Parse a header block again with obsolete line folds replaced by a space, or raise."""
     if not block.startswith((b" ", b"\t")):
-        block = _FOLD.sub(b" ", block)
-        pairs: list[tuple[bytes, bytes]] = _HEADER_LINE.findall(block)
-        if len(pairs) == block.count(b"\n"):
+        unfolded = _FOLD.sub(b" ", block)
+        pairs: list[tuple[bytes, bytes]] = _HEADER_LINE.findall(unfolded)
+        if len(pairs) == unfolded.count(b"\n"):
             return pairs
-    bad = next(
-        (line for line in block.split(b"\r\n") if line and not _HEADER_LINE.match(line + b"\r\n")),
-        block[:80],
+    lines = block.split(b"\n")
+    number, bad = next(
+        ((i, line) for i, line in enumerate(lines, 1) if not _HEADER_LINE.match(line + b"\n")),
+        (1, lines[0]),
     )
-    raise FramingError(f"malformed header line {bad!r}; expected 'name: value'")
+    raise FramingError(
+        f"malformed header line {number} of the head ({len(bad) + 1} bytes); expected 'name: value'"
+    )
 
 
 def _content_length(value: bytes, seen: bytes | None) -> bytes:
@@ -448,24 +549,24 @@ def _content_length(value: bytes, seen: bytes | None) -> bytes:
         lengths = {item.strip(b" \t") for item in value.split(b",")}
         digits = lengths.pop()
         if lengths or not digits.isdigit() or len(digits) > _MAX_LENGTH_DIGITS:
-            raise FramingError(f"bad Content-Length {value!r}; expected one decimal length")
+            raise FramingError(
+                f"bad Content-Length (a {len(value)}-byte value); expected one decimal length"
+            )
     length = digits.lstrip(b"0") or b"0"
     if seen is not None and seen != length:
-        raise FramingError(f"conflicting Content-Length headers {seen!r} and {value!r}")
+        raise FramingError(f"conflicting Content-Length headers ({seen!r} and {length!r})")
     return length
 
 
-def _check_partial_head(data: bytes | bytearray, start: int) -> None:
-    """Reject an unfinished head that is already too long or uses bare LF line ends."""
+def _check_partial_head(data: bytes | bytearray) -> None:
+    """Reject an unfinished head that is already too long."""
     if len(data) >= MAX_HEAD_BYTES:
-        raise _oversized_head(data)
-    if data.find(b"\n\n", max(start - 1, 0)) >= 0:
-        raise FramingError(f"the response head ends lines with a bare LF: {bytes(data[:80])!r}")
+        raise _oversized_head(len(data))
 
 
-def _oversized_head(data: bytes | bytearray) -> FramingError:
+def _oversized_head(size: int) -> FramingError:
     return FramingError(
-        f"the response head exceeds MAX_HEAD_BYTES={MAX_HEAD_BYTES}: {bytes(data[:80])!r}...;"
+        f"the response head exceeds MAX_HEAD_BYTES={MAX_HEAD_BYTES} ({size} bytes so far);"
         " the server sends too many or too long headers"
     )
 
@@ -475,6 +576,6 @@ def _response_chunked(value: bytes, *, seen: bool) -> bool:
         raise FramingError("the response has several Transfer-Encoding headers; expected one")
     if value.lower() != b"chunked":
         raise FramingError(
-            f"Transfer-Encoding {value!r} is not supported; only 'chunked' is understood"
+            f"Transfer-Encoding {coding_name(value)} is not supported; only 'chunked' is understood"
         )
     return True

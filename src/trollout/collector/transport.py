@@ -9,11 +9,18 @@ Design note. Idle connections live in one list per ``(scheme, host, port)``: a r
 most recently used one and a finished exchange appends it back, so checkout and checkin are O(1)
 whatever the number of connections. A popped connection is peeked at without blocking first: if
 the socket is readable while no request is outstanding, the server has closed it (EOF) or sent
-garbage, so it is discarded and the next one (or a fresh connection) is taken; this keeps a
-server's idle close from turning into a spurious possibly-delivered failure. A connection is
-returned to the pool only after a complete, keep-alive exchange; any error or cancellation in
-between closes it, so the pool never holds a connection in an unknown state. Non-2xx bodies are
-read up to `max_error_body_bytes` and the connection is closed rather than drained beyond that.
+bytes nobody asked for, so it is discarded and the next one (or a fresh connection) is taken;
+this keeps a server's idle close from turning into a spurious possibly-delivered failure, and a
+stray reply from being read as the next request's. The peek is one ``poll`` right before the
+request is written, with no checkpoint in between. A connection is returned to the pool only
+after a complete, keep-alive exchange that sent its whole request and saw no byte past its
+response; any error or cancellation in between closes it, so the pool never holds a connection
+in an unknown state. A caller that finds a reply was not its own (classify.py's identity check)
+closes its connection through `RawResponse.discard_connection`. What no transport can tell
+apart, a stray reply that arrives after the next request was written, is in classify.py's design
+note. Non-2xx bodies are read up to `max_error_body_bytes` and the connection is closed rather
+than drained beyond that; every body is bounded by `max_body_bytes` (after decoding), and every
+exchange by `reply_timeout_s` as well as by the silence timer (exchange.py).
 
 Each request is one `exchange.Exchange` on the plain socket taken out of the Trio stream, timed
 by the transport's one `exchange.Deadlines` queue rather than a cancel scope per request;
@@ -46,6 +53,7 @@ from __future__ import annotations
 import select
 import socket
 from collections.abc import Callable
+from functools import partial
 from typing import Final, Protocol
 from urllib.parse import urlsplit
 
@@ -53,30 +61,41 @@ import httpx
 import trio
 from attrs import frozen
 
-from .exchange import (
+from .exchange import Deadlines, Exchange
+from .http11 import FramingError, check_field_value, encode_request, post_prefix
+from .replies import (
     BodyProtocolError,
     BodyReadError,
     BodyReadTimeout,
-    Deadlines,
-    Exchange,
+    BodyReplyTimeout,
+    ContentDecodingError,
     RawResponse,
+    ReplyTimeout,
+    ReplyTooLargeError,
     ResponseBegan,
     delivery_of,
     response_began,
 )
-from .http11 import FramingError, check_field_value, encode_request, post_prefix
 
 __all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
     "BodyProtocolError",
     "BodyReadError",
     "BodyReadTimeout",
+    "BodyReplyTimeout",
+    "ContentDecodingError",
     "H11Transport",
     "PostTransport",
     "RawResponse",
+    "ReplyTimeout",
+    "ReplyTooLargeError",
     "ResponseBegan",
     "delivery_of",
     "response_began",
 ]
+
+DEFAULT_MAX_BODY_BYTES: Final = 256 * 1024 * 1024
+"""The longest reply body a transport reads by default (RunConfig.max_reply_bytes's default)."""
 
 _COALESCE_BYTES: Final = 65536  # larger bodies go out after the head instead of being copied
 _DEFAULT_PORTS: Final = {"http": 80}
@@ -138,15 +157,20 @@ else:  # pragma: no cover - Windows has no poll()
 
 
 class _Connection:
-    """One HTTP/1.1 connection: a non-blocking socket that this transport owns."""
+    """One HTTP/1.1 connection: a non-blocking socket that this transport owns.
 
-    __slots__ = ("readable", "sock")
+    Attributes:
+        uses: how many exchanges have checked it out, so a late `discard` spares a later one.
+    """
+
+    __slots__ = ("readable", "sock", "uses")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         # Taken out of the stream: the plain socket's calls skip Trio's per-call checkpoints.
         self.sock = socket.socket(fileno=stream.socket.detach())
         self.sock.setblocking(False)
         self.readable = _readable_check(self.sock)
+        self.uses = 0
 
     def is_idle_and_open(self) -> bool:
         """Return whether the idle connection can carry a request (no EOF, no stray bytes)."""
@@ -181,6 +205,10 @@ class H11Transport(httpx.AsyncBaseTransport):
     Args:
         connect_timeout_s: the longest wait to establish a TCP connection.
         read_timeout_s: the longest silence while sending a request or awaiting response bytes.
+        reply_timeout_s: the longest whole exchange, from sending the request to the last body
+            byte (None: twice `read_timeout_s`).
+        max_body_bytes: the longest response body read, after decoding; a longer one fails
+            with `ReplyTooLargeError` and its connection is closed.
         max_error_body_bytes: how much of a non-2xx body `post` reads before closing.
         max_idle_per_host: idle connections kept per host (None: no limit).
     """
@@ -190,17 +218,19 @@ class H11Transport(httpx.AsyncBaseTransport):
         *,
         connect_timeout_s: float,
         read_timeout_s: float,
+        reply_timeout_s: float | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_error_body_bytes: int = 8192,
         max_idle_per_host: int | None = None,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
-        self._read_timeout_s = read_timeout_s
+        self._max_body_bytes = max_body_bytes
         self._max_error_body_bytes = max_error_body_bytes
         self._max_idle_per_host = max_idle_per_host
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._targets: dict[str, _Target] = {}
         self._content_types = {_JSON}
-        self._deadlines = Deadlines(read_timeout_s)
+        self._deadlines = Deadlines(read_timeout_s, reply_timeout_s)
         self._closed = False
 
     def idle_connections(self) -> int:
@@ -210,12 +240,16 @@ class H11Transport(httpx.AsyncBaseTransport):
     async def post(self, url: str, body: bytes, *, content_type: bytes = _JSON) -> RawResponse:
         """POST `body` to `url` and return the response (non-2xx bodies bounded).
 
+        A final response that arrives before the request was fully sent is returned (its
+        connection is closed).
+
         Raises:
             httpx.ConnectError, httpx.ConnectTimeout: the request was never sent.
             httpx.LocalProtocolError: `content_type` cannot be a header value (never sent).
             httpx.WriteError, httpx.WriteTimeout, httpx.ReadError, httpx.ReadTimeout,
             httpx.RemoteProtocolError: it may have been delivered (`ResponseBegan` subclasses:
-                it was).
+                it was). `ReplyTimeout` is a ReadTimeout (the whole exchange took too long);
+                `ReplyTooLargeError` and `ContentDecodingError` are RemoteProtocolErrors.
 
         Cancellation: a checkpoint. A cancelled request's connection is closed, never pooled;
         whether the server got the request is unknown, so a retry is not automatically safe.
@@ -234,7 +268,8 @@ class H11Transport(httpx.AsyncBaseTransport):
         """Send an httpx request on the pool and return the buffered response.
 
         Timeouts come from this transport's settings; httpx's per-request ``timeout`` is
-        ignored. Bodies of every status are read whole.
+        ignored. Bodies of every status are read whole (up to ``max_body_bytes``) and decoded,
+        so the response handed to httpx has no Content-Encoding header left to decode again.
 
         Cancellation: a checkpoint; as for `post`.
         """
@@ -250,7 +285,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         )
         return httpx.Response(
             raw.status,
-            headers=raw.headers,
+            headers=[pair for pair in raw.headers if pair[0] != b"content-encoding"],
             stream=httpx.ByteStream(raw.body),
             request=request,
             extensions={"http_version": b"HTTP/1.1"},
@@ -310,7 +345,13 @@ class H11Transport(httpx.AsyncBaseTransport):
     ) -> RawResponse:
         """Send `data` then `body` on a pooled connection and read the response."""
         connection = await self._checkout(target, url)
-        exchange = Exchange(connection.sock, url, self._deadlines, no_body=no_body)
+        exchange = Exchange(
+            connection.sock,
+            url,
+            self._deadlines,
+            no_body=no_body,
+            max_body_bytes=self._max_body_bytes,
+        )
         self._deadlines.start(exchange)
         try:
             await exchange.run(data, body, limit)
@@ -319,21 +360,30 @@ class H11Transport(httpx.AsyncBaseTransport):
             raise
         finally:
             self._deadlines.stop(exchange)
-        response = exchange.response(limit)
-        if exchange.parser.complete and exchange.parser.keep_alive and not close:
+        parser = exchange.parser
+        if parser.complete and parser.keep_alive and exchange.sent and not close:
             self._checkin(target.key, connection)
-        else:
-            connection.close()
-        return response
+            discard = partial(self._discard, target.key, connection, connection.uses)
+            return exchange.response(limit, discard)
+        connection.close()
+        return exchange.response(limit)
 
     async def _checkout(self, target: _Target, url: str) -> _Connection:
         idle = self._idle.get(target.key)
         while idle:
             connection = idle.pop()
             if connection.is_idle_and_open():
+                connection.uses += 1
                 return connection
-            connection.close()
+            connection.close()  # closed by the server, or it sent bytes nobody asked for
         return await self._connect(target, url)
+
+    def _discard(self, key: tuple[str, str, int], connection: _Connection, uses: int) -> None:
+        """Close an idle connection, unless it has been lent again since its use `uses`."""
+        idle = self._idle.get(key, [])
+        if connection.uses == uses and connection in idle:
+            idle.remove(connection)  # O(n), but only for a reply that was not its request's
+            connection.close()
 
     def _checkin(self, key: tuple[str, str, int], connection: _Connection) -> None:
         idle = self._idle.setdefault(key, [])

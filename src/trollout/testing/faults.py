@@ -54,7 +54,9 @@ class FaultKind(enum.Enum):
     HANG = "hang"  # never answer; hold the connection until the client leaves
     NOT_JSON = "not_json"  # 200 whose body is not JSON
     NOT_OBJECT = "not_object"  # 200 whose body is JSON but not an object
-    OVERSIZED = "oversized"  # `status` (default 500) with a `size`-byte body (default 1 MB)
+    OVERSIZED = "oversized"  # `status` (default 500), a `size`-byte body made as it is sent
+    SLOWLORIS = "slowloris"  # 200, then a body of one byte every `interval_s`, never ending
+    UNSOLICITED_REPLY = "unsolicited_reply"  # answer, then `interval_s` later one more reply
     FAILURE_CLASS = "failure_class"  # 200 with `_ng_failure_class` (+ `_ng_failure_terminal`)
     NO_PERSIST = "no_persist"  # 200 with `_ng_no_persist: true` (kill-shaped)
     JUDGE_FAILED = "judge_failed"  # 200, reward 0.0, masked, `_ng_failure_class: judge_failed`
@@ -83,14 +85,18 @@ class Fault:
         kind: what happens.
         status: HTTP status for STATUS and OVERSIZED.
         body: the error body for STATUS (sent as a JSON string, as Gym servers do); the
-            failure reason for JUDGE_FAILED and MASKED.
+            failure reason for JUDGE_FAILED and MASKED; for UNSOLICITED_REPLY, the answer text
+            of the extra reply (a forgery of the real one; None: the extra reply replays it).
         retry_after: a ``Retry-After`` header value in seconds (STATUS), or None.
         delay_s: extra seconds before answering (LATENCY; added to any kind).
-        size: body size in bytes for OVERSIZED.
+        size: body size in bytes for OVERSIZED (any size: the body is never held whole).
         failure_class: the class for FAILURE_CLASS (optional for NO_PERSIST); the
             ``failure_kind`` for MASKED (default ``session_lost``).
         terminal: whether FAILURE_CLASS also sets ``_ng_failure_terminal: true``.
         attempts: only these attempt indices get the fault (row overrides); None means all.
+        interval_s: SLOWLORIS: seconds between body bytes; UNSOLICITED_REPLY: seconds from the
+            real reply to the extra one.
+        until_eof: OVERSIZED: declare no length; the body runs until the connection closes.
     """
 
     kind: FaultKind = field(converter=_kind)
@@ -102,6 +108,8 @@ class Fault:
     failure_class: str | None = None
     terminal: bool = False
     attempts: tuple[int, ...] | None = field(default=None, converter=_attempts)
+    interval_s: float = 0.005
+    until_eof: bool = False
 
 
 @frozen

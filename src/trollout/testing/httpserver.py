@@ -16,8 +16,10 @@ bench/fake_server_ceiling.py keeps an h11 variant and measures both), and hyperc
 connection mid-body on purpose).
 
 A handler returns a `Reply`. Its `action` scripts what the connection does instead of a plain
-answer: reset before any reply byte, reset after half the body, or hang until the peer leaves.
-A reset is a real TCP RST (``SO_LINGER`` 0), what a crashed worker looks like to a client.
+answer: reset before any reply byte, reset after half the body, hang until the peer leaves, or
+stream: write the head, then bytes as an async iterator yields them (a body generated while it is
+sent, so a 2 GB reply never exists in memory; a trickle; bytes after the reply that nobody asked
+for). A reset is a real TCP RST (``SO_LINGER`` 0), what a crashed worker looks like to a client.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import enum
 import errno
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
 
 import trio
 from attrs import field, frozen
@@ -72,6 +75,7 @@ class Action(enum.Enum):
     CLOSE = "close"  # write nothing; close the connection cleanly (FIN)
     RESET_MID_BODY = "reset_mid_body"  # write the head and half the body, then RST
     HANG = "hang"  # write nothing; wait until the peer closes (or the server stops)
+    STREAM = "stream"  # write the head, then what `stream` yields, as it yields it
 
 
 @frozen
@@ -97,6 +101,10 @@ class Reply:
 
     ``on_done`` is called once the connection is finished with the reply (sent, reset, or
     abandoned), so a handler can count a request as in flight until its bytes are out.
+
+    A STREAM reply declares ``length`` as its Content-Length (None: no length, the body runs
+    until the connection closes) and then writes whatever ``stream()`` yields, body bytes or
+    anything else; ``body`` is not sent.
     """
 
     status: int = 200
@@ -105,6 +113,8 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = field(default=())
     action: Action = Action.SEND
     on_done: Callable[[], None] | None = field(default=None, eq=False, repr=False)
+    stream: Callable[[], AsyncGenerator[bytes]] | None = field(default=None, eq=False, repr=False)
+    length: int | None = None
 
 
 Handler = Callable[[Request], Awaitable[Reply]]
@@ -204,14 +214,17 @@ def _content_length(headers: dict[str, str]) -> int:
 
 
 def encode_head(reply: Reply, *, keep_alive: bool, length: int | None = None) -> bytes:
-    """Return the status line and headers of ``reply``, blank line included."""
+    """Return the status line and headers of ``reply``, blank line included.
+
+    The Content-Length is `length`, else ``len(reply.body)``; a STREAM reply declares its own
+    ``length`` (None: none at all, and the connection closes after the body).
+    """
     reason = _REASONS.get(reply.status, "Unknown")
-    size = len(reply.body) if length is None else length
-    lines = [
-        f"HTTP/1.1 {reply.status} {reason}",
-        f"content-type: {reply.content_type}",
-        f"content-length: {size}",
-    ]
+    streamed = reply.action is Action.STREAM
+    size = (reply.length if streamed else len(reply.body)) if length is None else length
+    lines = [f"HTTP/1.1 {reply.status} {reason}", f"content-type: {reply.content_type}"]
+    if size is not None:
+        lines.append(f"content-length: {size}")
     lines.extend(f"{name}: {value}" for name, value in reply.headers)
     if not keep_alive:
         lines.append("connection: close")
@@ -293,6 +306,8 @@ async def _deliver(sock: socket.socket, reader: _Reader, reply: Reply, *, keep_a
     if reply.action is Action.SEND:
         await send_all(sock, encode_head(reply, keep_alive=keep_alive) + reply.body)
         return keep_alive
+    if reply.action is Action.STREAM:
+        return await _stream(sock, reply, keep_alive=keep_alive and reply.length is not None)
     if reply.action is Action.HANG:
         await reader.wait_closed()
         return False
@@ -303,6 +318,15 @@ async def _deliver(sock: socket.socket, reader: _Reader, reply: Reply, *, keep_a
         await send_all(sock, encode_head(reply, keep_alive=keep_alive) + half)
     _abort(sock)
     return False
+
+
+async def _stream(sock: socket.socket, reply: Reply, *, keep_alive: bool) -> bool:
+    assert reply.stream is not None  # a STREAM reply without a stream is a handler's bug
+    await send_all(sock, encode_head(reply, keep_alive=keep_alive))
+    async with aclosing(reply.stream()) as pieces:
+        async for piece in pieces:
+            await send_all(sock, piece)
+    return keep_alive
 
 
 def listen(port: int, *, host: str = "127.0.0.1", backlog: int = 4096) -> socket.socket:

@@ -19,7 +19,7 @@ shaped like FastAPI's.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -29,8 +29,8 @@ import trio
 from attrs import define
 
 from .aggregate import aggregate_metrics
-from .faults import Fault, FaultContext, FaultFn, FaultKind, row_fault
-from .httpserver import Action, Reply, Request
+from .faults import ONE_MEGABYTE, Fault, FaultContext, FaultFn, FaultKind, row_fault
+from .httpserver import Action, Reply, Request, encode_head
 from .policy import MODEL_ID, answer_row, build_response
 from .spec import AgentSpec, DeploymentSpec
 from .stats import FakeStats
@@ -288,7 +288,14 @@ def _fault_reply(
         body = orjson.dumps(fault.body or f"fake HTTP {status}")
         return Reply(status=status, body=body, headers=headers)
     if kind is FaultKind.OVERSIZED:
-        return Reply(status=fault.status or 500, body=b'"' + b"x" * max(fault.size - 2, 0) + b'"')
+        size = max(fault.size, 2)
+        stream = partial(_json_string, size)
+        length = None if fault.until_eof else size
+        return Reply(status=fault.status or 500, action=Action.STREAM, length=length, stream=stream)
+    if kind is FaultKind.SLOWLORIS:
+        return Reply(action=Action.STREAM, stream=partial(_trickle, fault.interval_s))
+    if kind is FaultKind.UNSOLICITED_REPLY:
+        return _unsolicited(fault, result(row))
     if kind is FaultKind.RESET_MID_REQUEST:
         return Reply(action=Action.RESET)
     if kind is FaultKind.DISCONNECT:
@@ -302,6 +309,48 @@ def _fault_reply(
     if kind is FaultKind.NOT_OBJECT:
         return Reply(body=b'["not", "an", "object"]')
     return Reply(body=orjson.dumps(_sentinel(fault, row, result)))
+
+
+async def _json_string(size: int) -> AsyncGenerator[bytes]:
+    """Yield a JSON string of `size` (>= 2) bytes in pieces: it never exists whole."""
+    yield b'"'
+    piece, left = b"x" * ONE_MEGABYTE, size - 2
+    while left > 0:
+        yield piece if left >= len(piece) else piece[:left]
+        left -= len(piece)
+    yield b'"'
+
+
+async def _trickle(interval_s: float) -> AsyncGenerator[bytes]:
+    """Yield the start of a JSON string, then one more byte every `interval_s`, forever."""
+    yield b'"'
+    while True:
+        await trio.sleep(interval_s)
+        yield b"x"
+
+
+def _unsolicited(fault: Fault, answer: dict[str, Any]) -> Reply:
+    """Answer with `answer`, then send one more complete reply nobody asked for.
+
+    The extra reply replays the answer, or (`fault.body` set) forges its text and reward while
+    keeping whatever identity the answer echoes.
+    """
+    body = orjson.dumps(answer)
+    extra = body
+    if fault.body is not None:
+        forged = orjson.loads(body)
+        forged["response"]["output"][0]["content"][0]["text"] = fault.body
+        forged["reward"] = 1.0
+        extra = orjson.dumps(forged)
+    unsolicited = encode_head(Reply(body=extra), keep_alive=True) + extra
+    stream = partial(_then, body, fault.interval_s, unsolicited)
+    return Reply(action=Action.STREAM, length=len(body), stream=stream)
+
+
+async def _then(first: bytes, gap_s: float, then: bytes) -> AsyncGenerator[bytes]:
+    yield first
+    await trio.sleep(gap_s)
+    yield then
 
 
 def vllm_metrics(state: DeploymentState) -> bytes:
