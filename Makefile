@@ -33,6 +33,7 @@ bench: $(STAMP)  ## print the benchmark figures (never part of make test); slow,
 	$(BIN)/python bench/store_write.py
 	$(BIN)/python bench/aggregate.py
 	$(BIN)/python bench/resume.py
+	$(BIN)/python bench/reply_memory.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
