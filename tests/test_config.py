@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import random
 import re
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trollout.collector.dispatch import DispatchPolicy
+from trollout.collector.retry import RetryPolicy
 from trollout.config import (
     FsyncPolicy,
+    NumberRange,
     RunConfig,
     SeedMode,
     build_config,
+    converter,
     load_config,
+    load_yaml,
     parse_override,
     parse_value,
+    validate_url,
 )
 from trollout.errors import ConfigError
 
@@ -227,9 +239,21 @@ def test_build_config_accepts_per_agent_repeats() -> None:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"limit": -1}, "limit must be >= 0 (got -1)"),
-        ({"num_samples_in_parallel": 0}, "num_samples_in_parallel must be > 0 (got 0)"),
-        ({"read_timeout_s": -5.0}, "read_timeout_s must be > 0 (got -5.0)"),
+        (
+            {"limit": -1},
+            "limit must be an integer from 0 to 2**63 - 1 (got -1); "
+            "fix the value, or leave it unset",
+        ),
+        (
+            {"num_samples_in_parallel": 0},
+            "num_samples_in_parallel must be an integer from 1 to 2**63 - 1 (got 0); "
+            "use e.g. 64 (the default)",
+        ),
+        (
+            {"read_timeout_s": -5.0},
+            "read_timeout_s must be a number of seconds > 0 and at most 1e9 (got -5.0); "
+            "use e.g. 3600.0 (the default)",
+        ),
     ],
 )
 def test_build_config_keeps_validator_messages(values: dict[str, Any], message: str) -> None:
@@ -242,9 +266,9 @@ def test_build_config_keeps_validator_messages(values: dict[str, Any], message: 
 @pytest.mark.parametrize(
     ("values", "key"),
     [
-        ({"num_samples_in_parallel": "many"}, "$.num_samples_in_parallel"),
+        ({"num_samples_in_parallel": "many"}, "num_samples_in_parallel must be an integer"),
         ({"seed_mode": "bogus"}, "$.seed_mode"),
-        ({"task_ids": ["a"]}, "$.task_ids[0]"),
+        ({"task_ids": ["a"]}, "task_ids[0] must be a task index"),
     ],
 )
 def test_build_config_names_the_key_of_a_bad_type(values: dict[str, Any], key: str) -> None:
@@ -376,3 +400,257 @@ def test_load_config_refuses_a_bad_override() -> None:
     """A malformed override token fails the whole load."""
     with pytest.raises(ConfigError, match="must look like"):
         load_config(overrides=["num_repeats=2"])
+
+
+# --- numbers: one validator, every numeric field (issue 8) ----------------------------------
+
+NUMERIC_TYPES = {"int", "float", "int | None", "float | None", "int | dict[str, int]"}
+NUMERIC_FIELDS = sorted(a.name for a in attrs.fields(RunConfig) if a.type in NUMERIC_TYPES)
+# Where 0 means something: no retries, no grace, no margin, seed 0, a zero threshold; `limit` 0
+# is valid here and refused by the plan as empty; a budget of 0 is the engine's "start nothing"
+# (the CLI refuses it).
+ZERO_ALLOWED = {
+    "dispatch_budget_s",
+    "dispatch_connect_grace_s",
+    "dispatch_start_report_min_fraction",
+    "dispatch_start_report_within_s",
+    "drain_margin_s",
+    "grace_s",
+    "limit",
+    "long_rollout_max_fraction",
+    "max_connect_retries",
+    "max_request_retries",
+    "retry_backoff_base_s",
+    "retry_backoff_max_s",
+    "retry_budget_per_endpoint",
+    "seed",
+    "server_queue_max_waiting_ratio",
+    "timed_out_max_fraction",
+}
+OUT_OF_RANGE = [math.nan, math.inf, -math.inf, -1, -0.5, 1e300, 2**64, 10**400, True, "3"]
+
+
+def test_numeric_fields_are_the_ones_the_table_knows() -> None:
+    """Every numeric setting is covered (a new one must decide whether 0 means something)."""
+    assert len(NUMERIC_FIELDS) >= 35
+    assert set(NUMERIC_FIELDS) >= ZERO_ALLOWED
+
+
+@pytest.mark.parametrize("name", NUMERIC_FIELDS)
+@pytest.mark.parametrize("value", OUT_OF_RANGE, ids=repr)
+def test_numeric_settings_refuse_nan_inf_huge_negative_and_bools(name: str, value: Any) -> None:
+    """nan, ±inf, 1e300, 2**64, -1, a bool or a string: refused, naming the key and the value."""
+    with pytest.raises(ConfigError) as info:
+        build_config({name: value})
+    message = str(info.value)
+    assert message.startswith(f"{name} must be "), message
+    shown = {repr(value)} | (
+        {repr(float(value))} if type(value) is int and value < 2**64 else set()
+    )
+    assert any(f"(got {s})" in message for s in shown), message  # seconds take ints as floats
+
+
+@pytest.mark.parametrize("name", NUMERIC_FIELDS)
+def test_numeric_settings_take_zero_only_where_it_means_something(name: str) -> None:
+    """0 is accepted where it has a meaning and refused, naming the key, where it has none."""
+    if name in ZERO_ALLOWED:
+        assert getattr(build_config({name: 0}), name) == 0
+    else:
+        with pytest.raises(ConfigError, match=rf"^{name}(\.\w+)? must be "):
+            build_config({name: 0})
+
+
+@pytest.mark.parametrize("name", NUMERIC_FIELDS)
+def test_numeric_settings_take_null_only_where_optional(name: str) -> None:
+    """null (None) unsets an optional number; a required one refuses it, naming the key."""
+    field = attrs.fields_dict(RunConfig)[name]
+    if "None" in str(field.type):
+        assert getattr(build_config({name: None}), name) is None
+    else:
+        with pytest.raises(ConfigError, match=rf"^{name}(\.\w+)? must be .*\(got None\)"):
+            build_config({name: None})
+
+
+def test_the_largest_accepted_numbers_make_a_config_a_run_folder_can_hold() -> None:
+    """Every numeric setting at its bound builds, fingerprints and serializes as JSON."""
+    values: dict[str, Any] = {}
+    for field in attrs.fields(RunConfig):
+        check = field.validator
+        if isinstance(check, NumberRange):
+            values[field.name] = check.high
+    values["num_repeats"] = 2**63 - 1
+    config = build_config(values)
+    assert config.seed == 2**64 - 1
+    assert config.read_timeout_s == 1e9
+    assert config.plan_fingerprint()
+    orjson.dumps(converter.unstructure(config))  # the manifest's settings
+
+
+def test_integral_floats_are_refused_for_integers_with_the_integer_to_write() -> None:
+    """+num_samples_in_parallel=1e9 is a float: refused, showing the integer to write instead."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["+num_samples_in_parallel=1e9"])
+    assert str(info.value) == (
+        "num_samples_in_parallel must be an integer from 1 to 2**63 - 1 (got 1000000000.0); "
+        "write it as an integer: 1000000000"
+    )
+    with pytest.raises(ConfigError, match=r"\(got 2\.5\); use e\.g\. 4"):
+        build_config({"max_connect_retries": 2.5})
+
+
+def test_integers_are_accepted_for_seconds_and_kept_as_floats() -> None:
+    """+read_timeout_s=30 is 30.0 seconds."""
+    config = load_config(overrides=["+read_timeout_s=30"])
+    assert config.read_timeout_s == 30.0
+    assert type(config.read_timeout_s) is float
+
+
+@pytest.mark.parametrize("value", ["false", "no", 0, 1, None])
+def test_flags_take_true_or_false_only(value: Any) -> None:
+    """A flag given "false" (a string) is refused, not read as true."""
+    with pytest.raises(ConfigError, match=rf"^fail_fast must be true or false \(got {value!r}\)"):
+        build_config({"fail_fast": value})
+
+
+@pytest.mark.parametrize("task", [True, -1, 1.0, 2**63, "0"])
+def test_task_ids_must_be_task_indices(task: Any) -> None:
+    """task_ids entries are integers >= 0; the bad one is named by position."""
+    with pytest.raises(
+        ConfigError, match=rf"^task_ids\[1\] must be a task index.*\(got {task!r}\)"
+    ):
+        build_config({"task_ids": [0, task]})
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, 1e300, True])
+@pytest.mark.parametrize(
+    ("policy", "name"),
+    [
+        (lambda v: DispatchPolicy(v, 1.0, 1, 1.0), "connect_timeout_s"),
+        (lambda v: DispatchPolicy(1.0, v, 1, 1.0), "read_timeout_s"),
+        (lambda v: DispatchPolicy(1.0, 1.0, 1, v), "dispatch_connect_grace_s"),
+        (lambda v: DispatchPolicy(1.0, 1.0, 1, 1.0, backoff_base_s=v), "backoff_base_s"),
+        (lambda v: DispatchPolicy(1.0, 1.0, 1, 1.0, backoff_max_s=v), "backoff_max_s"),
+        (lambda v: DispatchPolicy(1.0, 1.0, 1, 1.0, rollout_timeout_s=v), "rollout_timeout_s"),
+        (lambda v: DispatchPolicy(1.0, 1.0, v, 1.0), "max_connect_retries"),
+        (lambda v: RetryPolicy(backoff_base_s=v), "backoff_base_s"),
+        (lambda v: RetryPolicy(backoff_max_s=v), "backoff_max_s"),
+        (lambda v: RetryPolicy(breaker_open_s=v), "breaker_open_s"),
+        (lambda v: RetryPolicy(max_request_retries=v), "max_request_retries"),
+    ],
+)
+def test_dispatch_and_retry_policies_share_the_number_checks(
+    policy: Callable[[Any], object], name: str, value: Any
+) -> None:
+    """Policies built without a RunConfig refuse the same values with the same messages."""
+    with pytest.raises(ConfigError, match=rf"^{name} must be .*\(got {re.escape(repr(value))}\)"):
+        policy(value)
+
+
+def test_backoff_does_not_overflow_after_a_thousand_retries() -> None:
+    """max_connect_retries / max_request_retries may be huge: 2.0**1024 must never be computed."""
+    rng = random.Random(0)
+    dispatch_policy = DispatchPolicy(1.0, 1.0, 2**63 - 1, 1e9, backoff_base_s=1e9)
+    assert 0.0 <= dispatch_policy.backoff_s(5000, rng) <= dispatch_policy.backoff_max_s
+    retry_policy = RetryPolicy(max_request_retries=2**63 - 1, backoff_base_s=1e9)
+    assert 0.0 <= retry_policy.backoff_s(5000, rng) <= retry_policy.backoff_max_s
+
+
+# --- untrusted structure: YAML aliases and depth, override depth (issue 8) -----------------
+
+BILLION_LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def test_load_yaml_refuses_a_billion_laughs_without_growing() -> None:
+    """A billion-laughs document is refused at its first collection alias, in little memory."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError) as info:
+            load_yaml(BILLION_LAUGHS, source="config file 'bomb.yaml'")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(info.value) == (
+        "config file 'bomb.yaml' uses an alias of a mapping or list at line 2, column 8; write "
+        "the value out instead of *alias or <<: merge (only scalar aliases are accepted: "
+        "collection aliases expand without bound)"
+    )
+    assert peak < 1_000_000
+
+
+def test_load_yaml_keeps_scalar_aliases_and_refuses_merge_keys() -> None:
+    """A scalar alias copies one value and is kept; a <<: merge of a mapping is refused."""
+    assert load_yaml("a: &x 3\nb: *x\n", source="s") == {"a": 3, "b": 3}
+    with pytest.raises(ConfigError, match="alias of a mapping or list at line 3, column 7"):
+        load_yaml("base: &b {x: 1}\nc:\n  <<: *b\n", source="s")
+    with pytest.raises(ConfigError, match="alias of a mapping or list"):
+        load_yaml("a: &a [1, *a]\n", source="s")  # a recursive alias, refused the same way
+
+
+def test_load_yaml_bounds_nesting_instead_of_recursing() -> None:
+    """100 levels load; 101, or 50,000 (RecursionError before), are refused naming the place."""
+    assert load_yaml("[" * 100 + "]" * 100, source="s") is not None
+    with pytest.raises(ConfigError, match=r"^s nests deeper than 100 levels at line 1, column 101"):
+        load_yaml("[" * 101 + "]" * 101, source="s")
+    with pytest.raises(ConfigError, match="nests deeper than 100 levels"):
+        load_yaml("a: " + "[" * 50_000, source="s")
+
+
+def test_load_yaml_without_quote_never_shows_the_text() -> None:
+    """quote=False: a syntax error names line and column, never the characters around it."""
+    secret = "sk-yaml-0123456789"
+    with pytest.raises(ConfigError) as info:
+        load_yaml(f"key: {secret}\nbad: [{secret}\n", source="head", quote=False)
+    assert str(info.value).startswith("head is not valid YAML at line 3, column 1")
+    assert secret not in str(info.value)
+    assert info.value.__context__ is None
+
+
+def test_load_config_refuses_an_alias_bomb_file(tmp_path: Path) -> None:
+    """--config with a billion-laughs file is refused naming the file and line."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BILLION_LAUGHS)
+    with pytest.raises(ConfigError, match=re.escape(f"config file {str(path)!r} uses an alias")):
+        load_config(config_file=path)
+
+
+def test_parse_value_bounds_nesting() -> None:
+    """100 levels of [ parse; 101 and 50,000 are a ConfigError, never a RecursionError."""
+    assert parse_value("[" * 100 + "]" * 100) == functools.reduce(lambda v, _: [v], range(99), [])
+    for depth in (101, 50_000):
+        with pytest.raises(ConfigError, match="nests deeper than 100 levels"):
+            parse_value("[" * depth)
+
+
+def test_parse_override_names_the_key_of_a_bad_value() -> None:
+    """An override whose value cannot be parsed is named by its key."""
+    with pytest.raises(ConfigError, match=r"^override \+limit: unclosed bracket"):
+        parse_override("+limit=[1")
+
+
+# --- URLs: trollout speaks plain http:// (issue 8) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "what"),
+    [
+        ({"agent_urls": {"a": "https://h:1"}}, "URL of agent 'a'"),
+        ({"head_server": "https://h:1"}, "head server URL"),
+        ({"server_queue_metrics_urls": ["https://h:1/metrics"]}, "server_queue_metrics_urls entry"),
+        ({"agent_urls": {"a": "HTTPS://h:1"}}, "URL of agent 'a'"),
+    ],
+)
+def test_build_config_refuses_https_urls(values: dict[str, Any], what: str) -> None:
+    """https:// anywhere a URL is read is refused up front, saying trollout speaks http://."""
+    with pytest.raises(ConfigError) as info:
+        build_config(values)
+    assert str(info.value).startswith(f"{what} must be a plain http:// URL (got ")
+    assert "without TLS" in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["ftp://h:1", "h:1", "http://h:0", "http://h:1?x=1"])
+def test_validate_url_refuses_what_is_not_http_host_port(url: str) -> None:
+    """Other schemes, no scheme, port 0 and a query are refused naming the URL."""
+    with pytest.raises(ConfigError, match=re.escape(repr(url))):
+        validate_url(url, what="u")

@@ -9,9 +9,28 @@ Values of overrides use Hydra's flow syntax: ``{host:127.0.0.1,port:11000}`` is 
 ``[a,b]`` a list, ``true``/``false``/``null``, numbers, and quoted or bare strings. YAML's own flow
 syntax is not used because it reads ``{host:127.0.0.1}`` as a key with no value.
 
-Validation happens once, in `RunConfig.__attrs_post_init__`-free validators and `validate()`, and
-every message names the key, shows the value and says what was expected. Unknown keys are refused
-with the closest known key suggested, so a typo never silently does nothing.
+Validation happens once, in field validators and `validate()`, and every message names the key,
+shows the value and says what was expected. Unknown keys are refused with the closest known key
+suggested, so a typo never silently does nothing.
+
+Numbers (`NumberRange`, one validator for every numeric field here and in the dispatch and retry
+policies): bools, NaN and infinities are refused everywhere. Integer settings take integers only:
+an integral float such as ``1e9`` (what ``+key=1e9`` parses to) is refused with the integer to
+write instead, rather than truncated, so ``1.5`` can never quietly become 1. Durations are at most
+`MAX_SECONDS` (about 31 years; a bigger one can only mean "forever", which the optional limits
+spell as unset), counts are below 2**63 and the seed below 2**64, the widest integers a run
+folder's JSON holds.
+
+Untrusted structure (`load_yaml`, `parse_value`): YAML aliases of mappings and lists are refused,
+since they are how a few hundred bytes expand into gigabytes of rows (scalar aliases are kept),
+and YAML documents and override values nest at most `MAX_VALUE_DEPTH` levels, so parsing cannot
+recurse without bound and a setting merged into a row keeps it within the rows' own limit
+(`jsonl.MAX_DEPTH`).
+
+Length: this module is longer than the house's ~400 lines on purpose. It is a leaf that may
+import only `errors` (design.md), so every check a setting needs (numbers, URLs, YAML, override
+syntax) lives here; the override parser and the YAML loader are the parts to move out if the
+layering ever allows a second leaf.
 """
 
 from __future__ import annotations
@@ -19,10 +38,12 @@ from __future__ import annotations
 import difflib
 import enum
 import hashlib
+import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+from urllib.parse import SplitResult, urlsplit
 
 import attrs
 import cattrs
@@ -33,14 +54,25 @@ from attrs import frozen
 from .errors import ConfigError
 
 __all__ = [
+    "COUNT",
+    "DEFAULT_MAX_INPUT_LINE_BYTES",
+    "FRACTION",
     "MAX_ATTEMPTS_ENV",
+    "MAX_SECONDS",
+    "MAX_VALUE_DEPTH",
+    "POSITIVE_COUNT",
+    "POSITIVE_SECONDS",
+    "SECONDS",
     "FsyncPolicy",
+    "NumberRange",
     "RunConfig",
     "SeedMode",
     "default_max_attempts",
     "load_config",
+    "load_yaml",
     "parse_override",
     "parse_value",
+    "validate_url",
 ]
 
 
@@ -82,14 +114,94 @@ def default_max_attempts() -> int:
     return value
 
 
-def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"{attribute.name} must be > 0 (got {value!r})")
+MAX_SECONDS: Final = 1e9  # about 31 years: any longer duration can only mean "no limit"
+MAX_COUNT: Final = 2**63 - 1  # the widest signed integer a run folder's JSON holds
+MAX_SEED: Final = 2**64 - 1  # the widest unsigned one (seeds are hashed as decimal text)
+MAX_VALUE_DEPTH: Final = 100  # nesting of YAML documents and override values (module doc)
+# A line holds one row; a 1M-token prompt is ~4 MB and rows with base64 images run to tens of
+# MB, while a line is parsed whole (a few times its size in memory), so 64 MiB is generous for
+# real data and still a bound; --max-line-bytes raises it.
+DEFAULT_MAX_INPUT_LINE_BYTES: Final = 64 * 1024 * 1024
 
 
-def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and value < 0:
-        raise ConfigError(f"{attribute.name} must be >= 0 (got {value!r})")
+@frozen
+class NumberRange:
+    """An attrs validator for a numeric setting.
+
+    It refuses bools, NaN and infinities, anything but an `int` when `integer` is set, and
+    values outside ``[low, high]`` (or ``(low, high]`` with `low_open`); None only when
+    `none_ok` (`or_none`: an optional setting, where None means unset).
+
+    Attributes:
+        what: what is expected, for messages (``"an integer >= 1"``).
+    """
+
+    what: str
+    low: float
+    high: float
+    low_open: bool = False
+    integer: bool = False
+    none_ok: bool = False
+
+    @property
+    def or_none(self) -> NumberRange:
+        """Return this range for an optional setting (None accepted)."""
+        return attrs.evolve(self, none_ok=True)
+
+    def __call__(self, instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        """Raise `ConfigError` naming the field when ``value`` is out of range."""
+        if (value is None and self.none_ok) or self.accepts(value):
+            return
+        remedy = self._remedy(attribute, value)
+        raise ConfigError(f"{attribute.name} must be {self.what} (got {value!r}); {remedy}")
+
+    def accepts(self, value: Any) -> bool:
+        """Return whether ``value`` is a number of the right kind within the range."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above_low = self.low < value if self.low_open else self.low <= value
+        return above_low and value <= self.high
+
+    def _remedy(self, attribute: attrs.Attribute[Any], value: Any) -> str:
+        integral = isinstance(value, float) and value.is_integer()
+        if self.integer and integral and self.accepts(int(value)):
+            return f"write it as an integer: {int(value)}"
+        default = attribute.default
+        if isinstance(default, int | float) and not isinstance(default, bool):
+            return f"use e.g. {default!r} (the default)"
+        return "fix the value, or leave it unset"
+
+
+SECONDS: Final = NumberRange("a number of seconds from 0 to 1e9", 0, MAX_SECONDS)
+POSITIVE_SECONDS: Final = NumberRange(
+    "a number of seconds > 0 and at most 1e9", 0, MAX_SECONDS, low_open=True
+)
+FRACTION: Final = NumberRange("a number from 0 to 1", 0, 1)
+RATIO: Final = NumberRange("a number from 0 to 1e9", 0, MAX_SECONDS)
+POSITIVE_RATIO: Final = NumberRange("a number > 0 and at most 1e9", 0, MAX_SECONDS, low_open=True)
+COUNT: Final = NumberRange("an integer from 0 to 2**63 - 1", 0, MAX_COUNT, integer=True)
+POSITIVE_COUNT: Final = NumberRange("an integer from 1 to 2**63 - 1", 1, MAX_COUNT, integer=True)
+SEED: Final = NumberRange("an integer from 0 to 2**64 - 1", 0, MAX_SEED, integer=True)
+
+
+def _flag(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(
+            f"{attribute.name} must be true or false (got {value!r}); write true or false"
+        )
+
+
+def _task_ids(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    for index, task in enumerate(value or ()):
+        if not COUNT.accepts(task):
+            raise ConfigError(
+                f"task_ids[{index}] must be a task index, {COUNT.what} (got {task!r}); "
+                "list task indices, e.g. [0, 3]"
+            )
 
 
 @frozen(kw_only=True)
@@ -103,6 +215,9 @@ class RunConfig:
     # input and output
     input_jsonl_fpath: str | None = None
     output_jsonl_fpath: str | None = None
+    max_input_line_bytes: int = attrs.field(
+        default=DEFAULT_MAX_INPUT_LINE_BYTES, validator=POSITIVE_COUNT
+    )
     # deployment
     head_server: str | None = None
     agent_urls: dict[str, str] = attrs.field(factory=dict)
@@ -111,80 +226,89 @@ class RunConfig:
     agent_map: dict[str, str] = attrs.field(factory=dict)
     fan_out: dict[str, list[str]] = attrs.field(factory=dict)
     num_repeats: int | dict[str, int] = 1
-    num_repeats_add_seed: bool = False
-    seed: int = 0
+    num_repeats_add_seed: bool = attrs.field(default=False, validator=_flag)
+    seed: int = attrs.field(default=0, validator=SEED)
     seed_mode: SeedMode = SeedMode.HASH
-    limit: int | None = attrs.field(default=None, validator=_non_negative)
-    task_ids: list[int] | None = None
-    interleave_repeats: bool = False
-    round_robin_agents: bool = False
+    limit: int | None = attrs.field(default=None, validator=COUNT.or_none)
+    task_ids: list[int] | None = attrs.field(default=None, validator=_task_ids)
+    interleave_repeats: bool = attrs.field(default=False, validator=_flag)
+    round_robin_agents: bool = attrs.field(default=False, validator=_flag)
     responses_create_params: dict[str, Any] = attrs.field(factory=dict)
     environment_routing_mode: str = "agent"
     environment_server_name: str | None = None
     environment_server_routes: dict[str, str] = attrs.field(factory=dict)
     # dispatch
-    num_samples_in_parallel: int = attrs.field(default=64, validator=_positive)
-    max_resident_rollout_tasks: int | None = attrs.field(default=None, validator=_positive)
-    max_rollouts: int = attrs.field(default=10_000_000, validator=_positive)  # a plan's size
-    connect_timeout_s: float = attrs.field(default=10.0, validator=_positive)
-    read_timeout_s: float = attrs.field(default=3600.0, validator=_positive)
+    num_samples_in_parallel: int = attrs.field(default=64, validator=POSITIVE_COUNT)
+    max_resident_rollout_tasks: int | None = attrs.field(
+        default=None, validator=POSITIVE_COUNT.or_none
+    )
+    connect_timeout_s: float = attrs.field(default=10.0, validator=POSITIVE_SECONDS)
+    read_timeout_s: float = attrs.field(default=3600.0, validator=POSITIVE_SECONDS)
     # the longest one /run request may take, sending through the last reply byte, however
     # steadily bytes trickle in; None: twice read_timeout_s (7200 s by default)
-    reply_timeout_s: float | None = attrs.field(default=None, validator=_positive)
-    max_reply_bytes: int = attrs.field(default=256 * 1024 * 1024, validator=_positive)  # decoded
-    dispatch_connect_grace_s: float = attrs.field(default=30.0, validator=_non_negative)
-    max_connect_retries: int = attrs.field(default=4, validator=_non_negative)
-    fail_fast: bool = False
-    # budget, drain and the run's wall clock (protocol.md section 9)
-    dispatch_budget_s: float | None = attrs.field(default=None, validator=_non_negative)
-    drain_margin_s: float | None = attrs.field(default=None, validator=_non_negative)
-    max_run_time_s: float | None = attrs.field(default=None, validator=_positive)
-    grace_s: float = attrs.field(default=30.0, validator=_non_negative)
+    reply_timeout_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
+    max_reply_bytes: int = attrs.field(default=256 * 1024 * 1024, validator=POSITIVE_COUNT)
+    max_rollouts: int = attrs.field(default=10_000_000, validator=POSITIVE_COUNT)  # a plan's size
+    dispatch_connect_grace_s: float = attrs.field(default=30.0, validator=SECONDS)
+    max_connect_retries: int = attrs.field(default=4, validator=COUNT)
+    fail_fast: bool = attrs.field(default=False, validator=_flag)
+    # budget, drain and the run's wall clock (protocol.md section 9); a budget of 0 starts
+    # nothing (the engine's documented meaning), which the CLI refuses as an empty run
+    dispatch_budget_s: float | None = attrs.field(default=None, validator=SECONDS.or_none)
+    drain_margin_s: float | None = attrs.field(default=None, validator=SECONDS.or_none)
+    max_run_time_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
+    grace_s: float = attrs.field(default=30.0, validator=SECONDS)
     # run-level stops: conditions no retry can fix
-    stop_after_auth_failures: int | None = attrs.field(default=5, validator=_positive)
+    stop_after_auth_failures: int | None = attrs.field(default=5, validator=POSITIVE_COUNT.or_none)
     environment_protocol_violation_stop_after: int | None = attrs.field(
-        default=5, validator=_positive
+        default=5, validator=POSITIVE_COUNT.or_none
     )
-    require_complete: bool = False
+    require_complete: bool = attrs.field(default=False, validator=_flag)
     # retries, budgets, breaker and the per-rollout limit (collector/retry.py's design note)
-    retry_requests: bool = False  # re-send possibly-delivered requests (new attempt numbers)
-    max_request_retries: int = attrs.field(default=3, validator=_non_negative)  # per rollout
-    retry_backoff_base_s: float = attrs.field(default=0.5, validator=_non_negative)
-    retry_backoff_max_s: float = attrs.field(default=30.0, validator=_non_negative)
-    retry_budget_per_endpoint: int = attrs.field(default=100, validator=_non_negative)  # a count
-    breaker_failure_threshold: int = attrs.field(default=20, validator=_positive)
-    breaker_open_s: float = attrs.field(default=30.0, validator=_positive)
-    rollout_timeout_s: float | None = attrs.field(default=None, validator=_positive)
-    timeout_is_terminal: bool = False
+    retry_requests: bool = attrs.field(default=False, validator=_flag)  # new attempt numbers
+    max_request_retries: int = attrs.field(default=3, validator=COUNT)  # per rollout
+    retry_backoff_base_s: float = attrs.field(default=0.5, validator=SECONDS)
+    retry_backoff_max_s: float = attrs.field(default=30.0, validator=SECONDS)
+    retry_budget_per_endpoint: int = attrs.field(default=100, validator=COUNT)  # a count
+    breaker_failure_threshold: int = attrs.field(default=20, validator=POSITIVE_COUNT)
+    breaker_open_s: float = attrs.field(default=30.0, validator=POSITIVE_SECONDS)
+    rollout_timeout_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
+    timeout_is_terminal: bool = attrs.field(default=False, validator=_flag)
     # the run timing report (protocol.md section 9; collector/timing.py)
     server_queue_metrics_urls: list[str] = attrs.field(factory=list)
-    server_queue_sample_interval_s: float = attrs.field(default=10.0, validator=_positive)
-    server_queue_max_waiting_ratio: float = attrs.field(default=1.0, validator=_non_negative)
-    timing_summary_interval_s: float | None = attrs.field(default=300.0, validator=_positive)
-    dispatch_start_report_within_s: float = attrs.field(default=60.0, validator=_non_negative)
-    dispatch_start_report_min_fraction: float | None = None
-    dispatch_all_started_within_s: float | None = attrs.field(default=None, validator=_positive)
-    timed_out_max_fraction: float = attrs.field(default=0.01, validator=_non_negative)
-    long_rollout_s: float | None = attrs.field(default=None, validator=_positive)
-    long_rollout_max_fraction: float = attrs.field(default=0.05, validator=_non_negative)
-    straggler_p90_multiple: float = attrs.field(default=3.0, validator=_positive)
+    server_queue_sample_interval_s: float = attrs.field(default=10.0, validator=POSITIVE_SECONDS)
+    server_queue_max_waiting_ratio: float = attrs.field(default=1.0, validator=RATIO)
+    timing_summary_interval_s: float | None = attrs.field(
+        default=300.0, validator=POSITIVE_SECONDS.or_none
+    )
+    dispatch_start_report_within_s: float = attrs.field(default=60.0, validator=SECONDS)
+    dispatch_start_report_min_fraction: float | None = attrs.field(
+        default=None, validator=FRACTION.or_none
+    )
+    dispatch_all_started_within_s: float | None = attrs.field(
+        default=None, validator=POSITIVE_SECONDS.or_none
+    )
+    timed_out_max_fraction: float = attrs.field(default=0.01, validator=FRACTION)
+    long_rollout_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
+    long_rollout_max_fraction: float = attrs.field(default=0.05, validator=FRACTION)
+    straggler_p90_multiple: float = attrs.field(default=3.0, validator=POSITIVE_RATIO)
     # durability and reporting
     fsync: FsyncPolicy = FsyncPolicy.BATCH
-    fsync_every_rows: int = attrs.field(default=256, validator=_positive)
-    fsync_every_s: float = attrs.field(default=1.0, validator=_positive)
-    status_interval_s: float = attrs.field(default=2.0, validator=_positive)
-    record_omitted_rollouts: bool = False
-    disable_aggregation: bool = False
+    fsync_every_rows: int = attrs.field(default=256, validator=POSITIVE_COUNT)
+    fsync_every_s: float = attrs.field(default=1.0, validator=POSITIVE_SECONDS)
+    status_interval_s: float = attrs.field(default=2.0, validator=POSITIVE_SECONDS)
+    record_omitted_rollouts: bool = attrs.field(default=False, validator=_flag)
+    disable_aggregation: bool = attrs.field(default=False, validator=_flag)
     count_failure_classes_as_zero: list[str] | None = None
-    count_missing_rollouts_as_zero: bool = False
+    count_missing_rollouts_as_zero: bool = attrs.field(default=False, validator=_flag)
     # resume and attempts (protocol.md section 8); none changes the materialized rows, so none
     # is fingerprinted: raising the cap or retrying terminal timeouts on resume is legitimate
-    resume_from_cache: bool = False
-    overwrite: bool = False  # a fresh run may replace a run already in the output folder
-    allow_unsafe_resume: bool = False
-    max_attempts: int = attrs.field(factory=default_max_attempts, validator=_positive)
-    retry_terminal_timeouts: bool = False
-    dispatch_longest_first: bool = False
+    resume_from_cache: bool = attrs.field(default=False, validator=_flag)
+    overwrite: bool = attrs.field(default=False, validator=_flag)  # a fresh run may replace one
+    allow_unsafe_resume: bool = attrs.field(default=False, validator=_flag)
+    max_attempts: int = attrs.field(factory=default_max_attempts, validator=POSITIVE_COUNT)
+    retry_terminal_timeouts: bool = attrs.field(default=False, validator=_flag)
+    dispatch_longest_first: bool = attrs.field(default=False, validator=_flag)
 
     @property
     def resident_rollouts(self) -> int:
@@ -198,6 +322,7 @@ class RunConfig:
             ConfigError: naming the key, the value and the remedy.
         """
         _check_repeats(self.num_repeats)
+        self._check_urls()
         if self.environment_routing_mode not in {"agent", "legacy", "taskset"}:
             raise ConfigError(
                 f"environment_routing_mode must be one of agent, legacy, taskset "
@@ -208,6 +333,14 @@ class RunConfig:
                 "environment_routing_mode 'legacy' needs environment_server_name; set "
                 "+environment_server_name=<server>"
             )
+
+    def _check_urls(self) -> None:
+        for name, url in self.agent_urls.items():
+            validate_url(url, what=f"URL of agent {name!r}")
+        if self.head_server is not None:
+            validate_url(self.head_server, what="head server URL")
+        for url in self.server_queue_metrics_urls:
+            validate_url(url, what="server_queue_metrics_urls entry")
 
     def plan_fingerprint(self) -> str:
         """Return sha256 of the settings that change what is dispatched."""
@@ -248,13 +381,32 @@ def _structure_repeats(value: Any, _: Any) -> Any:
 converter.register_structure_hook(int | dict[str, int], _structure_repeats)
 
 
+def _as_given(value: Any, _: Any) -> Any:
+    # cattrs would call int(), bool() or float() on the value: int(1.5) is 1, bool("false") is
+    # True and float("nan") parses. Values pass through as given and the field validators,
+    # which know the key, refuse the wrong kind.
+    return value
+
+
+def _as_float(value: Any, _: Any) -> Any:
+    # An integer is a fine number of seconds (``+read_timeout_s=30``); keep the field a float.
+    if type(value) is int and abs(value) <= MAX_COUNT:
+        return float(value)
+    return value
+
+
+converter.register_structure_hook(int, _as_given)
+converter.register_structure_hook(bool, _as_given)
+converter.register_structure_hook(float, _as_float)
+
+
 def repeats_problems(value: Any) -> list[str]:
     """Return one message per bad ``num_repeats`` value (an int, or ``{agent: int}``)."""
     counts = value.items() if isinstance(value, dict) else [(None, value)]
     problems = []
     for key, count in counts:
         name = "num_repeats" if key is None else f"num_repeats.{key}"
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        if not POSITIVE_COUNT.accepts(count):
             problems.append(f"{name} must be an integer >= 1 (got {count!r}); use 1 or more")
     return problems
 
@@ -341,16 +493,133 @@ def head_server_url(block: Mapping[str, Any]) -> str:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"cannot read config file {str(path)!r}: {reason}") from exc
+    data = load_yaml(text, source=f"config file {str(path)!r}")
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of settings")
     return data
+
+
+# --- YAML and URLs ----------------------------------------------------------------------------
+
+
+def load_yaml(text: str, *, source: str, quote: bool = True) -> Any:
+    """Parse YAML safely, refusing aliases of mappings and lists and deep nesting.
+
+    Args:
+        text: the document.
+        source: what it is, for messages (``"config file 'run.yaml'"``).
+        quote: let messages carry the YAML parser's description of a syntax error, which may
+            quote a few characters of the document; pass False for text that holds secrets.
+
+    Raises:
+        ConfigError: naming ``source``, the line and column, and what was refused.
+    """
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        problem = _yaml_problem(exc, quote)
+    except (ValueError, LookupError, AttributeError, TypeError) as exc:
+        # PyYAML's constructors raise plain errors that quote the value (`!!int sk-...`).
+        problem = f"{{source}} holds a value YAML cannot build ({type(exc).__name__}); fix the YAML"
+    finally:
+        loader.dispose()
+    # Raised outside `except`: a chained YAMLError's marks hold the document's text.
+    raise ConfigError(problem.format(source=source))
+
+
+def _yaml_problem(exc: yaml.YAMLError, quote: bool) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    if isinstance(exc, _RefusedYamlError):
+        return "{source} " + exc.reason + where + "; " + exc.remedy
+    detail = getattr(exc, "problem", None) if quote else None
+    said = f" ({detail})" if detail else ""
+    return "{source} is not valid YAML" + where + said + "; fix the YAML"
+
+
+class _RefusedYamlError(yaml.MarkedYAMLError):
+    """A well-formed document that trollout refuses (reason and remedy are our own text)."""
+
+    def __init__(self, reason: str, remedy: str, mark: Any) -> None:
+        super().__init__(problem=reason, problem_mark=mark)
+        self.reason = reason
+        self.remedy = remedy
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses aliases of collections and nesting past MAX_VALUE_DEPTH.
+
+    Composing is where both show: a scalar alias copies one value, a collection alias is how
+    a billion-laughs document grows exponentially once serialized, and composing recurses
+    once per level (RecursionError on a deep enough flow sequence).
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event: Any = self.peek_event()  # type: ignore[no-untyped-call]  # untyped in the stubs
+        if isinstance(event, yaml.AliasEvent):
+            target = self.anchors.get(event.anchor)
+            if isinstance(target, yaml.MappingNode | yaml.SequenceNode):
+                raise _RefusedYamlError(
+                    "uses an alias of a mapping or list",
+                    "write the value out instead of *alias or <<: merge (only scalar aliases "
+                    "are accepted: collection aliases expand without bound)",
+                    event.start_mark,
+                )
+        elif isinstance(event, yaml.CollectionStartEvent) and self._depth >= MAX_VALUE_DEPTH:
+            raise _RefusedYamlError(
+                f"nests deeper than {MAX_VALUE_DEPTH} levels", "flatten it", event.start_mark
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def validate_url(url: str, *, what: str) -> str:
+    """Return ``url`` without a trailing slash after checking it is ``http://host[:port]``.
+
+    trollout speaks plain HTTP/1.1 (its own codec, no TLS), so ``https://`` is refused here,
+    before anything is written, rather than failing every rollout later.
+
+    Raises:
+        ConfigError: naming ``what`` and the URL (unless it may carry credentials).
+    """
+    if "@" in url:
+        raise ConfigError(f"{what} must not carry credentials (user:password@); remove them")
+    parts = _split(url)
+    if parts is not None and parts.scheme.lower() == "https":
+        raise ConfigError(
+            f"{what} must be a plain http:// URL (got {url!r}): trollout speaks HTTP/1.1 without "
+            "TLS; use http://, or reach a TLS-only server through a local proxy or tunnel"
+        )
+    if parts is None or parts.scheme != "http" or not parts.hostname:
+        raise ConfigError(
+            f"{what} must be http://host:port with a port 1..65535 (got {url!r}); fix it"
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{what} must have no ?query or #fragment (got {url!r}); remove them")
+    return url.rstrip("/")
+
+
+def _split(url: str) -> SplitResult | None:
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises for a non-numeric or out-of-range port
+    except ValueError:
+        return None
+    return None if port == 0 else parts
 
 
 # --- +key=value overrides ---------------------------------------------------------------------
@@ -366,7 +635,11 @@ def parse_override(token: str) -> tuple[str, Any]:
     key, sep, raw = body.partition("=")
     if len(token) - len(body) not in (1, 2) or not sep or not key:
         raise ConfigError(f"override {token!r} must look like +key=value")
-    return key.strip(), parse_value(raw)
+    try:
+        value = parse_value(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"override +{key.strip()}: {exc}") from None
+    return key.strip(), value
 
 
 def parse_value(text: str) -> Any:
@@ -383,14 +656,13 @@ class _ValueParser:
     def __init__(self, text: str) -> None:
         self.text = text
         self.pos = 0
+        self.depth = 0
 
     def value(self) -> Any:
         self._skip()
         ch = self._peek()
-        if ch == "{":
-            return self._mapping()
-        if ch == "[":
-            return self._list()
+        if ch and ch in "{[":
+            return self._collection(ch)
         if ch and ch in "'\"":
             return self._quoted()
         return _scalar(self._bare())
@@ -399,6 +671,19 @@ class _ValueParser:
         self._skip()
         if self.pos != len(self.text):
             raise ConfigError(f"cannot parse override value {self.text!r} near position {self.pos}")
+
+    def _collection(self, opening: str) -> Any:
+        # Each level is a recursive call: bound it before Python's recursion limit does.
+        if self.depth >= MAX_VALUE_DEPTH:
+            raise ConfigError(
+                f"override value nests deeper than {MAX_VALUE_DEPTH} levels (at position "
+                f"{self.pos}); flatten it"
+            )
+        self.depth += 1
+        try:
+            return self._mapping() if opening == "{" else self._list()
+        finally:
+            self.depth -= 1
 
     def _mapping(self) -> dict[str, Any]:
         self.pos += 1

@@ -1,9 +1,17 @@
 """JSON Lines at the edges: line-numbered streaming reads, torn-tail repair, appends.
 
-Reading streams: memory follows the longest line, never the file. Every row read carries its
-1-based line number so an error can name ``file:line``. Blank lines are skipped. A line that is
-not a JSON object raises `InputError` naming the file and line, unless the caller asks to
-collect problems instead (preprocessing reports every bad line in one error).
+Reading streams: memory follows the longest line, never the file, and a reader of untrusted input
+passes ``max_line_bytes`` so that even one line cannot grow without bound (a file with no newline
+is refused once the limit is read, not loaded whole). Every row read carries its 1-based line
+number so an error can name ``file:line``. Blank lines are skipped. A line that is not a JSON
+object raises `InputError` naming the file and line, unless the caller asks to collect problems
+instead (preprocessing reports every bad line in one error).
+
+Nesting: orjson parses 1024 levels but serializes at most 254, so a row between the two would
+parse, then fail when written. Rows are held to `MAX_DEPTH` (128, the default limit of serde_json
+and so of many servers' parsers), which leaves room for what a collector or a server wraps around
+a row. `nested_deeper_than` checks it; `row_too_deep` first counts brackets, which is cheap and
+settles almost every row, and walks the parsed row only when the count could exceed the limit.
 
 Torn tails: a hard kill can leave the last line of an appended file cut short. `repair_tail`
 drops a final line that does not parse, and adds the missing newline to one that does
@@ -26,18 +34,22 @@ import orjson
 from .errors import InputError
 
 __all__ = [
+    "MAX_DEPTH",
     "dumps",
     "iter_lines",
     "iter_rows",
     "loads",
+    "nested_deeper_than",
     "parse_line",
     "read_rows",
     "repair_tail",
+    "row_too_deep",
     "try_parse_line",
     "write_rows",
 ]
 
 _OPTIONS = orjson.OPT_NON_STR_KEYS
+MAX_DEPTH = 128  # levels of nested objects and arrays in one row (module doc)
 
 
 def dumps(row: Mapping[str, Any]) -> bytes:
@@ -64,17 +76,70 @@ def iter_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any
             yield number, parse_line(path, number, line)
 
 
-def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
+def iter_lines(
+    path: str | os.PathLike[str], *, max_line_bytes: int | None = None
+) -> Iterator[tuple[int, bytes]]:
     """Yield ``(line_number, line)`` for every non-blank line, surrounding whitespace stripped.
 
+    Args:
+        path: the file.
+        max_line_bytes: refuse a line longer than this (newline excluded) once that many bytes
+            are read; None reads lines of any length (files trollout wrote itself).
+
     Raises:
+        InputError: a line is longer than ``max_line_bytes`` (names file and line).
         FileNotFoundError: the file does not exist.
     """
     with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
+        lines = iter(f) if max_line_bytes is None else _bounded(f, path, max_line_bytes)
+        for number, line in enumerate(lines, start=1):
             text = line.strip()
             if text:
                 yield number, text
+
+
+def _bounded(f: IO[bytes], path: str | os.PathLike[str], limit: int) -> Iterator[bytes]:
+    number = 0
+    while line := f.readline(limit + 1):  # the limit plus a newline, never more
+        number += 1
+        if len(line) > limit and not line.endswith(b"\n"):
+            raise InputError(
+                [
+                    f"{os.fspath(path)}:{number}: line is longer than {limit:,} bytes (the "
+                    "input line limit); fix the file (is it JSONL?), or raise the limit with "
+                    "--max-line-bytes / +max_input_line_bytes"
+                ]
+            )
+        yield line
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Return whether objects and arrays in ``value`` nest more than ``limit`` levels.
+
+    A scalar is 0 levels, ``[]`` one, ``{"a": [1]}`` two. The walk stops at the first branch
+    that passes the limit, so its recursion is bounded by ``limit``.
+    """
+    if type(value) is not dict and type(value) is not list:
+        return False
+    if limit <= 0:
+        return True
+    children = value.values() if type(value) is dict else value
+    for child in children:
+        kind = type(child)
+        if (kind is dict or kind is list) and nested_deeper_than(child, limit - 1):
+            return True
+    return False
+
+
+def row_too_deep(text: bytes, row: Any, limit: int = MAX_DEPTH) -> bool:
+    """Return whether a parsed line nests more than ``limit`` levels (``text`` is the line).
+
+    A row cannot nest deeper than it has opening brackets; most rows have far fewer than the
+    limit, so two byte counts settle them and only the rest are walked.
+    """
+    if text.count(b"[") + text.count(b"{") <= limit:
+        return False
+    return nested_deeper_than(row, limit)
 
 
 def try_parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:

@@ -30,7 +30,7 @@ def json_string(text: str) -> bytes:
 CASES = {
     "invalid YAML right after the secret": (
         json_string(f"{GOOD_AGENT}policy_api_key: {SECRET}\n  bad: [unclosed\n"),
-        "not a YAML mapping at line",
+        "is not valid YAML at line",
     ),
     "a server block of the wrong type holding the secret": (
         json_string(f"math_agent:\n  responses_api_agents:\n    simple_agent: {SECRET}\n"),
@@ -50,7 +50,7 @@ CASES = {
     "a body that is not JSON": (f"policy_api_key: {SECRET}\n".encode(), "not JSON"),
     "a tag PyYAML cannot build from the secret": (
         json_string(f"{GOOD_AGENT}policy_api_key: !!int {SECRET}\n"),
-        "not a YAML mapping (ValueError while building a value)",
+        "holds a value YAML cannot build (ValueError)",
     ),
 }
 

@@ -25,6 +25,7 @@ from trollout.collector.deployment import (
 )
 from trollout.errors import ConfigError, DeploymentError, UnknownAgentError
 from trollout.records import Identity
+from trollout.testing import AgentSpec, DeploymentSpec, open_fake_deployment
 
 SECRET = "sk-live-7f3a9c1e5b2d"
 HEAD = "http://127.0.0.1:11000"
@@ -205,7 +206,7 @@ async def test_discover_invalid_yaml_names_position_not_text() -> None:
     """A YAML syntax error names line and column, never the text around it."""
     text = f"agent:\n  key: {SECRET}\n  bad: [unclosed {SECRET}\n"
     async with serve_config(text) as client:
-        with pytest.raises(DeploymentError, match=r"not a YAML mapping at line \d+") as info:
+        with pytest.raises(DeploymentError, match=r"is not valid YAML at line \d+") as info:
             await discover(client, HEAD)
     assert_no_secret(info.value)
     assert info.value.__context__ is None
@@ -444,11 +445,11 @@ def test_environment_server_unknown_name_lists_known_ones() -> None:
 def test_from_agent_urls_routes_to_the_agents() -> None:
     """Explicit URLs route each agent directly, trailing slashes dropped."""
     deployment = Deployment.from_agent_urls(
-        {"a": "http://127.0.0.1:9001/", "b": "https://agents.example:8443/b"}
+        {"a": "http://127.0.0.1:9001/", "b": "http://agents.example:8443/b"}
     )
     assert deployment.known_agents == {"a", "b"}
     assert deployment.route("a") == Route("a", "http://127.0.0.1:9001")
-    assert deployment.route("b") == Route("b", "https://agents.example:8443/b")
+    assert deployment.route("b") == Route("b", "http://agents.example:8443/b")
     assert not deployment.uses_environment_servers
     assert deployment.head_url is None
 
@@ -660,3 +661,78 @@ def test_deployment_run_url_resolver_routes_by_environment_server_then_agent() -
     assert resolve(Identity(0, 0, agent_name="a")) == "http://127.0.0.1:9001/run"
     with pytest.raises(UnknownAgentError):
         resolve(Identity(0, 0, agent_name="b"))
+
+
+# --- validated once: YAML bombs, deep YAML, https (issue 8) --------------------------------
+
+ANCHORED_SECRET = f"k: &{SECRET} [{SECRET}, {SECRET}]\n"  # anchor names are document text too
+BOMB = f"a: &a [{SECRET}, {SECRET}, {SECRET}, {SECRET}]\n" + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            CONFIG_070_YAML + BOMB,
+            "uses an alias of a mapping or list at line {line}, column 8; write the value out",
+        ),
+        (
+            CONFIG_070_YAML + ANCHORED_SECRET + f"copy: *{SECRET}\n",
+            "uses an alias of a mapping or list at line {line}, column 7; write the value out",
+        ),
+        (CONFIG_070_YAML + "deep: " + "[" * 50_000, "nests deeper than 100 levels at line {line}"),
+    ],
+    ids=["billion-laughs", "named-anchor", "deep"],
+)
+async def test_discover_refuses_expanding_or_deep_yaml_by_line_only(
+    text: str, message: str
+) -> None:
+    """A head server's YAML bomb or deep YAML: refused by line and column, no text quoted."""
+    line = CONFIG_070_YAML.count("\n") + 2 - text.endswith("[" * 50_000)
+    async with serve_config(text) as client:
+        with pytest.raises(DeploymentError) as info:
+            await discover(client, HEAD)
+    assert str(info.value).startswith(
+        f"head server {HEAD!r} sent a deployment config that " + message.format(line=line)
+    )
+    assert_no_secret(info.value)
+    assert info.value.__context__ is None
+
+
+def test_from_config_refuses_a_host_with_a_scheme_naming_the_key_only() -> None:
+    """host: https://... (trollout speaks plain http:// to host:port) names the key, not value."""
+    cfg = config_070()
+    cfg["math_agent"]["responses_api_agents"]["simple_agent"]["host"] = f"https://{SECRET}"
+    with pytest.raises(DeploymentError) as info:
+        Deployment.from_config(cfg)
+    assert str(info.value).startswith(
+        "deployment config key 'math_agent.responses_api_agents.simple_agent.host' must be a "
+        "bare host name"
+    )
+    assert "plain http://" in str(info.value)
+    assert_no_secret(info.value)
+
+
+def test_from_agent_urls_refuses_https() -> None:
+    """An https:// agent URL is refused: every rollout would fail on the plain-HTTP transport."""
+    with pytest.raises(ConfigError, match=r"URL of agent 'a' must be a plain http:// URL"):
+        Deployment.from_agent_urls({"a": "https://127.0.0.1:1"})
+
+
+async def test_discover_refuses_an_https_head_server_before_any_request() -> None:
+    """An https:// head server URL is refused up front, nothing requested."""
+    seen: list[str] = []
+    async with serve_config(CONFIG_070_YAML, seen=seen) as client:
+        with pytest.raises(ConfigError, match="head server URL must be a plain http:// URL"):
+            await discover(client, "https://127.0.0.1:11000")
+    assert seen == []
+
+
+async def test_fake_deployment_config_has_no_aliases() -> None:
+    """The fake head server writes its config out in full, as NeMo Gym's does."""
+    spec = DeploymentSpec(agents=(AgentSpec(name="a"), AgentSpec(name="b")))
+    async with open_fake_deployment(spec) as fake, httpx.AsyncClient() as client:
+        deployment = await discover(client, fake.head_url)
+    assert {"a", "b"} <= deployment.known_agents

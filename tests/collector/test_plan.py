@@ -6,12 +6,16 @@ import hashlib
 import json
 import os
 import re
+import socket
+import stat
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import pytest
 from plan_router import TableRouter, direct_router
 
+from trollout import jsonl
 from trollout.collector.deployment import Deployment
 from trollout.collector.plan import Plan, plan_rollouts, plan_rows, rollout_seed
 from trollout.config import RunConfig, SeedMode
@@ -872,3 +876,160 @@ def test_plan_seed_extra_body_shapes(tmp_path: Path, metadata: Any, ok: bool) ->
     else:
         with pytest.raises(InputError, match="to add the seed"):
             plan(tmp_path, [r], num_repeats_add_seed=True)
+
+
+# --- validated once: nesting, line length, special files, empty plans (issue 8) -----------
+
+
+def nested_row(depth: int, **extra: Any) -> str:
+    """Return a row line whose deepest value sits ``depth`` levels down (the row is level 1)."""
+    inner = "[" * (depth - 1) + "]" * (depth - 1)
+    return json.dumps(row(**extra))[:-1] + f', "deep": {inner}}}'
+
+
+def test_plan_row_of_128_levels_plans_seeds_and_writes(tmp_path: Path) -> None:
+    """A row at the limit plans, takes its seed (metadata.extra_body) and serializes."""
+    p = plan(tmp_path, [nested_row(128)], num_repeats=2, num_repeats_add_seed=True)
+    for r in p.rows():
+        assert jsonl.loads(jsonl.dumps(r.body)) == r.body
+        assert "seed" in extra_body(r)
+
+
+@pytest.mark.parametrize("depth", [129, 254, 255, 1023])
+def test_plan_row_deeper_than_128_levels_refused_in_the_first_pass(
+    tmp_path: Path, depth: int
+) -> None:
+    """Rows orjson reads but a run cannot write back (255-1023 crashed materialization)."""
+    with pytest.raises(InputError) as info:
+        plan(tmp_path, [row("a"), nested_row(depth)])
+    assert problems_of(info) == [
+        f"{tmp_path / 'in.jsonl'}:2: the row nests deeper than 128 levels of objects and arrays, "
+        "more than a run can write back; flatten it or remove the line"
+    ]
+
+
+def test_plan_rows_in_memory_deeper_than_128_levels_refused() -> None:
+    """In-memory rows are held to the same limit, named by index."""
+    deep: Any = []
+    for _ in range(150):
+        deep = [deep]
+    with pytest.raises(InputError, match=r"^rows\[1\]: the row nests deeper than 128"):
+        plan_rows([row("a"), row("b", deep=deep)], RunConfig(), direct_router())
+
+
+def test_plan_brackets_inside_strings_are_not_nesting(tmp_path: Path) -> None:
+    """A row whose strings hold thousands of brackets is shallow and plans."""
+    assert plan(tmp_path, [row("[{" * 5000)]).expected == 1
+
+
+def test_plan_override_too_deep_for_rows_refused() -> None:
+    """A responses_create_params override that would push rows past the limit is refused."""
+    deep: Any = {}
+    for _ in range(127):
+        deep = {"k": deep}
+    config = RunConfig(responses_create_params={"tools": deep})
+    with pytest.raises(InputError, match=r"^responses_create_params nests deeper than 127 levels"):
+        plan_rows([row()], config, direct_router())
+
+
+def test_nested_deeper_than_counts_levels_exactly() -> None:
+    """A scalar is 0 levels, [] one, {"a": [1]} two; the walk stops at the limit."""
+    assert not jsonl.nested_deeper_than(3, 0)
+    assert jsonl.nested_deeper_than([], 0)
+    assert not jsonl.nested_deeper_than([], 1)
+    assert jsonl.nested_deeper_than({"a": [1]}, 1)
+    assert not jsonl.nested_deeper_than({"a": [1]}, 2)
+    assert not jsonl.row_too_deep(b"[" * 128, None)  # the count alone settles it
+
+
+def test_plan_line_longer_than_the_limit_refused_naming_file_and_line(tmp_path: Path) -> None:
+    """A line past max_input_line_bytes stops the read at file:line, whatever follows."""
+    lines = [row("a"), row("x" * 200), "{not json"]
+    with pytest.raises(InputError) as info:
+        plan(tmp_path, lines, max_input_line_bytes=100)
+    assert problems_of(info) == [
+        f"{tmp_path / 'in.jsonl'}:2: line is longer than 100 bytes (the input line limit); fix "
+        "the file (is it JSONL?), or raise the limit with --max-line-bytes / "
+        "+max_input_line_bytes"
+    ]
+
+
+def test_plan_line_exactly_at_the_limit_plans(tmp_path: Path) -> None:
+    """The limit counts the line's bytes without its newline, last line unterminated too."""
+    text = json.dumps(row("a"))
+    path = tmp_path / "in.jsonl"
+    path.write_text(text + "\n" + text)
+    config = RunConfig(max_input_line_bytes=len(text))
+    assert plan_rollouts(path, config, direct_router()).expected == 2
+
+
+def test_plan_file_with_no_newline_reads_at_most_the_limit(tmp_path: Path) -> None:
+    """A 64 MiB sparse file of zeros (a /dev/zero stand-in) costs the limit, not the file."""
+    path = tmp_path / "zeros.jsonl"
+    with path.open("wb") as f:
+        f.truncate(64 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match=r"zeros\.jsonl:1: line is longer than 1,048,576"):
+            plan_rollouts(path, RunConfig(max_input_line_bytes=1 << 20), direct_router())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "directory", "character device"])
+def test_plan_refuses_special_files_without_opening_them(tmp_path: Path, kind: str) -> None:
+    """Only a regular file can be read several times; nothing else is opened (no FIFO hang)."""
+    path = tmp_path / "input"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(path))
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        try:  # a private node (the numbers of /dev/null); needs privileges
+            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("creating a device node needs privileges")
+    with pytest.raises(InputError) as info:
+        plan_rollouts(path, RunConfig(), direct_router())
+    message = problems_of(info)[0]
+    assert message.startswith(f"{path}: the input is ")
+    if kind == "directory":
+        assert message.endswith("a directory; pass a JSONL file")
+    else:
+        assert f"is a {kind}" in message or "is a pipe or FIFO" in message
+        assert "save it to a file first" in message
+
+
+@pytest.mark.parametrize(
+    ("lines", "settings", "reason"),
+    [
+        ([], {}, "holds no rows (it is empty or blank); nothing to collect"),
+        (["", "  ", "\t"], {}, "holds no rows (it is empty or blank); nothing to collect"),
+        ([row("a")], {"limit": 0}, "limit 0 keeps no task"),
+        ([row("a")], {"task_ids": []}, "task_ids [] keep no task of the 1 in "),
+        ([row("a"), row("b")], {"limit": 1, "task_ids": [1]}, "(limit 1 keeps the first 1)"),
+    ],
+    ids=["empty", "blank", "limit-0", "task-ids-empty", "task-ids-outside-limit"],
+)
+def test_plan_with_no_rollout_is_an_input_error(
+    tmp_path: Path, lines: list[Any], settings: dict[str, Any], reason: str
+) -> None:
+    """An empty plan names the input and why it is empty, instead of an empty run."""
+    with pytest.raises(InputError) as info:
+        plan(tmp_path, lines, **settings)
+    assert reason in str(info.value)
+    if "task_ids" not in settings:
+        assert "input file" in str(info.value) or "limit 0" in str(info.value)
+
+
+def test_plan_seed_at_the_top_of_its_range_materializes(tmp_path: Path) -> None:
+    """A run seed of 2**64 - 1 (the largest accepted) seeds rows that serialize."""
+    p = plan(tmp_path, [row("a")], seed=2**64 - 1, num_repeats_add_seed=True)
+    [r] = list(p.rows())
+    assert extra_body(r)["seed"] == rollout_seed(2**64 - 1, 0, 0)
+    assert jsonl.loads(jsonl.dumps(r.body)) == r.body

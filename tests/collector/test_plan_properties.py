@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from plan_router import strategies_router
@@ -17,6 +19,7 @@ from plan_router import strategies_router
 from strategies import AGENTS, TASK_SOURCES, plan_settings, row_lists
 from trollout.collector.plan import Plan, plan_rollouts, plan_rows
 from trollout.config import RunConfig
+from trollout.errors import InputError
 
 ORDERS = [
     {"interleave_repeats": i, "round_robin_agents": r} for i in (False, True) for r in (False, True)
@@ -73,7 +76,7 @@ def canonical_rows(p: Plan) -> list[str]:
     ]
 
 
-@given(row_lists(), plan_settings(), st.sampled_from(ORDERS))
+@given(row_lists(min_size=1), plan_settings(), st.sampled_from(ORDERS))
 def test_plan_every_task_rollout_appears_exactly_once(
     rows: list[dict[str, Any]], settings: dict[str, Any], order: dict[str, bool]
 ) -> None:
@@ -84,7 +87,7 @@ def test_plan_every_task_rollout_appears_exactly_once(
     assert len({task for task, _ in keys}) == p.tasks
 
 
-@given(row_lists(), plan_settings())
+@given(row_lists(min_size=1), plan_settings())
 def test_plan_rollouts_per_task_equal_sum_of_repeats(
     rows: list[dict[str, Any]], settings: dict[str, Any]
 ) -> None:
@@ -98,7 +101,7 @@ def test_plan_rollouts_per_task_equal_sum_of_repeats(
     }
 
 
-@given(row_lists(), plan_settings())
+@given(row_lists(min_size=1), plan_settings())
 def test_plan_orders_are_permutations_of_each_other(
     rows: list[dict[str, Any]], settings: dict[str, Any]
 ) -> None:
@@ -107,7 +110,7 @@ def test_plan_orders_are_permutations_of_each_other(
     assert all(run == runs[0] for run in runs[1:])
 
 
-@given(row_lists(), plan_settings())
+@given(row_lists(min_size=1), plan_settings())
 def test_plan_default_order_keeps_rollouts_of_a_line_together(
     rows: list[dict[str, Any]], settings: dict[str, Any]
 ) -> None:
@@ -119,7 +122,7 @@ def test_plan_default_order_keeps_rollouts_of_a_line_together(
         last[task] = rollout
 
 
-@given(row_lists(stamped=False), plan_settings(), st.integers(0, 4))
+@given(row_lists(min_size=1, stamped=False), plan_settings(), st.integers(1, 4))
 def test_plan_limit_keeps_the_first_tasks_in_order_of_appearance(
     rows: list[dict[str, Any]], settings: dict[str, Any], limit: int
 ) -> None:
@@ -130,7 +133,7 @@ def test_plan_limit_keeps_the_first_tasks_in_order_of_appearance(
     assert limited == [r for r in full if json.loads(r)[0][0] in first_tasks]
 
 
-@given(row_lists(), plan_settings(), st.sampled_from(ORDERS))
+@given(row_lists(min_size=1), plan_settings(), st.sampled_from(ORDERS))
 def test_plan_file_and_in_memory_rows_agree(
     rows: list[dict[str, Any]], settings: dict[str, Any], order: dict[str, bool]
 ) -> None:
@@ -142,3 +145,15 @@ def test_plan_file_and_in_memory_rows_agree(
         )
         from_file = plan_rollouts(path, RunConfig(**settings, **order), strategies_router())
         assert canonical_rows(from_file) == canonical_rows(planned(rows, settings, **order))
+
+
+@given(row_lists(min_size=1), plan_settings(), st.sampled_from(["empty", "limit", "task_ids"]))
+def test_plan_with_no_rollout_is_refused_saying_why(
+    rows: list[dict[str, Any]], settings: dict[str, Any], why: str
+) -> None:
+    """No rows, `limit 0` or an empty `task_ids` is an InputError saying so, never a plan."""
+    rows = [] if why == "empty" else rows
+    extra = {"limit": {"limit": 0}, "task_ids": {"task_ids": []}}.get(why, {})
+    expected = {"empty": "holds no rows", "limit": "limit 0", "task_ids": "task_ids []"}[why]
+    with pytest.raises(InputError, match=re.escape(expected)):
+        planned(rows, {**settings, **extra})

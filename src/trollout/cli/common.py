@@ -191,7 +191,14 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
         "agent_urls",
         multiple=True,
         metavar="NAME=URL",
-        help="Send agent NAME's rollouts to URL; no head server needed. Repeatable.",
+        help="Send agent NAME's rollouts to URL (http://host:port); no head server needed. "
+        "Repeatable.",
+    ),
+    "max-line-bytes": click.option(
+        "--max-line-bytes",
+        "max_input_line_bytes",
+        type=int,
+        help="Refuse input lines longer than this many bytes (default 64 MiB).",
     ),
     "agent": click.option("--agent", "agent_name", help="Route every row to this agent."),
     "limit": click.option("--limit", type=int, help="Keep the rows of the first N tasks."),
@@ -285,7 +292,7 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
         "--budget",
         "dispatch_budget_s",
         type=float,
-        help="Start new rollouts only during this many seconds (dispatch_budget_s).",
+        help="Start new rollouts only during this many seconds (dispatch_budget_s; > 0).",
     ),
     "drain-margin": click.option(
         "--drain-margin",
@@ -349,7 +356,12 @@ collect_options = run_options(*_RUN_OPTIONS)
 def build_run_config(
     args: Sequence[str], options: dict[str, Any], *, input_required: bool = True
 ) -> RunConfig:
-    """Merge positionals, options and overrides into a `RunConfig` (ConfigError on bad input)."""
+    """Merge positionals, options and overrides into a `RunConfig` (ConfigError on bad input).
+
+    Beyond `RunConfig`'s own checks, a dispatch budget of 0 is refused here: for the engine
+    (and an embedding driver) it means "start nothing", which from the command line can only be
+    a mistake that would end in a run with no rollout.
+    """
     positionals, overrides = split_args(args)
     if len(positionals) > 1:
         raise ConfigError(
@@ -364,7 +376,13 @@ def build_run_config(
         options["agent_urls"] = _parse_agent_urls(options["agent_urls"])
     else:
         options.pop("agent_urls", None)
-    return load_config(config_file=config_file, options=options, overrides=overrides)
+    config = load_config(config_file=config_file, options=options, overrides=overrides)
+    if config.dispatch_budget_s == 0:
+        raise ConfigError(
+            f"dispatch_budget_s (--budget) must be > 0 (got {config.dispatch_budget_s!r}): a "
+            "budget of 0 starts no rollout; give seconds > 0, or leave it unset for no budget"
+        )
+    return config
 
 
 def _parse_agent_urls(values: Sequence[str]) -> dict[str, str]:

@@ -40,15 +40,14 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
-from urllib.parse import SplitResult, urlsplit
 
 import attrs
 import httpx
 import orjson
 import trio
-import yaml
 from attrs import frozen
 
+from ..config import load_yaml, validate_url
 from ..errors import ConfigError, DeploymentError, UnknownAgentError
 from ..records import Identity
 
@@ -196,7 +195,8 @@ class Deployment:
         """Build an earlier-generation deployment from ``{agent name: base URL}``.
 
         Raises:
-            ConfigError: no agents, an empty name, or a URL that is not http(s)://host[:port].
+            ConfigError: no agents, an empty name, or a URL that is not http://host[:port]
+                (trollout speaks plain HTTP, so https:// is refused too).
         """
         if not urls:
             raise ConfigError("no agent URLs given; pass --agent-url NAME=URL or a head server")
@@ -442,6 +442,13 @@ def _block_url(block: Mapping[str, Any], path: str) -> str:
     host, port = block.get("host"), block.get("port")
     if not isinstance(host, str) or not host.strip():
         raise _bad(f"{path}.host", "a host name", host)
+    if any(c in host for c in "/@?#") or any(c.isspace() for c in host.strip()):
+        # "https://h" is the likely one; trollout speaks plain http:// to host:port.
+        raise DeploymentError(
+            f"deployment config key {path + '.host'!r} must be a bare host name (got a value "
+            "with a scheme, path or credentials); trollout speaks plain http:// to host:port, "
+            f"so give the host alone; {_FIX}"
+        )
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise _bad(f"{path}.port", "a port 1..65535", port)
     host = host.strip()
@@ -513,33 +520,6 @@ def _kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def validate_url(url: str, *, what: str) -> str:
-    """Return ``url`` without a trailing slash after checking it is ``http(s)://host[:port]``.
-
-    Raises:
-        ConfigError: naming ``what`` and the URL (unless it may carry credentials).
-    """
-    if "@" in url:
-        raise ConfigError(f"{what} must not carry credentials (user:password@); remove them")
-    parts = _split(url)
-    if parts is None or parts.scheme not in {"http", "https"} or not parts.hostname:
-        raise ConfigError(
-            f"{what} must be http(s)://host:port with a port 1..65535 (got {url!r}); fix it"
-        )
-    if parts.query or parts.fragment:
-        raise ConfigError(f"{what} must have no ?query or #fragment (got {url!r}); remove them")
-    return url.rstrip("/")
-
-
-def _split(url: str) -> SplitResult | None:
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises for a non-numeric or out-of-range port
-    except ValueError:
-        return None
-    return None if port == 0 else parts
-
-
 # --- the head server and liveness ----------------------------------------------------------
 
 
@@ -547,7 +527,7 @@ async def discover(client: httpx.AsyncClient, head_url: str) -> Deployment:
     """Fetch the deployment config from a head server and build the deployment.
 
     Raises:
-        ConfigError: ``head_url`` is not an http(s) URL.
+        ConfigError: ``head_url`` is not an http:// URL.
         DeploymentError: the head server cannot be reached, answers badly, or its config is
             malformed (messages name keys, never values).
 
@@ -586,23 +566,21 @@ def _decode_body(content: bytes, head_url: str) -> str:
 
 
 def _load_yaml(text: str, head_url: str) -> Mapping[str, Any]:
-    # Raised outside `except`: a YAMLError's message and marks quote the document.
+    # quote=False: the text holds API keys, so messages name the line and column only; and the
+    # DeploymentError is raised outside `except`, so no chained error carries the text.
     try:
-        cfg = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-    except (ValueError, LookupError, AttributeError, TypeError, RecursionError) as exc:
-        # PyYAML's constructors raise plain errors that quote the value (`!!int sk-...`).
-        where = f" ({type(exc).__name__} while building a value)"
+        source = f"head server {head_url!r} sent a deployment config that"
+        cfg = load_yaml(text, source=source, quote=False)
+    except ConfigError as exc:
+        problem = str(exc)
     else:
         if isinstance(cfg, Mapping):
             return cfg
-        where = f" (it is {_kind(cfg)}, not a mapping)"
-    raise DeploymentError(
-        f"head server {head_url!r} sent a deployment config that is not a YAML mapping{where}; "
-        "check the deployment's config files"
-    )
+        problem = (
+            f"head server {head_url!r} sent a deployment config that is not a YAML mapping "
+            f"(it is {_kind(cfg)}, not a mapping); check the deployment's config files"
+        )
+    raise DeploymentError(problem)
 
 
 def _reason(exc: httpx.HTTPError) -> str:

@@ -34,7 +34,7 @@ import orjson
 import trio
 from attrs import frozen
 
-from ..config import RunConfig
+from ..config import COUNT, POSITIVE_COUNT, POSITIVE_SECONDS, SECONDS, RunConfig
 from ..errors import ConfigError
 from ..records import Delivery, Failed, FailureClass, Landed, MaterializedRow
 from .classify import (
@@ -63,16 +63,6 @@ scope (the engine's writer channel send already is, for omitted outcomes).
 """
 
 
-def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if value < 0:
-        raise ConfigError(f"{attribute.name} must be >= 0 (got {value!r}); use 0 or more")
-
-
-def _positive(instance: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"{attribute.name} must be > 0 (got {value!r}); use a positive number")
-
-
 @frozen
 class DispatchPolicy:
     """How one rollout talks to its server: timeouts, retries, backoff, its time limit.
@@ -93,19 +83,23 @@ class DispatchPolicy:
         timeout_is_terminal: a rollout that hits the limit is never retried.
     """
 
-    connect_timeout_s: float = attrs.field(validator=_positive)
-    read_timeout_s: float = attrs.field(validator=_positive)
-    max_connect_retries: int = attrs.field(validator=_non_negative)
-    dispatch_connect_grace_s: float = attrs.field(validator=_non_negative)
-    backoff_base_s: float = attrs.field(default=0.25, kw_only=True, validator=_non_negative)
-    backoff_max_s: float = attrs.field(default=8.0, kw_only=True, validator=_non_negative)
-    max_attempts: int = attrs.field(default=3, kw_only=True, validator=_positive)
+    connect_timeout_s: float = attrs.field(validator=POSITIVE_SECONDS)
+    read_timeout_s: float = attrs.field(validator=POSITIVE_SECONDS)
+    max_connect_retries: int = attrs.field(validator=COUNT)
+    dispatch_connect_grace_s: float = attrs.field(validator=SECONDS)
+    backoff_base_s: float = attrs.field(default=0.25, kw_only=True, validator=SECONDS)
+    backoff_max_s: float = attrs.field(default=8.0, kw_only=True, validator=SECONDS)
+    max_attempts: int = attrs.field(default=3, kw_only=True, validator=POSITIVE_COUNT)
     retry: RetryPolicy = attrs.field(factory=RetryPolicy, kw_only=True)
-    rollout_timeout_s: float | None = attrs.field(default=None, kw_only=True, validator=_positive)
+    rollout_timeout_s: float | None = attrs.field(
+        default=None, kw_only=True, validator=POSITIVE_SECONDS.or_none
+    )
     timeout_is_terminal: bool = attrs.field(default=False, kw_only=True)
-    reply_timeout_s: float | None = attrs.field(default=None, kw_only=True, validator=_positive)
+    reply_timeout_s: float | None = attrs.field(
+        default=None, kw_only=True, validator=POSITIVE_SECONDS.or_none
+    )
     max_reply_bytes: int = attrs.field(
-        default=DEFAULT_MAX_BODY_BYTES, kw_only=True, validator=_positive
+        default=DEFAULT_MAX_BODY_BYTES, kw_only=True, validator=POSITIVE_COUNT
     )
 
     @classmethod
@@ -136,7 +130,9 @@ class DispatchPolicy:
 
     def backoff_s(self, retry: int, rng: random.Random) -> float:
         """Return the wait before connect retry `retry` (0-based): capped full jitter."""
-        return rng.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2.0**retry))
+        # The exponent is capped: 2.0**1024 overflows, and the cap binds long before anyway.
+        cap = self.backoff_base_s * 2.0 ** min(retry, 64)
+        return rng.uniform(0.0, min(self.backoff_max_s, cap))
 
 
 async def dispatch(

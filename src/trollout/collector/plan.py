@@ -9,9 +9,12 @@ overrides, seeds, stamps).
 
 Passes. Planning reads the input twice: pass 1 checks every row (rows that `limit` or
 `task_ids` will drop included, so a broken file never half-runs) and records task identity, and
-every problem (bad lines, unknown or refused agents, missing routes, bad settings) is raised
-together as one `InputError` before anything can be dispatched; pass 2 walks the kept rows to
-count rollouts and find the round-robin groups. Each ``rows()`` call reads the input again:
+every problem (bad lines, rows nested deeper than a run can write, unknown or refused agents,
+missing routes, bad settings) is raised together as one `InputError` before anything can be
+dispatched; pass 2 walks the kept rows to count rollouts and find the round-robin groups. A plan
+with no rollout (an empty input, ``limit`` 0, a ``task_ids`` that keeps nothing) is an
+`InputError` too: a run that would do nothing is a mistake, not a success. Each ``rows()`` call
+reads the input again:
 
 - default ("aabbcc": every rollout of a row, then the next row): one pass;
 - ``interleave_repeats`` ("abcabc": repeat 0 of every row, then repeat 1, ...): one pass per
@@ -47,10 +50,19 @@ from typing import Any, NamedTuple
 import attrs
 from attrs import frozen
 
+from .. import jsonl
 from ..config import RunConfig
 from ..errors import ConfigError, InputError
 from ..records import MaterializedRow
-from .plan_input import FileSource, Problems, RowsSource, Selection, TaskTable, check_row
+from .plan_input import (
+    FileSource,
+    Problems,
+    RowsSource,
+    Selection,
+    TaskTable,
+    check_nesting,
+    check_row,
+)
 from .plan_routing import Copy, Resolver, Router
 from .seeds import Materializer, Prepared, rollout_seed
 
@@ -72,9 +84,11 @@ def plan_rollouts(input_path: str | os.PathLike[str], config: RunConfig, router:
         router: the deployment, as `plan_routing.Router`.
 
     Raises:
-        InputError: every problem of the input and the preprocessing settings, together.
+        InputError: every problem of the input and the preprocessing settings, together; or
+            the plan holds no rollout (the message says why).
     """
-    return _plan(FileSource(input_path), config, router)
+    source = FileSource(input_path, max_line_bytes=config.max_input_line_bytes)
+    return _plan(source, config, router)
 
 
 def plan_rows(rows: Sequence[Mapping[str, Any]], config: RunConfig, router: Router) -> Plan:
@@ -84,7 +98,8 @@ def plan_rows(rows: Sequence[Mapping[str, Any]], config: RunConfig, router: Rout
     as ``rows[i]`` (0-based). Identical rows (equal as JSON with sorted keys) are one task.
 
     Raises:
-        InputError: every problem of the rows and the preprocessing settings, together.
+        InputError: every problem of the rows and the preprocessing settings, together; or
+            the plan holds no rollout (the message says why).
     """
     return _plan(RowsSource(rows), config, router)
 
@@ -230,6 +245,11 @@ class Plan:
 
 def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
     problems = Problems()
+    if jsonl.nested_deeper_than(config.responses_create_params, jsonl.MAX_DEPTH - 1):
+        problems.config(
+            f"responses_create_params nests deeper than {jsonl.MAX_DEPTH - 1} levels, so the "
+            "rows it is merged into could not be written; flatten it"
+        )
     resolver = Resolver(config, router, problems)
     materializer = Materializer(config)
     table = TaskTable(limit=config.limit)
@@ -255,7 +275,22 @@ def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
         round_robin=config.round_robin_agents,
     )
     tasks = table.count if selection.tasks is None else len(selection.tasks)
+    if expected == 0:
+        raise InputError([_empty_reason(source, table, config)])
     return Plan(tasks=tasks, expected=expected, materialized_bytes=size, orders=orders)
+
+
+def _empty_reason(source: _Source, table: TaskTable, config: RunConfig) -> str:
+    """Say why a plan holds no rollout (called only when it holds none)."""
+    if table.count == 0:
+        return f"{source.name} holds no rows (it is empty or blank); nothing to collect"
+    if config.limit == 0:
+        return "limit 0 keeps no task, so there is nothing to collect; use --limit 1 or more"
+    return (
+        f"task_ids {config.task_ids!r} keep no task of the {table.count} in {source.name}"
+        + (f" (limit {config.limit} keeps the first {config.limit})" if config.limit else "")
+        + "; list task indices that the input has"
+    )
 
 
 def _check_rows(
@@ -268,8 +303,9 @@ def _check_rows(
     """Pass 1: check every row, record task identity, collect every problem."""
     for line in source.lines():
         row = line.row
-        if row is None:
-            problems.line(source.label(line.number), str(line.problem))
+        problem = line.problem if row is None else check_nesting(line)
+        if row is None or problem is not None:
+            problems.line(source.label(line.number), str(problem))
             continue
         shape = check_row(row)
         for problem in shape:

@@ -29,6 +29,7 @@ import bisect
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
@@ -36,6 +37,7 @@ import orjson
 from attrs import frozen
 
 from .. import jsonl
+from ..config import DEFAULT_MAX_INPUT_LINE_BYTES
 from ..errors import InputError
 from ..records import ROLLOUT_ID_PATTERN
 
@@ -46,6 +48,7 @@ __all__ = [
     "Selection",
     "SourceLine",
     "TaskTable",
+    "check_nesting",
     "check_row",
     "is_task_row",
 ]
@@ -70,11 +73,27 @@ class SourceLine(NamedTuple):
 
 
 class FileSource:
-    """A JSONL file, read again on every pass; refuses a file that changed since planning."""
+    """A JSONL file, read again on every pass; refuses a file that changed since planning.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    Only a regular file will do: the input is read several times, and a FIFO or a pipe (a piped
+    ``/dev/stdin``) would be consumed by the first pass, a device never ends, and opening a FIFO
+    blocks. The kind is checked with ``stat`` before every open, so none of them is opened.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_line_bytes: int = DEFAULT_MAX_INPUT_LINE_BYTES,
+    ) -> None:
         self.path = os.fspath(path)
+        self.max_line_bytes = max_line_bytes
         self._stamp: tuple[int, int] | None = None
+
+    @property
+    def name(self) -> str:
+        """Return how messages name the whole input."""
+        return f"input file {self.path!r}"
 
     def label(self, number: int) -> str:
         """Return ``path:line`` for error messages."""
@@ -84,11 +103,12 @@ class FileSource:
         """Yield every non-blank line, parsed.
 
         Raises:
-            InputError: the file cannot be read, or changed since the first pass.
+            InputError: the file cannot be read, is not a regular file, has a line longer than
+                ``max_line_bytes``, or changed since the first pass.
         """
         self._check_unchanged()
         try:
-            for number, text in jsonl.iter_lines(self.path):
+            for number, text in jsonl.iter_lines(self.path, max_line_bytes=self.max_line_bytes):
                 row, problem = jsonl.try_parse_line(text)
                 yield SourceLine(number, text, row, problem)
         except OSError as exc:
@@ -101,6 +121,16 @@ class FileSource:
             st = os.stat(self.path)
         except OSError:
             return  # reading reports it
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError([f"{self.path}: the input is a directory; pass a JSONL file"])
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(
+                [
+                    f"{self.path}: the input is {_file_kind(st.st_mode)}, not a regular file; it "
+                    "is read several times, so save it to a file first "
+                    "(e.g. `cat ... > tasks.jsonl`) and pass that"
+                ]
+            )
         stamp = (st.st_size, st.st_mtime_ns)
         if self._stamp is None:
             self._stamp = stamp
@@ -110,8 +140,20 @@ class FileSource:
             )
 
 
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISFIFO, "a pipe or FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
 class RowsSource:
     """In-memory rows (an embedding driver's sequence of dicts); never copied, never mutated."""
+
+    name = "the row sequence"
 
     def __init__(self, rows: Sequence[object]) -> None:
         self.rows = rows
@@ -133,6 +175,16 @@ class RowsSource:
                 yield SourceLine(index, b"", None, f"not JSON-serializable ({exc}); fix the row")
                 continue
             yield SourceLine(index, text, dict(row), None)
+
+
+def check_nesting(line: SourceLine) -> str | None:
+    """Return why a parsed line nests too deep to be written back, or None."""
+    if line.row is None or not jsonl.row_too_deep(line.text, line.row):
+        return None
+    return (
+        f"the row nests deeper than {jsonl.MAX_DEPTH} levels of objects and arrays, more than "
+        "a run can write back; flatten it or remove the line"
+    )
 
 
 def is_task_row(row: Mapping[str, Any]) -> bool:

@@ -57,14 +57,13 @@ import enum
 import math
 import random
 from collections import Counter
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urlsplit
 
 import attrs
 from attrs import define, frozen
 
-from ..config import RunConfig
-from ..errors import ConfigError
+from ..config import COUNT, POSITIVE_COUNT, POSITIVE_SECONDS, SECONDS, RunConfig
 from ..records import Failed, FailureClass, Landed
 
 __all__ = [
@@ -82,16 +81,6 @@ GOOD_ANSWERS_PER_TOKEN: Final = 10  # well-answered requests that earn one retry
 REFUSAL_STATUSES: Final = frozenset({429, 503})  # "not now": retried within the attempt
 
 
-def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if value < 0:
-        raise ConfigError(f"{attribute.name} must be >= 0 (got {value!r}); use 0 or more")
-
-
-def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if value <= 0:
-        raise ConfigError(f"{attribute.name} must be > 0 (got {value!r}); use a positive number")
-
-
 @frozen(kw_only=True)
 class RetryPolicy:
     """The static retry settings of a run (see the module's design note).
@@ -107,12 +96,12 @@ class RetryPolicy:
     """
 
     retry_requests: bool = False
-    max_request_retries: int = attrs.field(default=3, validator=_non_negative)
-    backoff_base_s: float = attrs.field(default=0.5, validator=_non_negative)
-    backoff_max_s: float = attrs.field(default=30.0, validator=_non_negative)
-    budget: int = attrs.field(default=100, validator=_non_negative)
-    breaker_failure_threshold: int = attrs.field(default=20, validator=_positive)
-    breaker_open_s: float = attrs.field(default=30.0, validator=_positive)
+    max_request_retries: int = attrs.field(default=3, validator=COUNT)
+    backoff_base_s: float = attrs.field(default=0.5, validator=SECONDS)
+    backoff_max_s: float = attrs.field(default=30.0, validator=SECONDS)
+    budget: int = attrs.field(default=100, validator=COUNT)
+    breaker_failure_threshold: int = attrs.field(default=20, validator=POSITIVE_COUNT)
+    breaker_open_s: float = attrs.field(default=30.0, validator=POSITIVE_SECONDS)
 
     @classmethod
     def from_config(cls, config: RunConfig) -> RetryPolicy:
@@ -129,7 +118,9 @@ class RetryPolicy:
 
     def backoff_s(self, retry: int, rng: random.Random) -> float:
         """Return the backoff before retry `retry` (0-based): capped full jitter."""
-        return rng.uniform(0.0, min(self.backoff_max_s, self.backoff_base_s * 2.0**retry))
+        # The exponent is capped: 2.0**1024 overflows, and the cap binds long before anyway.
+        cap = self.backoff_base_s * 2.0 ** min(retry, 64)
+        return rng.uniform(0.0, min(self.backoff_max_s, cap))
 
     def refusal_wait_s(self, failed: Failed, retry: int, rng: random.Random) -> float | None:
         """Return the wait before re-sending after a 429/503, or None when it must not be.

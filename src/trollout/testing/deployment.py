@@ -226,6 +226,17 @@ class FakeDeployment:
         self.state.spec = evolve(self.state.spec, faults=plan)
 
 
+class _NoAliasDumper(yaml.SafeDumper):
+    """Write shared values out in full, as NeMo Gym's head server does (OmegaConf.to_yaml).
+
+    trollout refuses a deployment config with aliases of mappings or lists (YAML bombs), and
+    `build_config` shares blocks between servers, which `yaml.safe_dump` would alias.
+    """
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def _resolve(spec: DeploymentSpec | str | os.PathLike[str] | None) -> DeploymentSpec:
     if spec is None:
         return DeploymentSpec()
@@ -289,7 +300,7 @@ async def open_fake_deployment(
     state = DeploymentState(resolved, FakeStats(record_runs=detail), fault_fn=fault_fn)
     ports, listeners = _listen(resolved, port_base)
     config = build_config(resolved, ports)
-    state.config_yaml = yaml.safe_dump(config, sort_keys=False)
+    state.config_yaml = yaml.dump(config, Dumper=_NoAliasDumper, sort_keys=False)
     servers = {
         name: FakeServer(name, role, state, agent) for name, role, agent in _servers(resolved)
     }
