@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-import trio
 
+from builders import HangArrivals, cancel_when
 from trollout import jsonl
 from trollout.cli.collect import collect_run
 from trollout.config import RunConfig
@@ -159,10 +160,12 @@ async def test_collect_concurrency_reaches_and_never_exceeds_limit(tmp_path: Pat
 
 async def test_collect_cancelled_run_keeps_settled_outcomes(tmp_path: Path) -> None:
     """Cancelling a run mid-way leaves every settled outcome on disk and a finished status."""
-    async with open_fake_deployment(slow_spec(0.2)) as fake:
+    hang = HangArrivals(first=30, count=20)  # 30 land, then all 20 workers hold a hung request
+    async with open_fake_deployment(slow_spec(0.0), fault_fn=hang) as fake:
         config = tasks_config(tmp_path, fake.head_url, 200, num_samples_in_parallel=20)
-        with trio.move_on_after(1.0):
-            await collect_run(config, live=False)
+        await cancel_when(
+            partial(collect_run, config, live=False), lambda: hang.all_hanging, "20 hung requests"
+        )
     layout = RunLayout.for_output(tmp_path / "r.jsonl")
     landed = read(layout.rollouts)
     status = json.loads(layout.batch_status.read_text())

@@ -5,23 +5,23 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-import trio
 
+from builders import HangArrivals, cancel_when
 from trollout import jsonl
 from trollout.cli.collect import collect_run
 from trollout.config import RunConfig
 from trollout.errors import RunChangedError, RunFolderError
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.resume import Resubmit
-from trollout.testing import AgentSpec, DeploymentSpec, Latency, open_fake_deployment, task_rows
+from trollout.testing import AgentSpec, DeploymentSpec, open_fake_deployment, task_rows
 
 SPEC = DeploymentSpec(agents=(AgentSpec(name="math_agent"),), record_runs=True)
-SLOW = attrs.evolve(SPEC, latency=Latency(fixed_s=0.05))
 
 
 def read(path: Path) -> list[dict[str, Any]]:
@@ -61,13 +61,15 @@ def snapshot(layout: RunLayout) -> dict[str, bytes]:
 async def test_resume_after_cancel_lands_each_rollout_once(tmp_path: Path) -> None:
     """A cancelled run resumed to the end: every rollout landed exactly once; status is whole."""
     write_input(tmp_path / "in.jsonl", 60)
-    async with open_fake_deployment(SLOW) as fake:
+    hang = HangArrivals(first=10, count=8)  # 10 land, then all 8 workers hold a hung request
+    async with open_fake_deployment(SPEC, fault_fn=hang) as fake:
         config = make_config(tmp_path, fake.head_url, num_repeats=2)
-        with trio.move_on_after(0.3):
-            await collect_run(config, live=False)
+        await cancel_when(
+            partial(collect_run, config, live=False), lambda: hang.all_hanging, "8 hung requests"
+        )
         layout = RunLayout.for_output(config.output_jsonl_fpath or "")
         first = len(read(layout.rollouts))
-        assert 0 < first < 120
+        assert first == 10
         result = await collect_run(attrs.evolve(config, resume_from_cache=True), live=False)
         seen = Counter(run.key for run in fake.stats.runs)
     assert result.resumed is not None
@@ -167,14 +169,14 @@ async def test_resume_of_new_folder_starts_fresh(tmp_path: Path) -> None:
 async def test_resume_record_omitted_rows_and_new_numbers(tmp_path: Path) -> None:
     """Interrupted attempts get omitted rows; resume sends them again under new numbers."""
     write_input(tmp_path / "in.jsonl", 20)
-    # Rollouts take 1 s; cancelling at 1.5 s leaves the second four in flight, with half a
-    # second of slack either way for start-up on a loaded machine.
-    async with open_fake_deployment(attrs.evolve(SPEC, latency=Latency(fixed_s=1.0))) as fake:
+    hang = HangArrivals(first=4, count=4)  # 4 land, then the 4 workers hold hung requests
+    async with open_fake_deployment(SPEC, fault_fn=hang) as fake:
         config = make_config(
             tmp_path, fake.head_url, record_omitted_rollouts=True, num_samples_in_parallel=4
         )
-        with trio.move_on_after(1.5):
-            await collect_run(config, live=False)
+        await cancel_when(
+            partial(collect_run, config, live=False), lambda: hang.all_hanging, "4 hung requests"
+        )
         layout = RunLayout.for_output(config.output_jsonl_fpath or "")
         omitted = [r for r in read(layout.failures) if r.get("_ng_omitted_rollout")]
         assert len(omitted) == 4
