@@ -208,6 +208,7 @@ async def scripted_collector(
     *,
     sink: OutcomeSink | None = None,
     retain_outcomes: bool = False,
+    seed: int | None = None,
     **settings: Any,
 ) -> AsyncIterator[Collector]:
     """Open a collector on `transport` (a ScriptedTransport by default) with `settings`."""
@@ -217,15 +218,21 @@ async def scripted_collector(
         sink=sink,
         transport=ScriptedTransport() if transport is None else transport,
         retain_outcomes=retain_outcomes,
+        seed=seed,
     ) as collector:
         yield collector
 
 
 async def collect_scripted(
-    n: int, transport: Any = None, *, sink: OutcomeSink | None = None, **settings: Any
+    n: int,
+    transport: Any = None,
+    *,
+    sink: OutcomeSink | None = None,
+    seed: int | None = None,
+    **settings: Any,
 ) -> Collector:
     """Collect n one-task rows through `transport` with `settings`; return the collector."""
-    async with scripted_collector(transport, sink=sink, **settings) as collector:
+    async with scripted_collector(transport, sink=sink, seed=seed, **settings) as collector:
         await collector.collect(materialized_rows(n))
     return collector
 
