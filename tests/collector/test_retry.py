@@ -19,7 +19,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from builders import materialized_row
+from builders import materialized_row as row
 from trollout.collector.dispatch import DispatchPolicy, dispatch
 from trollout.collector.retry import (
     Admission,
@@ -251,7 +251,7 @@ async def test_dispatch_retry_after_schedule_is_exact(
     outcome = await dispatch(
         transport,
         URL,
-        materialized_row(7),
+        row(7),
         0,
         policy(backoff_base_s=0.5),
         rng=random.Random(9),
@@ -271,7 +271,7 @@ async def test_dispatch_refusal_retries_are_bounded(autojump_clock: trio.testing
     """After max_request_retries the last 429 is returned, delivered, with a note."""
     transport = Script(default=reply(429, retry_after=1))
     outcome = await dispatch(
-        transport, URL, materialized_row(7), 0, policy(max_request_retries=2), rng=random.Random(1)
+        transport, URL, row(7), 0, policy(max_request_retries=2), rng=random.Random(1)
     )
     assert len(transport.sent) == 3
     assert isinstance(outcome, Failed)
@@ -288,7 +288,7 @@ async def test_dispatch_long_retry_after_is_not_waited(
 ) -> None:
     """A Retry-After beyond retry_backoff_max_s ends the rollout at once."""
     transport = Script(reply(503, retry_after=600))
-    outcome = await dispatch(transport, URL, materialized_row(7), 0, policy(), rng=random.Random(1))
+    outcome = await dispatch(transport, URL, row(7), 0, policy(), rng=random.Random(1))
     assert isinstance(outcome, Failed)
     assert outcome.http_status == 503
     assert (len(transport.sent), trio.current_time()) == (1, 0.0)
@@ -303,7 +303,7 @@ async def test_dispatch_never_resends_after_a_response_began(
     outcome = await dispatch(
         transport,
         URL,
-        materialized_row(7),
+        row(7),
         0,
         policy(retry_requests=True),
         rng=random.Random(1),
@@ -327,7 +327,7 @@ async def test_dispatch_possibly_delivered_is_kept_without_retry_requests(
     """A reset after sending is not re-sent unless retry_requests is on."""
     transport = Script(httpx.ReadError("reset"), default=reply(200))
     outcome = await dispatch(
-        transport, URL, materialized_row(7), 0, policy(), rng=random.Random(1), new_attempt=_never
+        transport, URL, row(7), 0, policy(), rng=random.Random(1), new_attempt=_never
     )
     assert isinstance(outcome, Failed)
     assert outcome.delivery is Delivery.POSSIBLY_DELIVERED
@@ -348,7 +348,7 @@ async def test_dispatch_retry_requests_resends_as_a_new_attempt(
     outcome = await dispatch(
         transport,
         URL,
-        materialized_row(7),
+        row(7),
         4,
         policy(retry_requests=True, backoff_base_s=1.0),
         rng=random.Random(2),
@@ -372,9 +372,7 @@ async def test_dispatch_rollout_timeout_ends_a_hang_at_the_limit(
     state = RetryState()
     transport = Script("hang")
     p = policy(rollout_timeout_s=7.0)
-    outcome = await dispatch(
-        transport, URL, materialized_row(7), 1, p, rng=random.Random(1), retry_state=state
-    )
+    outcome = await dispatch(transport, URL, row(7), 1, p, rng=random.Random(1), retry_state=state)
     assert trio.current_time() == 7.0
     assert isinstance(outcome, Failed)
     assert (outcome.failure_class, outcome.kind, outcome.terminal, outcome.delivery) == (
@@ -394,7 +392,7 @@ async def test_dispatch_rollout_timeout_covers_retries_and_waits(
     """The limit bounds the whole rollout: waits after 429s included; terminal when set."""
     transport = Script(default=reply(429, retry_after=4))
     p = policy(rollout_timeout_s=10.0, timeout_is_terminal=True, max_request_retries=99)
-    outcome = await dispatch(transport, URL, materialized_row(7), 0, p, rng=random.Random(3))
+    outcome = await dispatch(transport, URL, row(7), 0, p, rng=random.Random(3))
     assert trio.current_time() == 10.0
     assert isinstance(outcome, Failed)
     assert (outcome.kind, outcome.terminal, outcome.delivery) == (
@@ -414,12 +412,7 @@ async def test_dispatch_rollout_timeout_lets_outer_cancellation_through(
     with trio.move_on_after(3) as scope:
         results.append(
             await dispatch(
-                Script("hang"),
-                URL,
-                materialized_row(7),
-                0,
-                policy(rollout_timeout_s=7.0),
-                rng=random.Random(1),
+                Script("hang"), URL, row(7), 0, policy(rollout_timeout_s=7.0), rng=random.Random(1)
             )
         )
     assert scope.cancelled_caught
@@ -436,9 +429,7 @@ async def test_dispatch_breaker_opens_probes_and_closes(
     state = RetryState(RetryPolicy(breaker_failure_threshold=3, breaker_open_s=20.0))
     transport = Script(refused(), refused(), refused(), default=reply(200))
     p = attrs.evolve(policy(), max_connect_retries=5, backoff_base_s=0.0)
-    first = await dispatch(
-        transport, URL, materialized_row(1), 0, p, rng=random.Random(1), retry_state=state
-    )
+    first = await dispatch(transport, URL, row(1), 0, p, rng=random.Random(1), retry_state=state)
     # The third refusal opened the breaker: no retry into an open breaker.
     assert isinstance(first, Failed)
     assert (first.kind, first.delivery, first.spends_attempt) == (
@@ -451,9 +442,7 @@ async def test_dispatch_breaker_opens_probes_and_closes(
     )
     assert (len(transport.sent), state.endpoint(URL).state) == (3, BreakerState.OPEN)
     await trio.sleep(19.0)
-    fast = await dispatch(
-        transport, URL, materialized_row(2), 0, p, rng=random.Random(1), retry_state=state
-    )
+    fast = await dispatch(transport, URL, row(2), 0, p, rng=random.Random(1), retry_state=state)
     assert isinstance(fast, Failed)
     assert (fast.kind, fast.delivery, fast.spends_attempt) == (
         "breaker_open",
@@ -462,9 +451,7 @@ async def test_dispatch_breaker_opens_probes_and_closes(
     )
     assert "next probe in 1.0s" in (fast.message or "")
     await trio.sleep(1.0)
-    probe = await dispatch(
-        transport, URL, materialized_row(3), 0, p, rng=random.Random(1), retry_state=state
-    )
+    probe = await dispatch(transport, URL, row(3), 0, p, rng=random.Random(1), retry_state=state)
     assert isinstance(probe, Landed)
     assert transport.times[-1] == 20.0
     assert state.endpoint(URL).state is BreakerState.CLOSED
@@ -485,13 +472,7 @@ async def test_dispatch_budget_bounds_requests_to_a_refusing_endpoint(
         p = policy(max_request_retries=10)
         outcomes.append(
             await dispatch(
-                transport,
-                URL,
-                materialized_row(task),
-                0,
-                p,
-                rng=random.Random(task),
-                retry_state=state,
+                transport, URL, row(task), 0, p, rng=random.Random(task), retry_state=state
             )
         )
 
@@ -543,9 +524,7 @@ def test_dispatch_sends_stay_within_every_bound(
         for task, script in enumerate(scripts):
             transport = Script(*(scripted_step(s) for s in script), default=reply(200))
             rng = random.Random(seed + task)
-            outcome = await dispatch(
-                transport, URL, materialized_row(task), 0, p, rng=rng, retry_state=state
-            )
+            outcome = await dispatch(transport, URL, row(task), 0, p, rng=rng, retry_state=state)
             done.append((transport, outcome))
         return done
 
@@ -569,18 +548,12 @@ async def test_dispatch_cancelled_probe_lets_the_next_rollout_probe(
     state = RetryState.from_config(RunConfig(breaker_failure_threshold=1, breaker_open_s=5.0))
     transport = Script(reply(503), "hang", reply(200))
     p = policy(max_request_retries=0)
-    await dispatch(
-        transport, URL, materialized_row(1), 0, p, rng=random.Random(1), retry_state=state
-    )
+    await dispatch(transport, URL, row(1), 0, p, rng=random.Random(1), retry_state=state)
     await trio.sleep(5.0)
     with trio.move_on_after(1.0):
-        await dispatch(
-            transport, URL, materialized_row(2), 0, p, rng=random.Random(1), retry_state=state
-        )
+        await dispatch(transport, URL, row(2), 0, p, rng=random.Random(1), retry_state=state)
     assert state.endpoint(URL).state is BreakerState.HALF_OPEN
-    outcome = await dispatch(
-        transport, URL, materialized_row(3), 0, p, rng=random.Random(1), retry_state=state
-    )
+    outcome = await dispatch(transport, URL, row(3), 0, p, rng=random.Random(1), retry_state=state)
     assert isinstance(outcome, Landed)
     assert transport.times == [0.0, 5.0, 6.0]
     assert state.endpoint(URL).state is BreakerState.CLOSED
