@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,7 @@ def test_signal_stops_admission_flushes_and_resumes(
 ) -> None:
     """SIGINT/SIGTERM: in-flight rollouts finish within grace, exit 130/143, resume completes."""
     layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
-    proc = start_collect(tmp_path, slow_fake.head_url, "--grace", "5")
+    proc = start_collect(tmp_path, slow_fake.head_url, "--grace", "600")
     wait_for_landed(layout, 20, proc)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=HANG_GUARD_S)
@@ -108,7 +109,10 @@ def test_signal_stops_admission_flushes_and_resumes(
     assert "run timing report" in out + err
     status = check_consistent(layout)
     assert 20 <= status["completed"] < 200
-    assert status["omitted"] == 0  # the grace let every rollout in flight finish
+    # The grace let every rollout in flight finish: none was interrupted. (A row a worker had
+    # just taken when the signal came was never started: it is drained, and resume sends it.)
+    kinds = Counter(r["kind"] for r in status["rollouts"] if r["state"] == "omitted")
+    assert set(kinds) <= {"drained"}, kinds
     resume_to_completion(tmp_path, slow_fake.head_url)
 
 
