@@ -105,14 +105,14 @@ def omitted(
 def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     """Write rows as JSON lines, replacing the file (its folder is made); return the path."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    path.write_bytes(b"".join(jsonl.dumps(row) for row in rows))
     return path
 
 
 def append_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
     """Append rows as JSON lines."""
     with open(path, "ab") as f:
-        f.write(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+        f.write(b"".join(jsonl.dumps(row) for row in rows))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
