@@ -240,13 +240,17 @@ async def collect_scripted(
 # --- waiting for events -------------------------------------------------------------------------
 
 
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    """Poll `condition` on Trio's (real) clock until it holds; fail on the hang guard."""
-    with trio.move_on_after(HANG_GUARD_S):
-        while not condition():  # noqa: ASYNC110 - files and counters have no event to wait on
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"hung: {what} did not happen within {HANG_GUARD_S:g} s")
+async def wait_until(condition: Callable[[], bool], what: str, *, poll_s: float = 0.01) -> None:
+    """Poll `condition` until it holds; fail the test on the (real-time) hang guard.
+
+    ``poll_s=0`` polls at every checkpoint without sleeping, so Trio's fake clock stands still
+    while the kernel delivers loopback I/O (a busy wait: keep it for short waits).
+    """
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"hung: {what} did not happen within {HANG_GUARD_S:g} s")
+        await trio.sleep(poll_s)
 
 
 async def cancel_when(
