@@ -6,22 +6,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trollout import jsonl
+from builders import AGENT, append_jsonl, row_body, write_jsonl
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.ledger import encode_reservation
-
-AGENT = "agent"
-
-
-def body(task: int, rollout: int, **extra: Any) -> dict[str, Any]:
-    """Return a materialized row of (task, rollout)."""
-    return {
-        "responses_create_params": {"input": [{"role": "user", "content": f"q{task}"}]},
-        "agent_ref": {"name": AGENT},
-        "_ng_task_index": task,
-        "_ng_rollout_index": rollout,
-        **extra,
-    }
 
 
 def stamps(task: int, rollout: int, attempt: int) -> dict[str, Any]:
@@ -85,16 +72,16 @@ class Folder:
         self.layout = RunLayout.for_output(root / "r.jsonl")
         root.mkdir(parents=True, exist_ok=True)
         self.keys = list(keys)
-        write(self.layout.materialized_inputs, [body(t, r) for t, r in self.keys])
+        write_jsonl(self.layout.materialized_inputs, [row_body(t, r) for t, r in self.keys])
 
     def land(self, *rows: dict[str, Any]) -> Folder:
         """Append success rows."""
-        append(self.layout.rollouts, rows)
+        append_jsonl(self.layout.rollouts, rows)
         return self
 
     def fail(self, *rows: dict[str, Any]) -> Folder:
         """Append sidecar rows."""
-        append(self.layout.failures, rows)
+        append_jsonl(self.layout.failures, rows)
         return self
 
     def reserve(self, *triples: tuple[int, int, int]) -> Folder:
@@ -102,14 +89,3 @@ class Folder:
         with open(self.layout.attempts, "ab") as f:
             f.write(encode_reservation(list(triples)))
         return self
-
-
-def write(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    """Write rows as JSONL (replacing the file)."""
-    path.write_bytes(b"".join(jsonl.dumps(r) for r in rows))
-
-
-def append(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    """Append rows as JSONL."""
-    with open(path, "ab") as f:
-        f.write(b"".join(jsonl.dumps(r) for r in rows))

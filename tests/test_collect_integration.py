@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-import trio
 
+from builders import HangArrivals, cancel_when, collect_config, write_tasks_input
+from builders import read_jsonl as read
 from trollout import jsonl
 from trollout.cli.collect import collect_run
 from trollout.config import RunConfig
@@ -21,7 +23,6 @@ from trollout.testing import (
     Fault,
     FaultPlan,
     open_fake_deployment,
-    write_tasks,
 )
 
 # Every fault kind, with the class (or place) each must end in.
@@ -63,23 +64,16 @@ def expected_place(spec: DeploymentSpec, task: int, rollout: int) -> str:
     return next(place for f, place in FAULTS if f == fault)
 
 
-def read(path: Path) -> list[dict[str, Any]]:
-    """Read a JSONL file (empty when absent)."""
-    return list(jsonl.read_rows(path)) if path.exists() else []
-
-
 @pytest.mark.slow
 async def test_collect_every_rollout_ends_in_exactly_one_place(tmp_path: Path) -> None:
     """1,000 rows x 4 repeats, ~10% faults of every kind: each rollout lands once, in its place."""
-    source = tmp_path / "tasks.jsonl"
-    write_tasks(source, 1000, seed=1)
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 1000, seed=1)
     spec = faulty_spec(0.10)
     async with open_fake_deployment(spec) as fake:
-        config = RunConfig(
-            input_jsonl_fpath=str(source),
-            output_jsonl_fpath=str(tmp_path / "run" / "r.jsonl"),
-            head_server=fake.head_url,
-            agent_name="math_agent",
+        config = collect_config(
+            source,
+            tmp_path / "run" / "r.jsonl",
+            fake.head_url,
             num_repeats=4,
             num_repeats_add_seed=True,
             num_samples_in_parallel=128,
@@ -129,15 +123,8 @@ def slow_spec(latency_s: float) -> DeploymentSpec:
 
 def tasks_config(tmp_path: Path, head_url: str, rows: int, **settings: Any) -> RunConfig:
     """Write `rows` tasks and return a config collecting them into tmp_path/r.jsonl."""
-    source = tmp_path / "tasks.jsonl"
-    write_tasks(source, rows, seed=rows)
-    return RunConfig(
-        input_jsonl_fpath=str(source),
-        output_jsonl_fpath=str(tmp_path / "r.jsonl"),
-        head_server=head_url,
-        agent_name="math_agent",
-        **settings,
-    )
+    source = write_tasks_input(tmp_path / "tasks.jsonl", rows, seed=rows)
+    return collect_config(source, tmp_path / "r.jsonl", head_url, **settings)
 
 
 async def test_collect_concurrency_reaches_and_never_exceeds_limit(tmp_path: Path) -> None:
@@ -159,10 +146,12 @@ async def test_collect_concurrency_reaches_and_never_exceeds_limit(tmp_path: Pat
 
 async def test_collect_cancelled_run_keeps_settled_outcomes(tmp_path: Path) -> None:
     """Cancelling a run mid-way leaves every settled outcome on disk and a finished status."""
-    async with open_fake_deployment(slow_spec(0.2)) as fake:
+    hang = HangArrivals(first=30, count=20)  # 30 land, then all 20 workers hold a hung request
+    async with open_fake_deployment(slow_spec(0.0), fault_fn=hang) as fake:
         config = tasks_config(tmp_path, fake.head_url, 200, num_samples_in_parallel=20)
-        with trio.move_on_after(1.0):
-            await collect_run(config, live=False)
+        await cancel_when(
+            partial(collect_run, config, live=False), lambda: hang.all_hanging, "20 hung requests"
+        )
     layout = RunLayout.for_output(tmp_path / "r.jsonl")
     landed = read(layout.rollouts)
     status = json.loads(layout.batch_status.read_text())

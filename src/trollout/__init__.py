@@ -16,8 +16,7 @@ which is exactly what ``trollout collect`` does (`trollout.cli.collect.collect_r
 
 from __future__ import annotations
 
-__version__ = "0.1.0"  # first, so modules imported below may read it
-
+from ._version import __version__
 from .collector.deployment import Deployment, Route, discover
 from .collector.engine import Collector, open_collector, url_resolver
 from .collector.plan import Plan, plan_rollouts, plan_rows

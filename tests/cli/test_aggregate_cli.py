@@ -9,14 +9,9 @@ from typing import Any
 import orjson
 from click.testing import CliRunner
 
+from builders import write_jsonl
 from trollout.cli.aggregate import aggregate
 from trollout.records import Failed, Identity, Landed, outcome_to_row
-
-
-def write(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Write rows as JSON lines."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
 
 
 def shards(folder: Path) -> Path:
@@ -30,10 +25,10 @@ def shards(folder: Path) -> Path:
                 if (t, r) != (3, 1) and (t, r) != (2, 0):
                     result = {"response": {"usage": {"input_tokens": 5}}, "reward": float(t % 2)}
                     rows.append(outcome_to_row(Landed(ident, 0, result, 0.5 + t)))
-        write(folder / f"{name}.jsonl", rows)
-        write(folder / f"{name}_materialized_inputs.jsonl", plan)
+        write_jsonl(folder / f"{name}.jsonl", rows)
+        write_jsonl(folder / f"{name}_materialized_inputs.jsonl", plan)
     failure = outcome_to_row(Failed(Identity(3, 1, agent_name="a"), 0, "agent_run_error"))
-    write(folder / "s1_failures.jsonl", [failure])
+    write_jsonl(folder / "s1_failures.jsonl", [failure])
     return folder
 
 

@@ -10,12 +10,12 @@ from typing import Any
 import trio
 from click.testing import CliRunner
 
+from builders import materialized_rows
 from trollout.cli.main import cli
 from trollout.cli.progress import ProgressReporter, format_duration
 from trollout.collector.engine import open_collector
 from trollout.collector.transport import RawResponse
 from trollout.config import RunConfig
-from trollout.records import MaterializedRow
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
@@ -74,17 +74,7 @@ class Instant:
 
 async def run_with_reporter(live: bool) -> str:
     """Collect 20 one-second rollouts at concurrency 2 with a reporter; return its output."""
-    rows = [
-        MaterializedRow.from_body(
-            {
-                "responses_create_params": {},
-                "agent_ref": {"name": "agent"},
-                "_ng_task_index": i,
-                "_ng_rollout_index": 0,
-            }
-        )
-        for i in range(20)
-    ]
+    rows = materialized_rows(20)
     stream = io.StringIO()
     reporter = ProgressReporter(total=20, stream=stream, live=live, plain_interval_s=3.3)
     async with (

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
+from builders import invoke
 from trollout import jsonl
 from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment, task_rows
 
@@ -20,13 +21,6 @@ def fake() -> Iterator[FakeUrls]:
     """A fake deployment with two agents in its own process."""
     with spawn_fake_deployment(SPEC, record_runs=False) as urls:
         yield urls
-
-
-def invoke(*args: str) -> Result:
-    """Run the trollout CLI with args."""
-    from trollout.cli.main import cli
-
-    return CliRunner().invoke(cli, list(args))
 
 
 def first_run(tmp_path: Path, fake: FakeUrls, *extra: str) -> tuple[Path, Path]:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
-import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
+from builders import HANG_GUARD_S, cli_command, count_lines, wait_for, write_tasks_input
 from trollout import jsonl
 from trollout.recovery.layout import RunLayout
 from trollout.testing import (
@@ -20,7 +22,6 @@ from trollout.testing import (
     FakeUrls,
     Latency,
     spawn_fake_deployment,
-    write_tasks,
 )
 
 
@@ -34,15 +35,17 @@ def slow_fake() -> Iterator[FakeUrls]:
         yield urls
 
 
-def start_collect(tmp_path: Path, head: str, *extra: str) -> subprocess.Popen[str]:
-    """Start `trollout collect` on 200 tasks at concurrency 10 (about 5 s of work)."""
+def start_collect(
+    tmp_path: Path, head: str, *extra: str, log: Path | None = None
+) -> subprocess.Popen[str]:
+    """Start `trollout collect` on 200 tasks at concurrency 10 (about 5 s of work).
+
+    Its output goes to pipes, or to the file `log` when the test must read it while it runs.
+    """
     source = tmp_path / "tasks.jsonl"
     if not source.exists():
-        write_tasks(source, 200, seed=9)
-    command = [
-        sys.executable,
-        "-m",
-        "trollout.cli.main",
+        write_tasks_input(source, 200, seed=9)
+    command = cli_command(
         "collect",
         str(source),
         "-o",
@@ -57,18 +60,16 @@ def start_collect(tmp_path: Path, head: str, *extra: str) -> subprocess.Popen[st
         "plain",
         "--no-aggregate",
         *extra,
-    ]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    )
+    if log is None:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with log.open("w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
 def wait_for_landed(layout: RunLayout, count: int, proc: subprocess.Popen[str]) -> None:
     """Wait until the rollouts file holds `count` rows (the run is under way)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and proc.poll() is None:
-        if layout.rollouts.exists() and len(layout.rollouts.read_bytes().splitlines()) >= count:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the run did not get under way")
+    wait_for(lambda: count_lines(layout.rollouts) >= count, f"{count} landed rows", proc=proc)
 
 
 def check_consistent(layout: RunLayout) -> dict[str, object]:
@@ -85,7 +86,7 @@ def check_consistent(layout: RunLayout) -> dict[str, object]:
 def resume_to_completion(tmp_path: Path, head: str) -> None:
     """Resume the run and check every rollout landed exactly once."""
     proc = start_collect(tmp_path, head, "--resume")
-    _out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0, err
     layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
     status = check_consistent(layout)
@@ -99,33 +100,48 @@ def test_signal_stops_admission_flushes_and_resumes(
 ) -> None:
     """SIGINT/SIGTERM: in-flight rollouts finish within grace, exit 130/143, resume completes."""
     layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
-    proc = start_collect(tmp_path, slow_fake.head_url, "--grace", "5")
+    proc = start_collect(tmp_path, slow_fake.head_url, "--grace", "600")
     wait_for_landed(layout, 20, proc)
     proc.send_signal(signum)
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == code, err
     assert "starting no new rollout" in err
     assert "run timing report" in out + err
     status = check_consistent(layout)
     assert 20 <= status["completed"] < 200
-    assert status["omitted"] == 0  # the grace let every rollout in flight finish
+    # The grace let every rollout in flight finish: none was interrupted. (A row a worker had
+    # just taken when the signal came was never started: it is drained, and resume sends it.)
+    kinds = Counter(r["kind"] for r in status["rollouts"] if r["state"] == "omitted")
+    assert set(kinds) <= {"drained"}, kinds
     resume_to_completion(tmp_path, slow_fake.head_url)
+
+
+def fake_stats(fake: FakeUrls) -> dict[str, Any]:
+    """Return the fake deployment's counters."""
+    stats: dict[str, Any] = httpx.get(fake.head_url + "/_fake/stats", timeout=30).json()
+    return stats
 
 
 @pytest.mark.slow
 def test_second_sigint_cancels_at_once(tmp_path: Path, slow_fake: FakeUrls) -> None:
     """A second SIGINT cancels the rollouts in flight without waiting out the grace."""
+    # Tasks 20-29 hang on their first attempt: once 20 landed, all 10 workers hold one, and
+    # the 600 s grace would outlast the test's hang guard; only the second SIGINT ends them.
+    hangs = {task: {"kind": "hang", "attempts": [0]} for task in range(20, 30)}
+    write_tasks_input(tmp_path / "tasks.jsonl", 200, seed=9, faults=hangs)
     layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
-    proc = start_collect(tmp_path, slow_fake.head_url, "--grace", "600")
-    wait_for_landed(layout, 10, proc)
+    log = tmp_path / "collect.log"
+    proc = start_collect(tmp_path, slow_fake.head_url, "--grace", "600", log=log)
+    wait_for_landed(layout, 20, proc)
+    wait_for(lambda: fake_stats(slow_fake)["by_fault"].get("hang") == 10, "10 hung", proc=proc)
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.1)
-    started = time.monotonic()
+    wait_for(lambda: "starting no new rollout" in log.read_text(), "the first stop", proc=proc)
     proc.send_signal(signal.SIGINT)
-    _out, err = proc.communicate(timeout=30)
-    assert time.monotonic() - started < 5
-    assert proc.returncode == 130, err
-    check_consistent(layout)
+    proc.wait(timeout=HANG_GUARD_S)
+    assert proc.returncode == 130, log.read_text()
+    assert "second SIGINT: cancelling the rollouts in flight" in log.read_text()
+    status = check_consistent(layout)
+    assert (status["completed"], status["omitted"]) == (20, 10)
     resume_to_completion(tmp_path, slow_fake.head_url)
 
 
@@ -133,15 +149,12 @@ def test_second_sigint_cancels_at_once(tmp_path: Path, slow_fake: FakeUrls) -> N
 def test_max_run_time_exits_on_time_with_everything_recorded(
     tmp_path: Path, slow_fake: FakeUrls
 ) -> None:
-    """--max-run-time 2 with grace 1: exit 1 within the grace, every finished rollout on disk."""
+    """--max-run-time 2 with grace 1: exit 1 after the grace, every finished rollout on disk."""
     layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
-    started = time.monotonic()
     proc = start_collect(tmp_path, slow_fake.head_url, "--max-run-time", "2", "--grace", "1")
-    _out, err = proc.communicate(timeout=60)
-    elapsed = time.monotonic() - started
+    _out, err = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 1, err
     assert "--max-run-time reached" in err
-    assert elapsed < 2 + 1 + 4  # deadline + grace + interpreter start-up and planning
     status = check_consistent(layout)
     assert 0 < status["completed"] < 200
     resume_to_completion(tmp_path, slow_fake.head_url)

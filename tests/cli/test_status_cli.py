@@ -6,19 +6,11 @@ import json
 import os
 from pathlib import Path
 
-from click.testing import CliRunner, Result
-
+from builders import invoke
 from resume_folders import Folder, failure, landed, omitted
 from trollout.recovery.lock import RunLock
 
 KEYS = [(t, r) for t in range(4) for r in range(2)]
-
-
-def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
-    """Run the trollout CLI with args."""
-    from trollout.cli.main import cli
-
-    return CliRunner(env=env).invoke(cli, list(args))
 
 
 def sample(tmp_path: Path) -> Folder:

@@ -6,7 +6,6 @@ engine) under Trio's fake clock, so they assert exact virtual times.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -14,77 +13,25 @@ import orjson
 import pytest
 import trio
 
-from trollout.collector.engine import open_collector
+from builders import (
+    ScriptedTransport,
+    collect_scripted,
+    materialized_rows,
+    scripted_collector,
+)
 from trollout.collector.sink import ListSink
 from trollout.collector.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.errors import RunStoppedError
-from trollout.records import Failed, Landed, MaterializedRow, OmitReason, Omitted
-
-
-def make_rows(n: int, *, agent: str = "agent") -> list[MaterializedRow]:
-    """Build n materialized rows, one task each."""
-    return [
-        MaterializedRow.from_body(
-            {
-                "responses_create_params": {"input": [{"role": "user", "content": f"q{i}"}]},
-                "agent_ref": {"name": agent},
-                "_ng_task_index": i,
-                "_ng_rollout_index": 0,
-            }
-        )
-        for i in range(n)
-    ]
-
-
-class ScriptedTransport:
-    """Answers each POST after a scripted delay with a scripted status; counts what is in flight."""
-
-    def __init__(
-        self,
-        *,
-        delay: Callable[[Mapping[str, Any]], float] = lambda row: 1.0,
-        status: Callable[[Mapping[str, Any]], int] = lambda row: 200,
-    ) -> None:
-        self.delay = delay
-        self.status = status
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.requests: list[tuple[int, int]] = []
-
-    async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
-        row = orjson.loads(body)
-        self.requests.append((row["_ng_task_index"], row["_ng_rollout_index"]))
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            await trio.sleep(self.delay(row))
-        finally:
-            self.in_flight -= 1
-        status = self.status(row)
-        reply = {"response": {"output": []}, "reward": float(row["_ng_task_index"] % 2)}
-        body_out = orjson.dumps(reply) if status == 200 else b'"boom"'
-        return RawResponse(status=status, headers=[], body=body_out, truncated=False)
-
-    async def aclose(self) -> None:
-        pass
-
-
-URLS = {"agent": "http://127.0.0.1:1"}
+from trollout.records import Failed, Landed, OmitReason, Omitted
 
 
 async def test_engine_bounds_requests_and_resident_tasks(autojump_clock: Any) -> None:
     """In flight never exceeds the limiter and reaches it; resident tasks stop at the workers."""
     transport = ScriptedTransport()
     sink = ListSink()
-    config = RunConfig(num_samples_in_parallel=8, max_resident_rollout_tasks=12)
-    async with open_collector(
-        config=config,
-        urls=URLS,
-        sink=sink,
-        transport=transport,
-    ) as collector:
-        await collector.collect(make_rows(100))
+    collector = await collect_scripted(
+        100, transport, sink=sink, num_samples_in_parallel=8, max_resident_rollout_tasks=12
+    )
     assert transport.max_in_flight == 8
     assert collector.max_resident == 12
     assert len(sink.outcomes) == 100
@@ -94,12 +41,7 @@ async def test_engine_bounds_requests_and_resident_tasks(autojump_clock: Any) ->
 async def test_engine_runs_in_exact_virtual_time(autojump_clock: Any) -> None:
     """100 one-second rollouts at concurrency 10 take exactly 10 virtual seconds."""
     start = trio.current_time()
-    async with open_collector(
-        config=RunConfig(num_samples_in_parallel=10),
-        urls=URLS,
-        transport=ScriptedTransport(),
-    ) as collector:
-        progress = await collector.collect(make_rows(100))
+    progress = (await collect_scripted(100, num_samples_in_parallel=10)).progress
     assert trio.current_time() - start == pytest.approx(10.0)
     assert progress.landed == 100
     assert progress.mean_reward == pytest.approx(0.5)
@@ -109,13 +51,7 @@ async def test_engine_failed_rollout_does_not_abort_run(autojump_clock: Any) -> 
     """A 500 on some rollouts lands them in failures; every other rollout still lands."""
     transport = ScriptedTransport(status=lambda row: 500 if row["_ng_task_index"] % 5 == 0 else 200)
     sink = ListSink()
-    async with open_collector(
-        config=RunConfig(num_samples_in_parallel=4),
-        urls=URLS,
-        sink=sink,
-        transport=transport,
-    ) as collector:
-        await collector.collect(make_rows(20))
+    collector = await collect_scripted(20, transport, sink=sink, num_samples_in_parallel=4)
     failed = [o for o in sink.outcomes if isinstance(o, Failed)]
     assert sorted(o.identity.task_index for o in failed) == [0, 5, 10, 15]
     assert {o.failure_class for o in failed} == {"agent_run_error"}
@@ -127,13 +63,7 @@ async def test_engine_cancellation_settles_in_flight_as_omitted(autojump_clock: 
     transport = ScriptedTransport(delay=lambda row: 1.0 if row["_ng_task_index"] < 4 else 100.0)
     sink = ListSink()
     with trio.move_on_after(5.0):
-        async with open_collector(
-            config=RunConfig(num_samples_in_parallel=4),
-            urls=URLS,
-            sink=sink,
-            transport=transport,
-        ) as collector:
-            await collector.collect(make_rows(20))
+        await collect_scripted(20, transport, sink=sink, num_samples_in_parallel=4)
     landed = sorted(o.identity.task_index for o in sink.outcomes if isinstance(o, Landed))
     omitted = [o for o in sink.outcomes if isinstance(o, Omitted)]
     assert landed == [0, 1, 2, 3]
@@ -148,13 +78,7 @@ async def test_engine_fail_fast_stops_run(autojump_clock: Any) -> None:
     transport = ScriptedTransport(status=lambda row: 503 if row["_ng_task_index"] == 3 else 200)
     sink = ListSink()
     with pytest.raises(RunStoppedError, match="fail-fast"):
-        async with open_collector(
-            config=RunConfig(num_samples_in_parallel=2, fail_fast=True),
-            urls=URLS,
-            sink=sink,
-            transport=transport,
-        ) as collector:
-            await collector.collect(make_rows(50))
+        await collect_scripted(50, transport, sink=sink, num_samples_in_parallel=2, fail_fast=True)
     assert len(sink.outcomes) < 50
     assert any(isinstance(o, Failed) for o in sink.outcomes)
 
@@ -162,13 +86,10 @@ async def test_engine_fail_fast_stops_run(autojump_clock: Any) -> None:
 async def test_engine_submit_and_next_outcome_for_drivers(autojump_clock: Any) -> None:
     """An embedding driver submits rows and reads settled outcomes as they come."""
     transport = ScriptedTransport(delay=lambda row: float(10 - row["_ng_task_index"]))
-    async with open_collector(
-        config=RunConfig(num_samples_in_parallel=10),
-        urls=URLS,
-        retain_outcomes=True,
-        transport=transport,
+    async with scripted_collector(
+        transport, retain_outcomes=True, num_samples_in_parallel=10
     ) as collector:
-        for row in make_rows(3):
+        for row in materialized_rows(3):
             await collector.submit(row)
         first = await collector.next_outcome()
         assert first.identity.task_index == 2  # the shortest finishes first
@@ -183,13 +104,8 @@ async def test_engine_early_exit_drains_settled_outcomes(autojump_clock: Any) ->
     sink = ListSink()
 
     async def drive() -> None:
-        async with open_collector(
-            config=RunConfig(num_samples_in_parallel=4),
-            urls=URLS,
-            sink=sink,
-            transport=transport,
-        ) as collector:
-            for row in make_rows(4):
+        async with scripted_collector(transport, sink=sink, num_samples_in_parallel=4) as collector:
+            for row in materialized_rows(4):
                 await collector.submit(row)
             await trio.sleep(2)
             raise KeyError("driver bug")
@@ -207,15 +123,16 @@ async def test_engine_budget_stops_starting_at_the_deadline(autojump_clock: Any)
     """With a 10 s budget, 4 s rollouts start at 0, 4 and 8 only; the rest never start."""
     transport = ScriptedTransport(delay=lambda row: 4.0)
     sink = ListSink()
-    config = RunConfig(num_samples_in_parallel=2, dispatch_budget_s=10.0, drain_margin_s=0.0)
     start = trio.current_time()
-    async with open_collector(
-        config=config,
-        urls=URLS,
+    collector = await collect_scripted(
+        20,
+        transport,
         sink=sink,
-        transport=transport,
-    ) as collector:
-        progress = await collector.collect(make_rows(20))
+        num_samples_in_parallel=2,
+        dispatch_budget_s=10.0,
+        drain_margin_s=0.0,
+    )
+    progress = collector.progress
     assert trio.current_time() - start == pytest.approx(12.0)
     assert progress.landed == progress.submitted == 6  # the feeder's deadline stopped the rest
     assert progress.drained == 0
@@ -226,19 +143,16 @@ async def test_engine_budget_drains_rows_waiting_for_a_slot(autojump_clock: Any)
     """A row that waited for a slot past the budget is drained, not started late."""
     transport = ScriptedTransport(delay=lambda row: 4.0)
     sink = ListSink()
-    config = RunConfig(
+    collector = await collect_scripted(
+        20,
+        transport,
+        sink=sink,
         num_samples_in_parallel=2,
         max_resident_rollout_tasks=4,
         dispatch_budget_s=6.0,
         drain_margin_s=0.0,
     )
-    async with open_collector(
-        config=config,
-        urls=URLS,
-        sink=sink,
-        transport=transport,
-    ) as collector:
-        progress = await collector.collect(make_rows(20))
+    progress = collector.progress
     assert progress.landed == 4  # started at 0 and 4
     assert progress.drained == 2  # held by the two waiting workers when slots freed at 8
     drained = [o for o in sink.outcomes if isinstance(o, Omitted)]
@@ -249,14 +163,11 @@ async def test_engine_budget_drains_rows_waiting_for_a_slot(autojump_clock: Any)
 async def test_engine_default_margin_is_p75_of_finished(autojump_clock: Any) -> None:
     """Once 5 rollouts finished, admission stops a p75 (2 s) before the 10 s budget ends."""
     transport = ScriptedTransport(delay=lambda row: 2.0)
-    config = RunConfig(num_samples_in_parallel=5, dispatch_budget_s=10.0)
     start = trio.current_time()
-    async with open_collector(
-        config=config,
-        urls=URLS,
-        transport=transport,
-    ) as collector:
-        progress = await collector.collect(make_rows(100))
+    collector = await collect_scripted(
+        100, transport, num_samples_in_parallel=5, dispatch_budget_s=10.0
+    )
+    progress = collector.progress
     assert trio.current_time() - start == pytest.approx(8.0)
     assert progress.landed == 20  # started at 0, 2, 4 and 6; at 8 less than 2 s remained
     assert collector.window.margin() == pytest.approx(2.0)
@@ -265,13 +176,9 @@ async def test_engine_default_margin_is_p75_of_finished(autojump_clock: Any) -> 
 async def wind_down_after_one_second(grace_s: float) -> ListSink:
     """Run 10-second rollouts at concurrency 3 and wind the run down at t=1."""
     sink = ListSink()
+    transport = ScriptedTransport(delay=lambda row: 10.0)
     async with (
-        open_collector(
-            config=RunConfig(num_samples_in_parallel=3),
-            urls=URLS,
-            sink=sink,
-            transport=ScriptedTransport(delay=lambda row: 10.0),
-        ) as collector,
+        scripted_collector(transport, sink=sink, num_samples_in_parallel=3) as collector,
         trio.open_nursery() as nursery,
     ):
 
@@ -280,7 +187,7 @@ async def wind_down_after_one_second(grace_s: float) -> ListSink:
             await collector.wind_down("test", grace_s=grace_s)
 
         nursery.start_soon(stop_soon)
-        await collector.collect(make_rows(10))
+        await collector.collect(materialized_rows(10))
     return sink
 
 
@@ -303,18 +210,8 @@ async def test_engine_wind_down_lets_rollouts_finish_within_grace(autojump_clock
 async def test_engine_stops_when_credentials_are_rejected(autojump_clock: Any) -> None:
     """Five consecutive 401s from one server stop the run with a message naming it."""
     transport = ScriptedTransport(status=lambda row: 401)
-    config = RunConfig(num_samples_in_parallel=1, stop_after_auth_failures=5)
-
-    async def run() -> None:
-        async with open_collector(
-            config=config,
-            urls=URLS,
-            transport=transport,
-        ) as collector:
-            await collector.collect(make_rows(50))
-
     with pytest.raises(RunStoppedError, match="credentials rejected by 'agent'"):
-        await run()
+        await collect_scripted(50, transport, num_samples_in_parallel=1, stop_after_auth_failures=5)
     assert len(transport.requests) <= 6
 
 
@@ -356,11 +253,10 @@ async def test_engine_retry_requests_resends_under_a_new_reserved_attempt(
 ) -> None:
     """A possibly-delivered request is recorded as failed and re-sent as reserved attempt 1."""
     sink = ReservingSink()
-    config = RunConfig(num_samples_in_parallel=2, retry_requests=True)
-    async with open_collector(
-        config=config, urls=URLS, sink=sink, transport=DropsFirstReply(sink.events), seed=1
-    ) as collector:
-        await collector.collect(make_rows(2))
+    transport = DropsFirstReply(sink.events)
+    await collect_scripted(
+        2, transport, sink=sink, seed=1, num_samples_in_parallel=2, retry_requests=True
+    )
     task0 = [event for event in sink.events if event[1] == 0]
     assert sorted(task0) == [
         ("Failed", 0, 0),

@@ -19,6 +19,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
+from builders import materialized_row as row
 from trollout.collector.dispatch import DispatchPolicy, dispatch
 from trollout.collector.retry import (
     Admission,
@@ -32,22 +33,10 @@ from trollout.collector.retry import (
 from trollout.collector.transport import RawResponse
 from trollout.config import RunConfig
 from trollout.errors import ConfigError
-from trollout.records import Delivery, Failed, Identity, Landed, MaterializedRow
+from trollout.records import Delivery, Failed, Identity, Landed
 
 URL = "http://agent:8000/run"
 Step = Callable[[], Any]  # returns a RawResponse, raises, or is "hang"
-
-
-def row(task: int = 7) -> MaterializedRow:
-    """A materialized row of task `task`."""
-    return MaterializedRow.from_body(
-        {
-            "responses_create_params": {"input": []},
-            "agent_ref": {"name": "math"},
-            "_ng_task_index": task,
-            "_ng_rollout_index": 0,
-        }
-    )
 
 
 def reply(status: int, *, retry_after: float | None = None) -> RawResponse:
@@ -262,7 +251,7 @@ async def test_dispatch_retry_after_schedule_is_exact(
     outcome = await dispatch(
         transport,
         URL,
-        row(),
+        row(7),
         0,
         policy(backoff_base_s=0.5),
         rng=random.Random(9),
@@ -282,7 +271,7 @@ async def test_dispatch_refusal_retries_are_bounded(autojump_clock: trio.testing
     """After max_request_retries the last 429 is returned, delivered, with a note."""
     transport = Script(default=reply(429, retry_after=1))
     outcome = await dispatch(
-        transport, URL, row(), 0, policy(max_request_retries=2), rng=random.Random(1)
+        transport, URL, row(7), 0, policy(max_request_retries=2), rng=random.Random(1)
     )
     assert len(transport.sent) == 3
     assert isinstance(outcome, Failed)
@@ -299,7 +288,7 @@ async def test_dispatch_long_retry_after_is_not_waited(
 ) -> None:
     """A Retry-After beyond retry_backoff_max_s ends the rollout at once."""
     transport = Script(reply(503, retry_after=600))
-    outcome = await dispatch(transport, URL, row(), 0, policy(), rng=random.Random(1))
+    outcome = await dispatch(transport, URL, row(7), 0, policy(), rng=random.Random(1))
     assert isinstance(outcome, Failed)
     assert outcome.http_status == 503
     assert (len(transport.sent), trio.current_time()) == (1, 0.0)
@@ -314,7 +303,7 @@ async def test_dispatch_never_resends_after_a_response_began(
     outcome = await dispatch(
         transport,
         URL,
-        row(),
+        row(7),
         0,
         policy(retry_requests=True),
         rng=random.Random(1),
@@ -338,7 +327,7 @@ async def test_dispatch_possibly_delivered_is_kept_without_retry_requests(
     """A reset after sending is not re-sent unless retry_requests is on."""
     transport = Script(httpx.ReadError("reset"), default=reply(200))
     outcome = await dispatch(
-        transport, URL, row(), 0, policy(), rng=random.Random(1), new_attempt=_never
+        transport, URL, row(7), 0, policy(), rng=random.Random(1), new_attempt=_never
     )
     assert isinstance(outcome, Failed)
     assert outcome.delivery is Delivery.POSSIBLY_DELIVERED
@@ -359,7 +348,7 @@ async def test_dispatch_retry_requests_resends_as_a_new_attempt(
     outcome = await dispatch(
         transport,
         URL,
-        row(),
+        row(7),
         4,
         policy(retry_requests=True, backoff_base_s=1.0),
         rng=random.Random(2),
@@ -383,7 +372,7 @@ async def test_dispatch_rollout_timeout_ends_a_hang_at_the_limit(
     state = RetryState()
     transport = Script("hang")
     p = policy(rollout_timeout_s=7.0)
-    outcome = await dispatch(transport, URL, row(), 1, p, rng=random.Random(1), retry_state=state)
+    outcome = await dispatch(transport, URL, row(7), 1, p, rng=random.Random(1), retry_state=state)
     assert trio.current_time() == 7.0
     assert isinstance(outcome, Failed)
     assert (outcome.failure_class, outcome.kind, outcome.terminal, outcome.delivery) == (
@@ -403,7 +392,7 @@ async def test_dispatch_rollout_timeout_covers_retries_and_waits(
     """The limit bounds the whole rollout: waits after 429s included; terminal when set."""
     transport = Script(default=reply(429, retry_after=4))
     p = policy(rollout_timeout_s=10.0, timeout_is_terminal=True, max_request_retries=99)
-    outcome = await dispatch(transport, URL, row(), 0, p, rng=random.Random(3))
+    outcome = await dispatch(transport, URL, row(7), 0, p, rng=random.Random(3))
     assert trio.current_time() == 10.0
     assert isinstance(outcome, Failed)
     assert (outcome.kind, outcome.terminal, outcome.delivery) == (
@@ -423,7 +412,7 @@ async def test_dispatch_rollout_timeout_lets_outer_cancellation_through(
     with trio.move_on_after(3) as scope:
         results.append(
             await dispatch(
-                Script("hang"), URL, row(), 0, policy(rollout_timeout_s=7.0), rng=random.Random(1)
+                Script("hang"), URL, row(7), 0, policy(rollout_timeout_s=7.0), rng=random.Random(1)
             )
         )
     assert scope.cancelled_caught

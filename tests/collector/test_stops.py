@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
+import builders
 from trollout.collector.stops import RunStops
 from trollout.config import RunConfig
-from trollout.records import Failed, FailureClass, Identity, Landed
+from trollout.records import Failed, FailureClass, Landed
 
 
 def failed(status: int | None = 500, body: str = "", server: str = "env", **kw: object) -> Failed:
     """A failed attempt from `server`."""
-    identity = Identity(0, 0, agent_name="agent", environment_server=server)
-    return Failed(
-        identity,
-        0,
-        kw.pop("failure_class", "agent_run_error"),  # type: ignore[arg-type]
-        http_status=status,
-        response_body=body,
-        **kw,
-    )  # type: ignore[arg-type]
+    return builders.failed(0, env=server, http_status=status, response_body=body, **kw)
 
 
 def landed(server: str = "env") -> Landed:
     """A landed attempt from `server`."""
-    return Landed(Identity(0, 0, agent_name="agent", environment_server=server), 0, {"reward": 1})
+    return builders.landed(0, env=server, result={"reward": 1})
 
 
 def test_stops_credentials_after_consecutive_auth_failures() -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import httpx
 import pytest
 import trio
 import trio.testing
 
+import builders
+from builders import identity
 from trollout.collector.retry import RetryCounters
 from trollout.collector.timing import (
     QueueSample,
@@ -19,7 +22,7 @@ from trollout.collector.timing import (
     sample_queues,
 )
 from trollout.config import RunConfig
-from trollout.records import Failed, Identity, Landed, OmitReason, Omitted
+from trollout.records import Failed, Landed, OmitReason, Omitted
 
 METRICS = """\
 # HELP vllm:num_requests_running Number of requests currently running on GPU.
@@ -33,14 +36,8 @@ vllm:num_requests_waiting_total{model_name="a"} 99
 """
 
 
-def ident(task: int) -> Identity:
-    """The identity of task `task`, rollout 0."""
-    return Identity(task, 0, agent_name="math")
-
-
-def landed(task: int) -> Landed:
-    """A landed outcome of task `task`."""
-    return Landed(ident(task), 0, {"reward": 1.0})
+ident = partial(identity, agent="math")  # task `task`, rollout 0, of agent "math"
+landed = partial(builders.landed, agent="math")
 
 
 # --- pure helpers -------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 import trio
 import trio.testing
 
+from builders import HANG_GUARD_S
 from trollout.collector.transport import (
     BodyProtocolError,
     BodyReadError,
@@ -370,7 +371,7 @@ async def test_transport_reset_mid_response_is_response_began() -> None:
     async def cut(stream: trio.SocketStream) -> None:
         await read_request(stream, bytearray())
         await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n0123456789")
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked(0.05)  # the client read the head and waits
         reset(stream)
 
     async with serving(cut) as server, new_transport() as transport:
@@ -483,7 +484,7 @@ async def test_transport_cancelled_request_is_not_pooled() -> None:
             await transport.post(server.url, b"{}")
         assert scope.cancelled_caught
         assert transport.idle_connections() == 0
-        with trio.fail_after(2):
+        with trio.fail_after(HANG_GUARD_S):
             await server_saw_eof.wait()
 
 

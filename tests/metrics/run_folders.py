@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from builders import identity, write_jsonl
 from trollout.records import (
     Failed,
-    Identity,
     Landed,
     MaterializedRow,
     OmitReason,
@@ -21,13 +21,6 @@ from trollout.records import (
 from trollout.recovery.layout import RunLayout
 
 Row = dict[str, Any]
-
-
-def identity(
-    task: int, rollout: int, agent: str | None = "agent_a", env: str | None = None
-) -> Identity:
-    """Return the stamps of one rollout."""
-    return Identity(task, rollout, agent_name=agent, environment_server=env)
 
 
 def landed(
@@ -50,7 +43,9 @@ def landed(
         **({"reward": reward} if reward is not None else {}),
         **extra,
     }
-    return outcome_to_row(Landed(identity(task, rollout, agent, env), attempt, result, elapsed))
+    return outcome_to_row(
+        Landed(identity(task, rollout, agent=agent, env=env), attempt, result, elapsed)
+    )
 
 
 def failed(
@@ -64,7 +59,9 @@ def failed(
     **extra: Any,
 ) -> Row:
     """Return a failures-sidecar row."""
-    outcome = Failed(identity(task, rollout, agent, env), attempt, failure_class, extra=extra)
+    outcome = Failed(
+        identity(task, rollout, agent=agent, env=env), attempt, failure_class, extra=extra
+    )
     return outcome_to_row(outcome)
 
 
@@ -78,7 +75,7 @@ def omitted(
 ) -> Row:
     """Return an ``_ng_omitted_rollout`` row (interrupted, or drained when ``drained``)."""
     reason = OmitReason.DRAINED if drained else OmitReason.INTERRUPTED
-    return outcome_to_row(Omitted(identity(task, rollout, agent), attempt, reason))
+    return outcome_to_row(Omitted(identity(task, rollout, agent=agent), attempt, reason))
 
 
 def planned(task: int, rollout: int, *, agent: str | None = "agent_a", **fields: Any) -> Row:
@@ -86,15 +83,9 @@ def planned(task: int, rollout: int, *, agent: str | None = "agent_a", **fields:
     body = {
         "responses_create_params": {"input": "q"},
         **fields,
-        **identity(task, rollout, agent).stamps(),
+        **identity(task, rollout, agent=agent).stamps(),
     }
     return converter.unstructure(MaterializedRow.from_body(body))  # type: ignore[no-any-return]
-
-
-def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
-    """Write rows as JSON lines."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
 
 
 def write_run(

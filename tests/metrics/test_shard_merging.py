@@ -8,8 +8,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-from run_folders import failed, landed, plan_for, read_metrics, write_jsonl, write_run
+from run_folders import failed, landed, plan_for, read_metrics, write_run
 
+from builders import write_jsonl
 from trollout.errors import ConfigError, InputError
 from trollout.metrics import AggregateOptions, aggregate_shards, resolve_inputs
 from trollout.metrics.shards import identical_files, read_lines

@@ -10,7 +10,6 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import httpx
 import orjson
 import pytest
 
+from builders import HANG_GUARD_S, cli_command, count_lines, wait_for, write_tasks_input
 from trollout import jsonl
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.ledger import read_ledger
@@ -36,11 +36,6 @@ SPEC = DeploymentSpec(
 )
 TERMINAL = {"kind": "failure_class", "failure_class": "skipped", "terminal": True}
 ALWAYS_500 = {"kind": "status", "status": 500, "body": "boom"}
-
-
-def cli(*args: str) -> list[str]:
-    """Return the command line of the trollout CLI in this interpreter."""
-    return [sys.executable, "-m", "trollout.cli.main", *args]
 
 
 @pytest.fixture(scope="module")
@@ -101,19 +96,8 @@ def wait_for_moment(proc: subprocess.Popen[bytes], out: Path, rng: random.Random
         return
     target = rng.randint(0, 80)
     start = count_lines(out)
-    deadline = time.monotonic() + 30
-    while count_lines(out) - start < target and proc.poll() is None:
-        assert time.monotonic() < deadline, "the collector made no progress"
-        time.sleep(0.01)
+    wait_for(lambda: count_lines(out) - start >= target, f"{target} more rows", proc=proc)
     time.sleep(rng.uniform(0.0, 0.05))
-
-
-def count_lines(path: Path) -> int:
-    """Return the number of newlines in a file (0 when absent)."""
-    try:
-        return path.read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
 
 
 @pytest.mark.slow
@@ -127,16 +111,16 @@ def test_crash_sigkill_and_resume_until_done(tmp_path: Path, fake: FakeUrls) -> 
             "--progress", "plain"]  # fmt: skip
     rng = random.Random(SEED)
     for kill in range(KILLS):
-        command = cli(*args) if kill == 0 else cli(*args, "--resume")
+        command = cli_command(*args) if kill == 0 else cli_command(*args, "--resume")
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         wait_for_moment(proc, out, rng)
         proc.send_signal(signal.SIGKILL)  # this pid only
         _, err = proc.communicate()
         assert proc.returncode == -signal.SIGKILL, err.decode()  # killed while still running
     for _ in range(5):  # resume until nothing retryable remains
-        done = subprocess.run(cli(*args, "--resume"), capture_output=True, timeout=120)
+        done = subprocess.run(cli_command(*args, "--resume"), capture_output=True, timeout=120)
         assert done.returncode == 0, done.stderr.decode()
-        status = json.loads(subprocess.run(cli("status", str(out), "--json"),
+        status = json.loads(subprocess.run(cli_command("status", str(out), "--json"),
                                            capture_output=True, check=True).stdout)  # fmt: skip
         if not status["retryable_remains"]:
             break
@@ -169,35 +153,34 @@ def test_crash_sigkill_and_resume_until_done(tmp_path: Path, fake: FakeUrls) -> 
 
 
 def test_crash_second_collector_fails_at_once_naming_owner(tmp_path: Path, fake: FakeUrls) -> None:
-    """A second collect on a folder in use exits 2 within a second, naming the owner's pid."""
-    source = tmp_path / "tasks.jsonl"
-    source.write_bytes(b"".join(jsonl.dumps(r) for r in task_rows(300, seed=1)))
+    """A second collect on a folder in use exits 2 while the owner runs, naming its pid."""
+    # Tasks 0-3 hang on their first attempt, so the owner (4 workers) runs until killed.
+    hangs = {task: {"kind": "hang", "attempts": [0]} for task in range(4)}
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 300, seed=1, faults=hangs)
     out = tmp_path / "r.jsonl"
     args = ["collect", str(source), "-o", str(out), "--head-server", fake.head_url,
             "--agent", "math_agent", "--concurrency", "4", "--progress", "plain"]  # fmt: skip
-    started = time.monotonic()
-    subprocess.run(cli("--version"), check=True, capture_output=True)
-    startup = time.monotonic() - started
-    owner = subprocess.Popen(cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    owner = subprocess.Popen(
+        cli_command(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
-        deadline = time.monotonic() + 20
-        while not out.exists():  # the rollouts file appears once the owner holds the lock
-            assert time.monotonic() < deadline
-            assert owner.poll() is None
-            time.sleep(0.05)
+        # The rollouts file appears once the owner holds the lock.
+        wait_for(out.exists, "the owner's rollouts file", proc=owner)
         for extra in ((), ("--resume",)):
-            started = time.monotonic()
-            second = subprocess.run(cli(*args, *extra), capture_output=True, timeout=30)
-            took = time.monotonic() - started
+            # A second collector that waited for the lock would wait until the hang guard.
+            second = subprocess.run(
+                cli_command(*args, *extra), capture_output=True, timeout=HANG_GUARD_S
+            )
             assert second.returncode == 2, second.stderr.decode()
             message = second.stderr.decode()
             assert f"another trollout (pid {owner.pid}) is collecting into" in message
-            assert took < startup + 1.0, (took, startup)
         assert owner.poll() is None  # the owner was not disturbed
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
     resumed = subprocess.run(
-        cli(*args, "--resume", "--concurrency", "128"), capture_output=True, timeout=60
+        cli_command(*args, "--resume", "--concurrency", "128"),
+        capture_output=True,
+        timeout=HANG_GUARD_S,
     )
     assert resumed.returncode == 0, resumed.stderr.decode()  # the OS released the lock

@@ -10,25 +10,15 @@ import orjson
 import pytest
 import trio
 
+from builders import materialized_rows
 from trollout.collector.engine import open_collector
 from trollout.collector.transport import RawResponse
 from trollout.config import FsyncPolicy, RunConfig
 from trollout.errors import RunFolderError
-from trollout.records import Failed, Identity, Landed, MaterializedRow
+from trollout.records import Failed, Identity, Landed
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.ledger import encode_reservation, read_ledger
 from trollout.recovery.store import open_run_store
-
-
-def rows(n: int) -> list[MaterializedRow]:
-    """Build n materialized rows, one task each."""
-    return [
-        MaterializedRow.from_body(
-            {"responses_create_params": {}, "agent_ref": {"name": "agent"},
-             "_ng_task_index": i, "_ng_rollout_index": 0}
-        )
-        for i in range(n)
-    ]  # fmt: skip
 
 
 class LedgerCheckingTransport:
@@ -111,7 +101,7 @@ async def test_ledger_engine_reserves_every_attempt_before_sending(tmp_path: Pat
     layout = RunLayout.for_output(tmp_path / "r.jsonl")
     transport = LedgerCheckingTransport(layout)
     config = RunConfig(num_samples_in_parallel=8)
-    work = [(row, 2 if row.identity.task_index % 3 == 0 else 0) for row in rows(600)]
+    work = [(row, 2 if row.identity.task_index % 3 == 0 else 0) for row in materialized_rows(600)]
     async with (
         open_run_store(layout, config, expected=50) as store,
         open_collector(
@@ -142,7 +132,7 @@ async def test_ledger_submit_reserves_single_rows(tmp_path: Path) -> None:
             transport=transport,  # type: ignore[arg-type]
         ) as collector,
     ):
-        for row in rows(2):
+        for row in materialized_rows(2):
             await collector.submit(row, 1)
     assert transport.unreserved == []
     assert list(read_ledger(layout.attempts)) == [(0, 0, 1), (1, 0, 1)]

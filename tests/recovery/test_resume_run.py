@@ -5,28 +5,23 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-import trio
 
-from trollout import jsonl
+from builders import HangArrivals, cancel_when, collect_config, write_tasks_input
+from builders import read_jsonl as read
 from trollout.cli.collect import collect_run
 from trollout.config import RunConfig
 from trollout.errors import RunChangedError, RunFolderError
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.resume import Resubmit
-from trollout.testing import AgentSpec, DeploymentSpec, Latency, open_fake_deployment, task_rows
+from trollout.testing import AgentSpec, DeploymentSpec, open_fake_deployment
 
 SPEC = DeploymentSpec(agents=(AgentSpec(name="math_agent"),), record_runs=True)
-SLOW = attrs.evolve(SPEC, latency=Latency(fixed_s=0.05))
-
-
-def read(path: Path) -> list[dict[str, Any]]:
-    """Read a JSONL file (empty when absent)."""
-    return list(jsonl.read_rows(path)) if path.exists() else []
 
 
 def keys(rows: list[dict[str, Any]]) -> Counter[tuple[int, int]]:
@@ -34,23 +29,10 @@ def keys(rows: list[dict[str, Any]]) -> Counter[tuple[int, int]]:
     return Counter((r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows)
 
 
-def write_input(path: Path, n: int, faults: dict[int, dict[str, Any]] | None = None) -> Path:
-    """Write n task rows; row i gets faults[i] as its fake_fault."""
-    rows = list(task_rows(n, seed=1))
-    for i, fault in (faults or {}).items():
-        rows[i]["fake_fault"] = fault
-    path.write_bytes(b"".join(jsonl.dumps(r) for r in rows))
-    return path
-
-
 def make_config(tmp_path: Path, head: str, **kw: Any) -> RunConfig:
     """A run of tmp_path/in.jsonl into tmp_path/run/r.jsonl."""
     kw.setdefault("num_samples_in_parallel", 8)
-    return RunConfig(
-        input_jsonl_fpath=str(tmp_path / "in.jsonl"),
-        output_jsonl_fpath=str(tmp_path / "run" / "r.jsonl"),
-        head_server=head, agent_name="math_agent", **kw,
-    )  # fmt: skip
+    return collect_config(tmp_path / "in.jsonl", tmp_path / "run" / "r.jsonl", head, **kw)
 
 
 def snapshot(layout: RunLayout) -> dict[str, bytes]:
@@ -60,14 +42,16 @@ def snapshot(layout: RunLayout) -> dict[str, bytes]:
 
 async def test_resume_after_cancel_lands_each_rollout_once(tmp_path: Path) -> None:
     """A cancelled run resumed to the end: every rollout landed exactly once; status is whole."""
-    write_input(tmp_path / "in.jsonl", 60)
-    async with open_fake_deployment(SLOW) as fake:
+    write_tasks_input(tmp_path / "in.jsonl", 60)
+    hang = HangArrivals(first=10, count=8)  # 10 land, then all 8 workers hold a hung request
+    async with open_fake_deployment(SPEC, fault_fn=hang) as fake:
         config = make_config(tmp_path, fake.head_url, num_repeats=2)
-        with trio.move_on_after(0.3):
-            await collect_run(config, live=False)
+        await cancel_when(
+            partial(collect_run, config, live=False), lambda: hang.all_hanging, "8 hung requests"
+        )
         layout = RunLayout.for_output(config.output_jsonl_fpath or "")
         first = len(read(layout.rollouts))
-        assert 0 < first < 120
+        assert first == 10
         result = await collect_run(attrs.evolve(config, resume_from_cache=True), live=False)
         seen = Counter(run.key for run in fake.stats.runs)
     assert result.resumed is not None
@@ -82,7 +66,7 @@ async def test_resume_retries_failures_until_the_cap(tmp_path: Path) -> None:
     """A rollout failing on attempts 0 and 1 lands on 2; one always failing stops at the cap."""
     faults = {0: {"kind": "status", "status": 500, "attempts": [0, 1]},
               1: {"kind": "status", "status": 500}}  # fmt: skip
-    write_input(tmp_path / "in.jsonl", 4, faults)
+    write_tasks_input(tmp_path / "in.jsonl", 4, faults=faults)
     async with open_fake_deployment(SPEC) as fake:
         config = make_config(tmp_path, fake.head_url, max_attempts=3)
         await collect_run(config, live=False)
@@ -103,7 +87,7 @@ async def test_resume_retries_failures_until_the_cap(tmp_path: Path) -> None:
 
 async def test_resume_changed_plan_is_refused_and_nothing_erased(tmp_path: Path) -> None:
     """Resuming with another num_repeats raises RunChangedError naming it; files untouched."""
-    write_input(tmp_path / "in.jsonl", 5)
+    write_tasks_input(tmp_path / "in.jsonl", 5)
     async with open_fake_deployment(SPEC) as fake:
         config = make_config(tmp_path, fake.head_url)
         await collect_run(config, live=False)
@@ -125,7 +109,7 @@ async def test_resume_changed_plan_is_refused_and_nothing_erased(tmp_path: Path)
 
 async def test_resume_without_manifest_refuses_and_keeps_outcomes(tmp_path: Path) -> None:
     """Outcomes but no manifest: refused (the folder is not cleared); unsafe adopts it."""
-    write_input(tmp_path / "in.jsonl", 5)
+    write_tasks_input(tmp_path / "in.jsonl", 5)
     async with open_fake_deployment(SPEC) as fake:
         config = make_config(tmp_path, fake.head_url)
         await collect_run(config, live=False)
@@ -152,7 +136,7 @@ async def test_resume_without_manifest_refuses_and_keeps_outcomes(tmp_path: Path
 
 async def test_resume_of_new_folder_starts_fresh(tmp_path: Path) -> None:
     """--resume on a folder holding no outcome runs the whole plan, clearing leftovers."""
-    write_input(tmp_path / "in.jsonl", 5)
+    write_tasks_input(tmp_path / "in.jsonl", 5)
     layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
     layout.output.parent.mkdir()
     layout.attempts.write_text('{"attempts": [[0, 0, 7]]}\n')  # a stale ledger, no outcomes
@@ -166,15 +150,15 @@ async def test_resume_of_new_folder_starts_fresh(tmp_path: Path) -> None:
 
 async def test_resume_record_omitted_rows_and_new_numbers(tmp_path: Path) -> None:
     """Interrupted attempts get omitted rows; resume sends them again under new numbers."""
-    write_input(tmp_path / "in.jsonl", 20)
-    # Rollouts take 1 s; cancelling at 1.5 s leaves the second four in flight, with half a
-    # second of slack either way for start-up on a loaded machine.
-    async with open_fake_deployment(attrs.evolve(SPEC, latency=Latency(fixed_s=1.0))) as fake:
+    write_tasks_input(tmp_path / "in.jsonl", 20)
+    hang = HangArrivals(first=4, count=4)  # 4 land, then the 4 workers hold hung requests
+    async with open_fake_deployment(SPEC, fault_fn=hang) as fake:
         config = make_config(
             tmp_path, fake.head_url, record_omitted_rollouts=True, num_samples_in_parallel=4
         )
-        with trio.move_on_after(1.5):
-            await collect_run(config, live=False)
+        await cancel_when(
+            partial(collect_run, config, live=False), lambda: hang.all_hanging, "4 hung requests"
+        )
         layout = RunLayout.for_output(config.output_jsonl_fpath or "")
         omitted = [r for r in read(layout.failures) if r.get("_ng_omitted_rollout")]
         assert len(omitted) == 4
@@ -189,7 +173,7 @@ async def test_resubmit_sends_terminal_failures_again(tmp_path: Path) -> None:
     """A terminal failure is done for resume, but resubmit sends it once more."""
     faults = {1: {"kind": "failure_class", "failure_class": "skipped", "terminal": True,
                   "attempts": [0]}}  # fmt: skip
-    write_input(tmp_path / "in.jsonl", 3, faults)
+    write_tasks_input(tmp_path / "in.jsonl", 3, faults=faults)
     async with open_fake_deployment(SPEC) as fake:
         config = make_config(tmp_path, fake.head_url)
         await collect_run(config, live=False)
@@ -205,7 +189,7 @@ async def test_resubmit_sends_terminal_failures_again(tmp_path: Path) -> None:
 
 async def test_resume_manifest_is_on_disk_before_the_first_dispatch(tmp_path: Path) -> None:
     """When the first /run arrives, the manifest and materialized inputs already exist."""
-    write_input(tmp_path / "in.jsonl", 3)
+    write_tasks_input(tmp_path / "in.jsonl", 3)
     layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
     seen: list[tuple[bool, bool, int]] = []
 

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +18,16 @@ import pytest
 import trio
 import trio.testing
 
+import builders
+from builders import identity
 from trollout.config import FsyncPolicy, RunConfig
 from trollout.errors import RunFolderError, RunFolderLockedError, RunFolderWriteError
 from trollout.records import (
     BatchStatus,
     Delivery,
-    Failed,
     Identity,
     Landed,
     MaterializedRow,
-    OmitReason,
-    Omitted,
     Outcome,
     RolloutState,
     converter,
@@ -55,24 +55,13 @@ STATUS_ROLLOUT_KEYS = {
 # --- builders ---------------------------------------------------------------------------------
 
 
-def ident(task: int, rollout: int = 0) -> Identity:
-    return Identity(task, rollout, agent_name="math_agent")
-
-
-def landed(task: int, rollout: int = 0, attempt: int = 0) -> Landed:
-    result = {"responses_create_params": {"input": "2+2"}, "response": {"id": "r"}, "reward": 1.0}
-    return Landed(ident(task, rollout), attempt, result, elapsed_seconds=0.25)
-
-
-def failed(task: int, rollout: int = 0, attempt: int = 0, **kw: Any) -> Failed:
-    kw.setdefault("failure_class", "agent_run_error")
-    kw.setdefault("kind", "http_500")
-    return Failed(ident(task, rollout), attempt, http_status=500, max_attempts=3, **kw)
-
-
-def omitted(task: int, rollout: int = 0, attempt: int = 0, *, drained: bool = False) -> Omitted:
-    reason = OmitReason.DRAINED if drained else OmitReason.INTERRUPTED
-    return Omitted(ident(task, rollout), attempt, reason)
+RESULT = {"responses_create_params": {"input": "2+2"}, "response": {"id": "r"}, "reward": 1.0}
+ident = partial(identity, agent="math_agent")
+landed = partial(builders.landed, result=RESULT, elapsed_seconds=0.25, agent="math_agent")
+failed = partial(
+    builders.failed, agent="math_agent", kind="http_500", http_status=500, max_attempts=3
+)
+omitted = partial(builders.omitted, agent="math_agent")
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

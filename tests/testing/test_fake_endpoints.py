@@ -11,6 +11,7 @@ import pytest
 import trio
 import yaml
 
+from builders import wait_until
 from trollout.testing import (
     FAKE_API_KEY,
     AgentSpec,
@@ -260,6 +261,8 @@ async def test_model_metrics_count_runs_in_flight(
         for task in range(3):
             post = partial(client.post, json=_row(task=task))
             nursery.start_soon(post, f"{fake.run_urls['a']}/run")
+        # The fake clock stands still until the kernel has delivered all three requests.
+        await wait_until(lambda: fake.stats.in_flight == 3, "three requests", poll_s=0)
         await trio.sleep(5.0)
         reply = await client.get(fake.urls.metrics_urls[0])
         assert reply.headers["content-type"].startswith("text/plain")
@@ -319,6 +322,8 @@ async def test_max_in_flight_reaches_the_concurrency(
         for task in range(7):
             post = partial(client.post, json=_row(task=task))
             nursery.start_soon(post, f"{fake.run_urls['a']}/run")
+        # The fake clock stands still until the kernel has delivered all seven requests.
+        await wait_until(lambda: fake.stats.in_flight == 7, "seven requests", poll_s=0)
     assert (fake.stats.max_in_flight, fake.stats.in_flight) == (7, 0)
     assert fake.stats.max_in_flight_by_server["a_environment_server"] == 7
 

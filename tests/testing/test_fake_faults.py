@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 
+from builders import wait_until
 from trollout.errors import ConfigError
 from trollout.testing import (
     AgentSpec,
@@ -155,6 +156,7 @@ async def test_fault_hang_holds_until_the_client_leaves(
     """A hung /run never answers and counts as in flight until the client disconnects."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(partial(client.post, _url(one), json=_row({"kind": "hang"})))
+        await wait_until(lambda: one.stats.in_flight == 1, "the request", poll_s=0)
         await trio.sleep(3600)
         assert one.stats.in_flight == 1
         nursery.cancel_scope.cancel()

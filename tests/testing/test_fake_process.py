@@ -19,6 +19,7 @@ import trio.testing
 import yaml
 from click.testing import CliRunner
 
+from builders import HANG_GUARD_S
 from trollout.errors import DeploymentError
 from trollout.testing import (
     DeploymentSpec,
@@ -83,7 +84,7 @@ def test_serve_command_prints_ready_line_and_exits_on_signal(sig: signal.Signals
         assert set(ready["run_urls"]) == {"math_agent", "string_agent"}
         assert httpx.get(f"{ready['head_url']}/").json() == {"status": "ok"}
         proc.send_signal(sig)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=HANG_GUARD_S) == 0
         assert proc.stdout.read() == b""
     finally:
         if proc.poll() is None:

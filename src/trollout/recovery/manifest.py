@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 from attrs import frozen
 
-from .. import __version__
+from .._version import __version__
 from ..collector.deployment import ENVIRONMENTS, Deployment
 from ..config import PLAN_KEYS, RunConfig
 from ..config import converter as config_converter

@@ -1,0 +1,307 @@
+"""Shared test builders: rows, identities, outcomes, JSONL files, configs, scripted transports.
+
+Also the waits that synchronise a test with a run. They wait for an event (a request arrived,
+a row was written, a line was printed) and never for a fixed time; the clock only bounds a
+wait as a hang guard, whose expiry fails the test however loaded the machine is.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+from click.testing import CliRunner, Result
+
+from trollout import jsonl
+from trollout.collector.engine import Collector, open_collector
+from trollout.collector.sink import OutcomeSink
+from trollout.collector.transport import RawResponse
+from trollout.config import RunConfig
+from trollout.records import Failed, Identity, Landed, MaterializedRow, OmitReason, Omitted
+from trollout.testing import Fault, FaultContext, task_rows
+
+HANG_GUARD_S = 120.0  # a wait this long is a hung test, not a slow machine
+AGENT = "agent"
+URLS = {AGENT: "http://127.0.0.1:1"}  # scripted transports never connect
+
+# --- rows, identities, outcomes -----------------------------------------------------------------
+
+
+def row_body(task: int, rollout: int = 0, *, agent: str = AGENT, **extra: Any) -> dict[str, Any]:
+    """Return the body of a materialized row of (task, rollout), asking ``q<task>``."""
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": f"q{task}"}]},
+        "agent_ref": {"name": agent},
+        "_ng_task_index": task,
+        "_ng_rollout_index": rollout,
+        **extra,
+    }
+
+
+def materialized_row(task: int, rollout: int = 0, *, agent: str = AGENT) -> MaterializedRow:
+    """Return the materialized row of (task, rollout) for `agent`."""
+    return MaterializedRow.from_body(row_body(task, rollout, agent=agent))
+
+
+def materialized_rows(n: int, *, agent: str = AGENT, first_task: int = 0) -> list[MaterializedRow]:
+    """Return n rows, one task each (tasks first_task .. first_task + n - 1), rollout 0."""
+    return [materialized_row(task, agent=agent) for task in range(first_task, first_task + n)]
+
+
+def identity(
+    task: int, rollout: int = 0, *, agent: str | None = AGENT, env: str | None = None
+) -> Identity:
+    """Return the identity stamps of (task, rollout)."""
+    return Identity(task, rollout, agent_name=agent, environment_server=env)
+
+
+def landed(
+    task: int,
+    rollout: int = 0,
+    attempt: int = 0,
+    *,
+    result: Mapping[str, Any] | None = None,
+    elapsed_seconds: float | None = None,
+    agent: str | None = AGENT,
+    env: str | None = None,
+) -> Landed:
+    """Return a Landed outcome (the result defaults to a reward of 1.0)."""
+    reply = {"reward": 1.0} if result is None else dict(result)
+    return Landed(identity(task, rollout, agent=agent, env=env), attempt, reply, elapsed_seconds)
+
+
+def failed(
+    task: int,
+    rollout: int = 0,
+    attempt: int = 0,
+    *,
+    agent: str | None = AGENT,
+    env: str | None = None,
+    **fields: Any,
+) -> Failed:
+    """Return a Failed outcome (class ``agent_run_error`` unless `fields` say otherwise)."""
+    fields.setdefault("failure_class", "agent_run_error")
+    return Failed(identity(task, rollout, agent=agent, env=env), attempt, **fields)
+
+
+def omitted(
+    task: int, rollout: int = 0, attempt: int = 0, *, drained: bool = False, agent: str = AGENT
+) -> Omitted:
+    """Return an Omitted outcome: interrupted, or never started when `drained`."""
+    reason = OmitReason.DRAINED if drained else OmitReason.INTERRUPTED
+    return Omitted(identity(task, rollout, agent=agent), attempt, reason)
+
+
+# --- files --------------------------------------------------------------------------------------
+
+
+def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Write rows as JSON lines, replacing the file (its folder is made); return the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(jsonl.dumps(row) for row in rows))
+    return path
+
+
+def append_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Append rows as JSON lines."""
+    with open(path, "ab") as f:
+        f.write(b"".join(jsonl.dumps(row) for row in rows))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Read a JSONL file (empty when absent)."""
+    return list(jsonl.read_rows(path)) if path.exists() else []
+
+
+def count_lines(path: Path) -> int:
+    """Return the number of newlines in a file (0 when absent)."""
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def write_tasks_input(
+    path: Path, n: int, *, seed: int = 1, faults: Mapping[int, Mapping[str, Any]] | None = None
+) -> Path:
+    """Write n synthetic task rows; row i also gets ``fake_fault: faults[i]``; return the path."""
+    rows = list(task_rows(n, seed=seed))
+    for i, fault in (faults or {}).items():
+        rows[i]["fake_fault"] = dict(fault)
+    return write_jsonl(path, rows)
+
+
+def collect_config(
+    source: Path, output: Path, head: str, *, agent: str = "math_agent", **settings: Any
+) -> RunConfig:
+    """Return a config collecting `source` into `output` through the head server `head`."""
+    return RunConfig(
+        input_jsonl_fpath=str(source),
+        output_jsonl_fpath=str(output),
+        head_server=head,
+        agent_name=agent,
+        **settings,
+    )
+
+
+# --- the CLI ------------------------------------------------------------------------------------
+
+
+def cli_command(*args: str) -> list[str]:
+    """Return the command line of the trollout CLI in this interpreter (for a subprocess)."""
+    return [sys.executable, "-m", "trollout.cli.main", *args]
+
+
+def invoke(*args: str, env: Mapping[str, str] | None = None) -> Result:
+    """Run the trollout CLI in process (click's CliRunner) and return its result."""
+    from trollout.cli.main import cli
+
+    return CliRunner(env=env).invoke(cli, list(args))
+
+
+# --- scripted transports and the engine ---------------------------------------------------------
+
+
+class ScriptedTransport:
+    """Answers each POST after a scripted delay with a scripted status; counts what is in flight."""
+
+    def __init__(
+        self,
+        *,
+        delay: Callable[[Mapping[str, Any]], float] = lambda row: 1.0,
+        status: Callable[[Mapping[str, Any]], int] = lambda row: 200,
+    ) -> None:
+        self.delay = delay
+        self.status = status
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.requests: list[tuple[int, int]] = []
+
+    async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+        row = orjson.loads(body)
+        self.requests.append((row["_ng_task_index"], row["_ng_rollout_index"]))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await trio.sleep(self.delay(row))
+        finally:
+            self.in_flight -= 1
+        status = self.status(row)
+        reply = {"response": {"output": []}, "reward": float(row["_ng_task_index"] % 2)}
+        body_out = orjson.dumps(reply) if status == 200 else b'"boom"'
+        return RawResponse(status=status, headers=[], body=body_out, truncated=False)
+
+    async def aclose(self) -> None:
+        pass
+
+
+@asynccontextmanager
+async def scripted_collector(
+    transport: Any = None,
+    *,
+    sink: OutcomeSink | None = None,
+    retain_outcomes: bool = False,
+    seed: int | None = None,
+    **settings: Any,
+) -> AsyncIterator[Collector]:
+    """Open a collector on `transport` (a ScriptedTransport by default) with `settings`."""
+    async with open_collector(
+        config=RunConfig(**settings),
+        urls=URLS,
+        sink=sink,
+        transport=ScriptedTransport() if transport is None else transport,
+        retain_outcomes=retain_outcomes,
+        seed=seed,
+    ) as collector:
+        yield collector
+
+
+async def collect_scripted(
+    n: int,
+    transport: Any = None,
+    *,
+    sink: OutcomeSink | None = None,
+    seed: int | None = None,
+    **settings: Any,
+) -> Collector:
+    """Collect n one-task rows through `transport` with `settings`; return the collector."""
+    async with scripted_collector(transport, sink=sink, seed=seed, **settings) as collector:
+        await collector.collect(materialized_rows(n))
+    return collector
+
+
+# --- waiting for events -------------------------------------------------------------------------
+
+
+async def wait_until(condition: Callable[[], bool], what: str, *, poll_s: float = 0.01) -> None:
+    """Poll `condition` until it holds; fail the test on the (real-time) hang guard.
+
+    ``poll_s=0`` polls at every checkpoint without sleeping, so Trio's fake clock stands still
+    while the kernel delivers loopback I/O (a busy wait: keep it for short waits).
+    """
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"hung: {what} did not happen within {HANG_GUARD_S:g} s")
+        await trio.sleep(poll_s)
+
+
+async def cancel_when(
+    run: Callable[[], Awaitable[object]], condition: Callable[[], bool], what: str
+) -> None:
+    """Run `run` and cancel it as soon as `condition` holds (it must not finish first)."""
+    finished = False
+
+    async def body() -> None:
+        nonlocal finished
+        await run()
+        finished = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(body)
+        await wait_until(lambda: finished or condition(), what)
+        assert not finished, f"the run finished before {what}"
+        nursery.cancel_scope.cancel(reason=f"test: {what}")
+
+
+def wait_for(
+    condition: Callable[[], bool], what: str, *, proc: subprocess.Popen[Any] | None = None
+) -> None:
+    """Poll `condition` (blocking) until it holds; fail if `proc` exits or on the hang guard."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the process exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"hung: {what} did not happen within {HANG_GUARD_S:g} s")
+        time.sleep(0.02)
+
+
+class HangArrivals:
+    """A fake-deployment fault callable: `/run` arrivals first..first+count-1 hang.
+
+    The others are answered as the deployment would. With ``count`` equal to the run's
+    concurrency, a run settles exactly ``first`` rollouts and then holds ``count`` in flight
+    until it is cancelled: a state a test can wait for (``arrivals == first + count``).
+    """
+
+    def __init__(self, first: int, count: int) -> None:
+        self.first = first
+        self.count = count
+        self.arrivals = 0
+
+    def __call__(self, context: FaultContext) -> Fault | None:
+        index, self.arrivals = self.arrivals, self.arrivals + 1
+        return Fault(kind="hang") if self.first <= index < self.first + self.count else None
+
+    @property
+    def all_hanging(self) -> bool:
+        """Whether every hanging arrival has come."""
+        return self.arrivals >= self.first + self.count

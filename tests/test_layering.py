@@ -1,0 +1,134 @@
+"""design.md's layering, enforced on the source: which of trollout's modules may import which.
+
+Every module of ``src/trollout`` is parsed with `ast` (no import runs) into a graph of the
+imports between our modules, lazy and ``TYPE_CHECKING`` ones included. The rules follow the
+graph transitively, so a module cannot break them through a neighbour (``from .. import x``
+is an edge to the package root, which composes everything).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = "trollout"
+# Leaves import nothing of ours but `trollout.errors`; a leaf added later goes here.
+LEAVES = frozenset(
+    {"trollout.records", "trollout.errors", "trollout.jsonl", "trollout.config", "trollout.text"}
+)
+LEAF_MAY_IMPORT = frozenset({"trollout.errors"})
+
+Graph = dict[str, frozenset[str]]
+
+
+def module_name(path: Path) -> str:
+    """Return the dotted name of a source file (a package for ``__init__.py``)."""
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(node: ast.Import | ast.ImportFrom, package: str, known: set[str]) -> Iterator[str]:
+    """Yield the modules of ours an import statement names, relative ones resolved."""
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+        return
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    for alias in node.names:  # `from pkg import mod` names a module; otherwise the package
+        yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+
+
+def owning_module(name: str, known: set[str]) -> str | None:
+    """Return the longest known module that `name` is or lies in (None: not ours)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+@functools.cache
+def graph() -> Graph:
+    """Return every module of ours mapped to the modules of ours it imports directly."""
+    files = {module_name(path): path for path in (SRC / ROOT).rglob("*.py")}
+    known = set(files)
+    edges: Graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                targets |= {owning_module(t, known) for t in imported(node, package, known)}
+        edges[name] = frozenset(t for t in targets if t is not None and t != name)
+    return edges
+
+
+def chains(start: str) -> dict[str, list[str]]:
+    """Return every module `start` reaches, each with one import chain leading there."""
+    seen: dict[str, list[str]] = {start: [start]}
+    todo = [start]
+    while todo:
+        current = todo.pop()
+        for target in sorted(graph()[current]):
+            if target not in seen:
+                seen[target] = [*seen[current], target]
+                todo.append(target)
+    return seen
+
+
+def within(module: str, package: str) -> bool:
+    """Whether `module` is `package` or lies inside it."""
+    return module == package or module.startswith(package + ".")
+
+
+def modules_in(package: str) -> list[str]:
+    """Return the modules of `package` (itself included)."""
+    return sorted(m for m in graph() if within(m, package))
+
+
+def reaching(sources: Iterable[str], forbidden: tuple[str, ...]) -> list[str]:
+    """Return the import chains from `sources` into any `forbidden` package."""
+    found = []
+    for module in sources:
+        for target, chain in chains(module).items():
+            if any(within(target, bad) for bad in forbidden):
+                found.append(" -> ".join(chain))
+    return found
+
+
+def test_layering_graph_sees_every_module_and_relative_import() -> None:
+    """The parser finds the layers and resolves relative imports (a guard on the guard)."""
+    edges = graph()
+    assert {"trollout", "trollout.collector.engine", "trollout.cli.main"} <= set(edges)
+    assert "trollout.collector.dispatch" in edges["trollout.collector.engine"]  # from .dispatch
+    assert "trollout.errors" in edges["trollout.config"]  # from .errors
+    assert "trollout.collector.engine" in edges["trollout"]  # from .collector.engine
+
+
+def test_layering_leaves_import_only_errors() -> None:
+    """records, errors, jsonl, config (and any LEAVES module) import only `trollout.errors`."""
+    edges = graph()
+    assert edges["trollout.errors"] == frozenset()
+    for leaf in sorted(LEAVES & set(edges)):
+        assert edges[leaf] <= LEAF_MAY_IMPORT, f"{leaf} imports {sorted(edges[leaf])}"
+
+
+def test_layering_collector_never_imports_recovery_or_cli() -> None:
+    """The engine writes to a sink it is given: collector reaches neither recovery nor cli."""
+    forbidden = ("trollout.recovery", "trollout.cli")
+    assert reaching(modules_in("trollout.collector"), forbidden) == []
+
+
+def test_layering_only_cli_imports_cli() -> None:
+    """cli composes the public API; nothing outside it imports it."""
+    outside = [m for m in sorted(graph()) if not within(m, "trollout.cli")]
+    assert reaching(outside, ("trollout.cli",)) == []
+
+
+def test_layering_metrics_imports_neither_cli_nor_the_engine() -> None:
+    """Aggregation reads run folders; it reaches neither cli nor collector.engine."""
+    forbidden = ("trollout.cli", "trollout.collector.engine")
+    assert reaching(modules_in("trollout.metrics"), forbidden) == []
