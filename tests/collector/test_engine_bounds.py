@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 import trio
-from test_engine import URLS, ScriptedTransport, make_rows
 
+from builders import URLS, ScriptedTransport
+from builders import materialized_rows as make_rows
 from trollout.collector.engine import open_collector
 from trollout.collector.sink import ListSink
 from trollout.config import RunConfig
