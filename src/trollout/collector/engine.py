@@ -26,6 +26,12 @@ Shape (design.md, Concurrency)::
   `Omitted` (interrupted) outcome that is handed to the writer under a shield, and the writer
   drains everything already settled under a shield before the nursery exits. Nothing settled is
   lost to a cancellation; rows never taken by a worker were never started.
+- **Exactly once, whatever the exit.** Every row a worker takes settles as exactly one outcome
+  (Landed, Failed or Omitted) that reaches the writer, on a normal exit, a driver's exception, a
+  cancelled scope, `wind_down` or `stop`: an attempt cancelled in flight sends its Omitted
+  under a shield, and a finished one is handed over without a checkpoint (`_hand_over`), so a
+  reply that wakes its worker in the same instant as the cancellation is never dropped.
+  tests/collector/test_engine_exactly_once.py holds it for exits at random instants.
 - **Stopping starts is not stopping the run.** The dispatch window (`window.DispatchWindow`:
   the budget, its drain margin) is the feeder's scope deadline plus a check after a worker took
   a slot. `stop_admission` closes it on demand; `wind_down` closes it, waits a grace period, then
@@ -276,7 +282,7 @@ class Collector:
                     outcome = await self._attempt(row, attempt, outcomes)
                 finally:
                     self._resident -= 1
-                await outcomes.send(outcome)
+                await _hand_over(outcomes, outcome)
                 self._idle += 1
 
     async def _attempt(
@@ -460,6 +466,21 @@ async def open_collector(
         raise collector.sink_error
     if collector.stop_reason is not None:
         raise RunStoppedError(collector.stop_reason)
+
+
+async def _hand_over(outcomes: trio.MemorySendChannel[Outcome], outcome: Outcome) -> None:
+    """Give a settled outcome to the writer; a cancellation can no longer lose it.
+
+    A reply that woke its worker just as the run was cancelled must still be recorded:
+    ``send`` would raise `trio.Cancelled` at its first checkpoint and drop it. ``send_nowait``
+    has no checkpoint, and the buffer (one outcome per worker) almost always has room; when it
+    has none, the send waits shielded, since the writer drains until every worker has exited.
+    """
+    try:
+        outcomes.send_nowait(outcome)
+    except trio.WouldBlock:
+        with trio.CancelScope(shield=True), trio.move_on_after(_SHIELDED_FLUSH_S):
+            await outcomes.send(outcome)
 
 
 def _batches(
