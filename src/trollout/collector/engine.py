@@ -55,7 +55,7 @@ from itertools import islice
 import trio
 
 from ..config import RunConfig
-from ..errors import RunStoppedError
+from ..errors import ConfigError, RunStoppedError, UnknownAgentError
 from ..records import Failed, Identity, MaterializedRow, OmitReason, Omitted, Outcome
 from .dispatch import DispatchPolicy, NewAttempt, dispatch
 from .progress import Progress
@@ -69,6 +69,7 @@ from .window import DispatchWindow
 __all__ = ["Collector", "open_collector", "url_resolver"]
 
 UrlResolver = Callable[[Identity], str]
+_Job = tuple[MaterializedRow, int, str]  # a row, its attempt number and its /run URL
 _WRITER_BATCH = 512  # outcomes handed to the sink in one call, at most
 _SHIELDED_FLUSH_S = 30.0  # how long a cancelled run may spend flushing settled outcomes
 _RESERVE_BATCH = 256  # attempts reserved with the sink in one call, at most
@@ -80,7 +81,14 @@ def url_resolver(urls: Mapping[str, str]) -> UrlResolver:
 
     def resolve(identity: Identity) -> str:
         name = identity.environment_server or identity.agent_name
-        return run_urls[name or ""]
+        url = run_urls.get(name or "")
+        if url is None:
+            known = ", ".join(sorted(run_urls)) or "none"
+            raise UnknownAgentError(
+                f"rollout {identity.key} goes to {name!r}, which has no URL (known: {known}); "
+                "add it to open_collector(urls=...)"
+            )
+        return url
 
     return resolve
 
@@ -122,7 +130,7 @@ class Collector:
         self._stops = RunStops(config)
         self._feed_scope = trio.CancelScope()
         self._rng = rng
-        self._rows_tx, self._rows_rx = trio.open_memory_channel[tuple[MaterializedRow, int]](0)
+        self._rows_tx, self._rows_rx = trio.open_memory_channel[_Job](0)
         self._out_tx, self._out_rx = trio.open_memory_channel[Outcome](config.resident_rollouts)
         self._retain = retain_outcomes
         self._unconsumed: deque[Outcome] = deque()
@@ -181,10 +189,18 @@ class Collector:
     async def next_outcome(self) -> Outcome:
         """Wait for and return the oldest settled outcome not yet consumed.
 
-        Only available with ``retain_outcomes=True``.
+        Raises:
+            ConfigError: the collector does not keep outcomes (``retain_outcomes=False``),
+                so the wait could never end.
+            trio.EndOfChannel: every outcome has settled and been consumed.
 
         Cancellation: a checkpoint; a cancelled wait consumes nothing.
         """
+        if not self._retain:
+            raise ConfigError(
+                "next_outcome() needs open_collector(..., retain_outcomes=True): this collector "
+                "hands outcomes only to its sink"
+            )
         while not self._unconsumed:
             if self._writer_done.is_set():
                 raise trio.EndOfChannel("the collector has settled every outcome")
@@ -249,10 +265,13 @@ class Collector:
             await self._reserver.reserve([(row.identity, attempt) for row, attempt in batch])
 
     async def _send(self, row: MaterializedRow, attempt_index: int) -> None:
+        # Resolved here, in the caller's task: an unknown agent is the caller's error, raised
+        # to it alone, not a crash of a worker inside the run's nurseries.
+        url = self._resolve(row.identity)
         self._begin()
         if self._idle == 0 and self._spawned < self.config.resident_rollouts:
             self._spawn_worker()
-        await self._rows_tx.send((row, attempt_index))
+        await self._rows_tx.send((row, attempt_index, url))
         self._idle -= 1  # counted here: the worker that took it may not have run yet
         self.progress.submitted += 1
 
@@ -271,22 +290,26 @@ class Collector:
 
     async def _worker(
         self,
-        rows: trio.MemoryReceiveChannel[tuple[MaterializedRow, int]],
+        rows: trio.MemoryReceiveChannel[_Job],
         outcomes: trio.MemorySendChannel[Outcome],
     ) -> None:
         async with rows, outcomes:
-            async for row, attempt in rows:
+            async for row, attempt, url in rows:
                 self._resident += 1
                 self.max_resident = max(self.max_resident, self._resident)
                 try:
-                    outcome = await self._attempt(row, attempt, outcomes)
+                    outcome = await self._attempt(row, attempt, url, outcomes)
                 finally:
                     self._resident -= 1
                 await _hand_over(outcomes, outcome)
                 self._idle += 1
 
     async def _attempt(
-        self, row: MaterializedRow, attempt: int, outcomes: trio.MemorySendChannel[Outcome]
+        self,
+        row: MaterializedRow,
+        attempt: int,
+        url: str,
+        outcomes: trio.MemorySendChannel[Outcome],
     ) -> Outcome:
         start = trio.current_time()
         current = [attempt]  # the attempt in flight; a re-send moves it on
@@ -298,7 +321,7 @@ class Collector:
                 self.timer.started(row.identity)
                 return await dispatch(
                     self._transport,
-                    self._resolve(row.identity),
+                    url,
                     row,
                     attempt,
                     self._policy,

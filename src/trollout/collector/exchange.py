@@ -90,7 +90,7 @@ class Deadlines:
         reply_timeout_s: the longest whole exchange (None: twice `timeout_s`).
     """
 
-    __slots__ = ("_due", "_ends", "_watching", "reply_timeout_s", "timeout_s")
+    __slots__ = ("_closing", "_due", "_ends", "_nap", "_watching", "reply_timeout_s", "timeout_s")
 
     def __init__(self, timeout_s: float, reply_timeout_s: float | None = None) -> None:
         self.timeout_s = timeout_s
@@ -98,6 +98,8 @@ class Deadlines:
         self._due: dict[Exchange, float] = {}
         self._ends: dict[Exchange, float] = {}
         self._watching = False
+        self._closing = False
+        self._nap: trio.CancelScope | None = None  # the watcher's sleep, woken to end it
 
     def start(self, exchange: Exchange) -> None:
         """Start `exchange`'s timers (and the watcher, if it is not running)."""
@@ -117,21 +119,40 @@ class Deadlines:
         """Forget `exchange` (done, failed or cancelled)."""
         self._due.pop(exchange, None)
         self._ends.pop(exchange, None)
+        if self._closing:
+            self._end_if_idle()
+
+    def close(self) -> None:
+        """End the watcher once no exchange is timed any more (at once if none is).
+
+        The transport calls this from ``aclose``; an exchange started afterwards gets a watcher
+        of its own again, which ends with the last such exchange.
+        """
+        self._closing = True
+        self._end_if_idle()
+
+    def _end_if_idle(self) -> None:
+        if self._nap is not None and not self._due and not self._ends:
+            self._nap.cancel()
 
     async def _watch(self) -> None:
         # A system task: it must never raise. Trio cancels it when the run's main task ends.
+        # It ends when its transport is closed and no exchange is timed, so a driver that opens
+        # a transport per step does not collect one idle task per step until `trio.run` ends.
         idle_s = min(self.timeout_s, self.reply_timeout_s)
         try:
-            while True:
+            while not (self._closing and not self._due and not self._ends):
                 now = trio.current_time()
                 wake = min(
                     now + idle_s,
                     _expire_due(self._due, now, _SILENCE),
                     _expire_due(self._ends, now, _REPLY),
                 )
-                await trio.sleep_until(wake)
+                with trio.CancelScope() as self._nap:
+                    await trio.sleep_until(wake)
         finally:
             self._watching = False
+            self._nap = None
 
 
 def _expire_due(queue: dict[Exchange, float], now: float, reason: int) -> float:

@@ -56,6 +56,20 @@ class RawResponse:
     url: str = ""
     discard_connection: Callable[[], None] | None = attrs.field(default=None, eq=False, repr=False)
 
+    def __attrs_post_init__(self) -> None:
+        # A transport a driver writes may build these: a wrong type would be ignored silently
+        # (str header names never match), so refuse it here. One pair checked: O(1) per reply.
+        if type(self.body) is not bytes:
+            raise TypeError(f"RawResponse body must be bytes (got {type(self.body).__name__})")
+        headers = self.headers
+        if not isinstance(headers, list | tuple) or (
+            headers and not _is_bytes_pair(headers[0])
+        ):
+            raise TypeError(
+                f"RawResponse headers must be a list of (bytes, bytes) pairs, names lower-cased "
+                f"(got {_shape(headers)}); encode them, e.g. [(b'retry-after', b'5')]"
+            )
+
     def header(self, name: str) -> str | None:
         """Return the first value of header `name` (any case), or None."""
         key = name.lower().encode("latin-1")
@@ -63,6 +77,24 @@ class RawResponse:
             if header_name == key:
                 return value.decode("latin-1")
         return None
+
+
+def _is_bytes_pair(pair: object) -> bool:
+    return (
+        isinstance(pair, tuple)
+        and len(pair) == 2
+        and type(pair[0]) is bytes
+        and type(pair[1]) is bytes
+    )
+
+
+def _shape(headers: object) -> str:
+    if isinstance(headers, list | tuple) and headers:
+        first = headers[0]
+        if isinstance(first, tuple):
+            return "pairs of (" + ", ".join(type(x).__name__ for x in first) + ")"
+        return f"a sequence of {type(first).__name__}"
+    return type(headers).__name__
 
 
 class ResponseBegan(httpx.TransportError):

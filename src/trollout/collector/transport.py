@@ -294,9 +294,12 @@ class H11Transport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         """Close every idle connection; later exchanges close their connection when done.
 
+        The timeout watcher (a system task) ends with the last exchange still in flight.
+
         Cancellation: closes everything first, then checkpoints; no idle connection is left open.
         """
         self._closed = True
+        self._deadlines.close()
         idle, self._idle = self._idle, {}
         for connections in idle.values():
             for connection in connections:
