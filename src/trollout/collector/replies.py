@@ -62,9 +62,7 @@ class RawResponse:
         if type(self.body) is not bytes:
             raise TypeError(f"RawResponse body must be bytes (got {type(self.body).__name__})")
         headers = self.headers
-        if not isinstance(headers, list | tuple) or (
-            headers and not _is_bytes_pair(headers[0])
-        ):
+        if not isinstance(headers, list | tuple) or (headers and not _is_bytes_pair(headers[0])):
             raise TypeError(
                 f"RawResponse headers must be a list of (bytes, bytes) pairs, names lower-cased "
                 f"(got {_shape(headers)}); encode them, e.g. [(b'retry-after', b'5')]"
