@@ -12,6 +12,7 @@ from builders import HANG_GUARD_S, URLS, ScriptedTransport, materialized_row, ma
 from trollout.collector.engine import open_collector
 from trollout.collector.transport import H11Transport, RawResponse
 from trollout.errors import ConfigError, UnknownAgentError
+from trollout.records import Delivery, Failed, Landed
 from trollout.testing import AgentSpec, DeploymentSpec, open_fake_deployment
 
 
@@ -99,3 +100,33 @@ async def _settle_tasks() -> None:
     while (now := trio.lowlevel.current_statistics().tasks_living) != last:
         last = now
         await trio.sleep(0.05)
+
+
+class BrokenTransport(ScriptedTransport):
+    """A driver's transport with a bug: it raises ValueError on every third row."""
+
+    async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+        if orjson.loads(body)["_ng_task_index"] % 3 == 0:
+            raise ValueError("driver bug: bad thing")
+        return await super().post(url, body)
+
+
+async def test_an_exception_from_a_drivers_transport_is_a_failed_outcome(
+    autojump_clock: Any,
+) -> None:
+    """A transport's own error fails that rollout (typed) and the run goes on."""
+    async with open_collector(
+        urls=URLS, transport=BrokenTransport(), retain_outcomes=True
+    ) as collector:
+        await collector.collect(materialized_rows(9))
+    outcomes = {o.identity.task_index: o for o in collector.drain_nowait()}
+    assert sorted(outcomes) == list(range(9))
+    for task, outcome in outcomes.items():
+        if task % 3:
+            assert isinstance(outcome, Landed)
+        else:
+            assert isinstance(outcome, Failed)
+            assert (outcome.failure_class, outcome.kind) == ("agent_request_failed", "transport")
+            assert outcome.exception_type == "ValueError"
+            assert "driver bug" in (outcome.message or "")
+            assert outcome.delivery is Delivery.POSSIBLY_DELIVERED

@@ -221,7 +221,8 @@ def outcome_from_error(
     Args:
         identity: the rollout.
         attempt_index: the attempt that failed.
-        exc: what the transport raised (httpx's exception types).
+        exc: what the transport raised: httpx's exception types, or any error of a driver's
+            own transport (kind ``transport``, possibly delivered: the run goes on).
         elapsed_seconds: wall time of the attempt.
         max_attempts: the attempt cap in force.
     """

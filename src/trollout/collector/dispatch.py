@@ -256,7 +256,7 @@ class _Rollout:
             raise ConfigError(
                 f"cannot POST to {self.url!r}: {exc}; give agent URLs as http://host:port"
             ) from exc
-        except httpx.TransportError as exc:
+        except Exception as exc:  # httpx's errors, or anything a driver's own transport raises
             failed = outcome_from_error(
                 self.row.identity,
                 self.attempt,
