@@ -266,7 +266,7 @@ def failure_report(reply: Mapping[str, Any]) -> dict[str, Any]:
 def describe_reply(reply: Any) -> str:
     """Return a reply's JSON type, and an object's sorted top-level keys (never values)."""
     if not isinstance(reply, dict):
-        return _a(json_type(reply))
+        return f"a JSON {json_type(reply)}"
     if not reply:
         return "an empty object"
     return f"an object with keys {_key_list(reply)}"

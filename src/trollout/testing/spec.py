@@ -274,6 +274,10 @@ def _episode_server(data: Mapping[str, Any]) -> EpisodeServerSpec:
             f"episode_servers entries must be mappings (got {data!r}); "
             "write e.g. {name: arith_env, tasksets: [arith]}"
         )
+    known = {a.name for a in attrs.fields(EpisodeServerSpec)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"episode server keys {unknown!r} are unknown; known: {sorted(known)!r}")
     fields = dict(data)
     latency = _latency(fields.pop("latency", None))
     faults = fields.pop("faults", None)
