@@ -457,3 +457,59 @@ async def run_property_case(
             assert rows[0]["_ng_task_id"] == {"taskset": "t", "task_id": f"t-{task:05d}"}
         else:
             assert rows == []
+
+
+# --- ng_policy_model_server on both paths -------------------------------------------------------
+
+
+def test_policy_model_servers_maps_agents_and_their_environment_servers() -> None:
+    """Agents map to their model server; an environment server to its bound agent's; others
+    (no model server, no bound agent) are left out."""
+
+    def block(kind: str, port: int, **refs: str) -> dict[str, Any]:
+        types = {"model_server": "responses_api_models", "agent_server": "responses_api_agents"}
+        links = {key: {"type": types[key], "name": name} for key, name in refs.items()}
+        return {kind: {"impl": {"host": "h", "port": port, **links}}}
+
+    config = {
+        "m": block("responses_api_models", 1),
+        "a": block("responses_api_agents", 2, model_server="m"),
+        "b": block("responses_api_agents", 3),
+        "a_env": block("environment_servers", 4, agent_server="a"),
+        "b_env": block("environment_servers", 5, agent_server="b"),
+        "native": block("environment_servers", 6),
+    }
+    assert Deployment.from_config(config).policy_model_servers() == {"a": "m", "a_env": "m"}
+
+
+async def test_policy_model_server_is_on_landed_and_failed_records_of_both_paths(
+    tmp_path: Path,
+) -> None:
+    """Flat rows (their agent's model server) and task rows (the episode server's bound agent's)
+    carry ng_policy_model_server on success and failure rows alike."""
+    ref = {"name": "math_agent"}
+    flat = [
+        {"responses_create_params": {"input": "What is 1 + 1?"}, "agent_ref": ref},
+        {"responses_create_params": {"input": "What is 2 + 2?"}, "agent_ref": ref},
+    ]
+    flat[0]["fake_fault"] = {"kind": "status", "status": 500}
+    tasks = list(episode_task_rows(2, taskset="puzzles", seed=1))
+    tasks[0]["task_input"]["fake_fault"] = {"kind": "episode_failure"}
+    write_jsonl(tmp_path / "in.jsonl", [*flat, *tasks])
+    spec = attrs.evolve(
+        MIXED, episode_servers=(attrs.evolve(MIXED.episode_servers[0], faults=None),)
+    )
+    async with open_fake_deployment(spec) as fake:
+        config = RunConfig(
+            input_jsonl_fpath=str(tmp_path / "in.jsonl"),
+            output_jsonl_fpath=str(tmp_path / "run" / "r.jsonl"),
+            head_server=fake.head_url,
+            environment_server_routes=spec.routes,
+            disable_aggregation=True,
+        )
+        await collect_run(config, live=False)
+    layout = RunLayout.for_output(tmp_path / "run" / "r.jsonl")
+    rows = read_jsonl(layout.rollouts) + read_jsonl(layout.failures)
+    assert len(rows) == 4
+    assert {row["ng_policy_model_server"] for row in rows} == {"policy_model"}
+    assert {"_ng_task_id" in row for row in rows} == {True, False}

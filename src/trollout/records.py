@@ -276,11 +276,12 @@ class Identity:
 
 def provenance_of(row: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """Return a row's provenance stamps: its own (a record), else its ``task_data``'s."""
-    found = tuple((key, row[key]) for key in PROVENANCE_KEYS if key in row)
-    data = row.get(TASK_DATA)
-    if found or not isinstance(data, Mapping):
-        return found
-    return tuple((key, data[key]) for key in PROVENANCE_KEYS if key in data)
+    if DIGEST not in row and DATASET_DIGEST not in row:
+        data = row.get(TASK_DATA)
+        if not isinstance(data, Mapping):
+            return ()  # the common case, every flat row: two lookups and out
+        row = data
+    return tuple((key, row[key]) for key in PROVENANCE_KEYS if key in row)
 
 
 @frozen
