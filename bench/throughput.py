@@ -1,13 +1,16 @@
 """Throughput and memory of the collection hot path, side by side with a NeMo Gym-style baseline.
 
     .venv/bin/python bench/throughput.py [--rollouts 20000] [--concurrency 1,64,512,4096]
-        [--compare-src OTHER_CHECKOUT/src]
+        [--compare-src OTHER_CHECKOUT/src] [--no-episodes]
 
-For each concurrency, two clients run in fresh subprocesses against the same fake deployment
+For each concurrency, the clients run in fresh subprocesses against the same fake deployment
 (a separate process, zero latency, no faults), one after the other in this one invocation:
 
 - ``trollout``: the real engine (`open_collector`) writing a real run folder (`RunStore`, default
   fsync policy), exactly what ``trollout collect`` runs after planning.
+- ``episode``: the same engine on 0.7.0 materialized task rows, sent to an episode environment
+  server as episode requests (protocol.md section 3): the episode path's cost beside the flat
+  path's (``trollout``), same server process, same run.
 - ``baseline``: asyncio + aiohttp written the way NeMo Gym's collector is: one coroutine per row,
   a semaphore, ``asyncio.as_completed`` over all of them, each result appended as a JSON line.
 
@@ -58,9 +61,27 @@ def make_rows(n: int, agent: str) -> Iterator[dict[str, Any]]:
         }
 
 
-def write_materialized(path: Path, n: int, agent: str) -> None:
+EPISODE_SERVER = "bench_env"
+
+
+def make_task_rows(n: int) -> Iterator[dict[str, Any]]:
+    """Materialized task rows for `n` distinct tasks, routed to the episode server."""
+    for i in range(n):
+        yield {
+            "task_id": {"taskset": "bench", "task_id": f"bench-{i}"},
+            "task_input": {"prompt": f"What is {i} + {i % 97}?"},
+            "task_data": {"_ng_digest": f"sha256:{i:064x}", "_ng_dataset_digest": "sha256:0"},
+            "_ng_task_index": i,
+            "_ng_rollout_index": 0,
+            "_ng_environment_server": EPISODE_SERVER,
+            "_ng_result_type": "fake_episode_environment",
+        }
+
+
+def write_materialized(path: Path, n: int, agent: str, *, episodes: bool = False) -> None:
+    rows = make_task_rows(n) if episodes else make_rows(n, agent)
     with path.open("w") as f:
-        for row in make_rows(n, agent):
+        for row in rows:
             f.write(json.dumps(row) + "\n")
 
 
@@ -72,7 +93,9 @@ def cpu_seconds() -> float:
 # --- clients (each runs in its own subprocess) ------------------------------------------------
 
 
-def run_trollout(url: str, rows_path: Path, out: Path, concurrency: int) -> dict[str, float]:
+def run_trollout(
+    url: str, rows_path: Path, out: Path, concurrency: int, name: str = "bench_agent"
+) -> dict[str, float]:
     import trio
 
     from trollout import jsonl
@@ -90,7 +113,7 @@ def run_trollout(url: str, rows_path: Path, out: Path, concurrency: int) -> dict
         rows = (MaterializedRow.from_body(r) for r in jsonl.read_rows(rows_path))
         async with open_run_store(layout, config, expected=n, fresh=True) as store:
             cpu0, t0 = cpu_seconds(), time.perf_counter()
-            async with open_collector(config=config, urls={"bench_agent": url}, sink=store) as c:
+            async with open_collector(config=config, urls={name: url}, sink=store) as c:
                 progress = await c.collect(rows)
             cpu1, t1 = cpu_seconds(), time.perf_counter()
         return {"n": n, "landed": progress.landed, "cpu_s": cpu1 - cpu0, "wall_s": t1 - t0}
@@ -127,8 +150,11 @@ def run_baseline(url: str, rows_path: Path, out: Path, concurrency: int) -> dict
 
 def client_main(argv: list[str]) -> None:
     kind, url, rows_path, out, concurrency = argv
-    fn = run_trollout if kind == "trollout" else run_baseline
-    result = fn(url, Path(rows_path), Path(out), int(concurrency))
+    if kind == "episode":
+        result = run_trollout(url, Path(rows_path), Path(out), int(concurrency), EPISODE_SERVER)
+    else:
+        fn = run_trollout if kind == "trollout" else run_baseline
+        result = fn(url, Path(rows_path), Path(out), int(concurrency))
     result["peak_rss_mib"] = peak_rss_mib()
     print(json.dumps(result))
 
@@ -140,6 +166,7 @@ def run_client(
     kind: str, url: str, rows_path: Path, out: Path, concurrency: int, src: str | None = None
 ) -> dict[str, Any]:
     client = "trollout" if kind == "before" else kind
+    src = src if kind == "before" else None
     command = [sys.executable, __file__, "--client", client, url, str(rows_path), str(out)]
     env = dict(os.environ, PYTHONPATH=src) if src else None  # `before`: another checkout
     proc = subprocess.run(
@@ -172,26 +199,35 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,64,512,4096")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--compare-src", help="also run trollout imported from this src folder")
+    parser.add_argument("--no-episodes", action="store_true", help="skip the episode client")
     args = parser.parse_args()
-    kinds = ("trollout", "before", "baseline") if args.compare_src else ("trollout", "baseline")
-    from trollout.testing import DeploymentSpec, spawn_fake_deployment
+    kinds = ["trollout", "before", "baseline"] if args.compare_src else ["trollout", "baseline"]
+    if not args.no_episodes:
+        kinds.insert(1, "episode")
+    import attrs
+
+    from trollout.testing import DeploymentSpec, EpisodeServerSpec, spawn_fake_deployment
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        rows = folder / "rows.jsonl"
-        write_materialized(rows, args.rollouts, "bench_agent")
         spec = DeploymentSpec.for_benchmark(agents=["bench_agent"], latency_s=0.0)
+        episode = EpisodeServerSpec(name=EPISODE_SERVER, tasksets=("bench",))
+        spec = attrs.evolve(spec, episode_servers=(episode,))
         with spawn_fake_deployment(spec) as fake:
-            url = fake.run_urls["bench_agent"]
-            print(f"fake deployment: {url} (pid {fake.pid}); {args.rollouts} rollouts per run")
+            urls = {
+                "episode": f"http://127.0.0.1:{fake.ports[EPISODE_SERVER]}",
+                "flat": fake.run_urls["bench_agent"],
+            }
+            print(f"fake deployment: {urls} (pid {fake.pid}); {args.rollouts} rollouts per run")
             for concurrency in [int(c) for c in args.concurrency.split(",")]:
                 n = args.rollouts if concurrency > 1 else min(args.rollouts, 5000)
-                part = folder / f"rows_{n}.jsonl"
-                if not part.exists():
-                    write_materialized(part, n, "bench_agent")
                 for kind in kinds:
+                    path = "episode" if kind == "episode" else "flat"
+                    part = folder / f"{path}_rows_{n}.jsonl"
+                    if not part.exists():
+                        write_materialized(part, n, "bench_agent", episodes=path == "episode")
                     out = folder / f"{kind}_{concurrency}.jsonl"
-                    r = run_client(kind, url, part, out, concurrency, args.compare_src)
+                    r = run_client(kind, urls[path], part, out, concurrency, args.compare_src)
                     print(report(kind, concurrency, r), flush=True)
         if not args.skip_memory:
             memory_figures(folder)

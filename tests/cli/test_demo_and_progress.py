@@ -10,7 +10,7 @@ from typing import Any
 import trio
 from click.testing import CliRunner
 
-from builders import materialized_rows
+from builders import materialized_rows, read_jsonl
 from trollout.cli.main import cli
 from trollout.cli.progress import ProgressReporter, format_duration
 from trollout.collector.engine import open_collector
@@ -21,7 +21,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def test_demo_collects_the_example_dataset_and_prints_metrics(tmp_path: Path) -> None:
-    """The demo starts the fake deployment, collects, aggregates and prints the summary."""
+    """The demo starts the fake deployment, collects, aggregates and prints the summary; its
+    taskset goes to the episode server as episodes, shown as a group of its own."""
     out = tmp_path / "demo" / "rollouts.jsonl"
     result = CliRunner().invoke(
         cli,
@@ -40,10 +41,17 @@ def test_demo_collects_the_example_dataset_and_prints_metrics(tmp_path: Path) ->
     assert "expected rollouts" in result.output
     assert "Metrics cover:" in result.output
     assert "mean reward" in result.output
+    assert "puzzle_environm" in result.output  # the taskset's group in the metrics table
     status = json.loads(out.with_name("rollouts_batch_status.json").read_text())
-    assert status["expected"] == 160  # 40 rows x 4 repeats
+    assert status["expected"] == 192  # (40 flat + 8 task rows) x 4 repeats
     assert status["finished"] is True
     assert out.with_name("rollouts_report.html").exists()
+    materialized = read_jsonl(out.with_name("rollouts_materialized_inputs.jsonl"))
+    episodes = [row for row in materialized if "task_id" in row]
+    assert len(episodes) == 32
+    assert {row["_ng_environment_server"] for row in episodes} == {"puzzle_environment_server"}
+    landed = read_jsonl(out)
+    assert any(row.get("_ng_task_id", {}).get("taskset") == "puzzles" for row in landed)
 
 
 def test_demo_missing_spec_exits_2() -> None:

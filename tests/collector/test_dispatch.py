@@ -288,3 +288,76 @@ async def test_dispatch_foreign_reply_fails_and_drops_its_connection(
         assert isinstance(landed, Landed)
         assert landed.reward == 0.0
     assert len(transport.connects) == 2
+
+
+# --- episodes (protocol.md section 3) -------------------------------------------------------
+
+TASK_ROW = MaterializedRow.from_body(
+    {
+        "task_id": {"taskset": "w", "task_id": "sf"},
+        "task_input": {"prompt": "sf?"},
+        "_ng_task_index": 4,
+        "_ng_rollout_index": 2,
+        "_ng_environment_server": "w_env",
+    }
+)
+
+
+def episode_reply(attempt: int, **fields: object) -> bytes:
+    """An episode reply to attempt `attempt` of TASK_ROW with `fields`."""
+    identity = {
+        "episode_id": {"rollout_id": "4-2", "attempt": attempt},
+        "task_id": {"taskset": "w", "task_id": "sf"},
+    }
+    return orjson.dumps({**identity, **fields})
+
+
+async def test_dispatch_sends_a_task_row_as_an_episode_and_lands_its_result(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The body is the episode envelope of the attempt; the inner result lands, stamped."""
+    seen: list[bytes] = []
+    reply = episode_reply(2, result={"reward": 0.5})
+    async with scripted([answer(200, reply, seen)], POLICY) as transport:
+        outcome = await dispatch(
+            transport, URL, TASK_ROW, 2, POLICY, rng=random.Random(0), policy_model_server="pm"
+        )
+    assert orjson.loads(seen[0]) == {
+        "episode_id": {"rollout_id": "4-2", "attempt": 2},
+        "task": {"task_id": {"taskset": "w", "task_id": "sf"}, "task_input": {"prompt": "sf?"}},
+    }
+    assert isinstance(outcome, Landed)
+    assert (outcome.result, outcome.reward) == ({"reward": 0.5}, 0.5)
+    assert outcome.identity.policy_model_server == "pm"
+
+
+async def test_dispatch_episode_identity_violation_drops_its_connection(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A reply echoing another episode is a violation, and its connection is not pooled."""
+    foreign = episode_reply(1, result={"reward": 1.0})
+    own = episode_reply(0, failure={"failure_reason": "no", "terminal": False})
+    async with scripted([answer(200, foreign), answer(200, own)], POLICY) as transport:
+        outcome = await dispatch(transport, URL, TASK_ROW, 0, POLICY, rng=random.Random(0))
+        assert isinstance(outcome, Failed)
+        assert (outcome.failure_class, outcome.exception_type) == (
+            "environment_protocol_violation",
+            "EpisodeIdentityMismatch",
+        )
+        assert transport.idle_connections() == 0
+        failed = await dispatch(transport, URL, TASK_ROW, 0, POLICY, rng=random.Random(0))
+        assert isinstance(failed, Failed)
+        assert failed.failure_class == "environment_server_failed"
+    assert len(transport.connects) == 2
+
+
+async def test_dispatch_stamps_the_policy_model_server_on_flat_failures(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every outcome of a rollout carries ng_policy_model_server when the engine knows it."""
+    async with scripted([answer(500, b'"boom"')], POLICY) as transport:
+        outcome = await dispatch(
+            transport, URL, ROW, 0, POLICY, rng=random.Random(0), policy_model_server="pm"
+        )
+    assert isinstance(outcome, Failed)
+    assert outcome.identity.policy_model_server == "pm"

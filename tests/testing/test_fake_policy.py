@@ -96,11 +96,19 @@ def test_answer_without_expected_answer_scores_zero() -> None:
 
 
 def test_example_fixture_rows_are_well_formed() -> None:
-    """About 40 rows, routed by task_source to the two agents, some identical, all solvable."""
+    """About 40 flat rows, routed by task_source to the two agents, some identical, all
+    solvable; then task rows of the taskset the demo routes to its episode server."""
     lines = (FIXTURES / "example_tasks.jsonl").read_bytes().splitlines()
-    rows = [orjson.loads(line) for line in lines]
+    everything = [orjson.loads(line) for line in lines]
+    rows = [row for row in everything if "task_id" not in row]
+    tasks = [row for row in everything if "task_id" in row]
     assert 35 <= len(rows) <= 45
     assert len(set(lines)) < len(lines)
+    assert len(tasks) == 8
+    for task in tasks:
+        assert set(task) == {"task_id", "task_input", "task_data"}
+        assert task["task_id"]["taskset"] == "puzzles"
+        assert solve(task["task_input"]["prompt"]) is not None
     for row in rows:
         assert "agent_ref" not in row
         assert row["task_source"] in {"math_agent_tasks", "string_agent_tasks"}

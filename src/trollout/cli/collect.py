@@ -185,6 +185,7 @@ async def collect_run(
             stream=stream,
             live=live,
             transport=transport,
+            policy_model_servers=deployment.policy_model_servers(),
         )
     collector = end.collector
     aggregate = None

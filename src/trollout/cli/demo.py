@@ -1,9 +1,12 @@
 """`trollout demo`: a whole run against the bundled fake deployment, on loopback.
 
 It starts `trollout.testing`'s fake NeMo Gym deployment (a head server, agents behind
-environment servers, a few scripted faults) inside this process, collects the example dataset
-through the head server exactly as `trollout collect` would, and prints the summary. It is what
-``make run`` runs, and the quickest way to see every file a run writes.
+environment servers, an episode environment server, a few scripted faults) inside this process,
+collects the example dataset through the head server exactly as `trollout collect` would, and
+prints the summary. The dataset mixes flat rows, routed by agent, with one taskset of
+materialized task rows, routed to the episode server by the spec's tasksets (what
+``+environment_server_routes`` says in a real run). It is what ``make run`` runs, and the
+quickest way to see every file a run writes.
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ def demo(args: tuple[str, ...], spec_path: str, live: str, **options: Any) -> No
     """Start the bundled fake deployment, collect INPUT from it, print the summary.
 
     INPUT defaults to fixtures/example_tasks.jsonl, the output to runs/demo/rollouts.jsonl
-    (replaced by each demo; a folder given with -o is replaced only with --overwrite), and the
-    run to 4 seeded repeats per task.
+    (replaced by each demo; a folder given with -o is replaced only with --overwrite), the
+    run to 4 seeded repeats per task, and environment_server_routes to the spec's tasksets.
     """
     options = {k: v for k, v in options.items() if v is not None and v != ()}
     if "output_jsonl_fpath" not in options:  # the demo's own folder: each demo replaces it
@@ -55,6 +58,8 @@ def demo(args: tuple[str, ...], spec_path: str, live: str, **options: Any) -> No
     try:
         config = build_run_config(args, options)
         spec = _load_spec(spec_path)
+        if not config.environment_server_routes:
+            config = attrs.evolve(config, environment_server_routes=spec.routes)
     except ConfigError as exc:
         fail(str(exc))
     result: RunResult = run_trio(_demo, spec, config, live_mode(live))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import IO
 
@@ -66,6 +66,7 @@ async def run_session(
     stream: IO[str],
     live: bool | None,
     transport: PostTransport | None = None,
+    policy_model_servers: Mapping[str, str] | None = None,
 ) -> SessionEnd:
     """Dispatch ``rows`` into ``store`` with the watchers beside the engine.
 
@@ -75,7 +76,11 @@ async def run_session(
     reporter = ProgressReporter(total=total, stream=stream, live=live)
     async with (
         open_collector(
-            config=config, resolve=resolve, sink=store, transport=transport
+            config=config,
+            resolve=resolve,
+            sink=store,
+            transport=transport,
+            policy_model_servers=policy_model_servers,
         ) as collector,
         trio.open_nursery() as nursery,
     ):

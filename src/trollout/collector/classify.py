@@ -14,6 +14,9 @@ object, by the identity it echoes and the sentinel keys:
 | any other status                         | Failed(agent_run_error, ``http_<status>``)      |
 | no reply (connect, reset, timeout...)    | Failed(agent_request_failed, status null)       |
 
+The reply to an episode request (a 0.7.0 task row) is read by `episodes`, which hands non-200 and
+non-JSON replies back to this table.
+
 Failure rows never carry a reward or response the collector made up: an infrastructure failure
 is not a zero score. Bodies are decoded from at most `MAX_DECODED_BODY_BYTES` and kept to
 `MAX_TEXT_CHARS` characters, with ``…`` appended when cut.
@@ -39,8 +42,10 @@ flight) is indistinguishable from that request's reply, and is taken as it. No m
 HTTP level can tell them apart; closing every connection after one request would, at a TCP
 connect per rollout. NeMo Gym agents echo the request row, so their replies carry the identity;
 0.7.0 environment servers' replies to flat rows carry none, so against them only the transport's
-rules hold. The episode protocol's ``episode_id`` echo (protocol.md section 3) will close the gap
-for episodes through the same `echo_mismatches`.
+rules hold. The episode protocol (protocol.md section 3) makes the ``episode_id`` and
+``task_id`` echo mandatory, which closes the gap for episodes through the same `echo_mismatches`
+(`expected_echo` of an episode request): there a wrong echo is the server's protocol violation
+(`episodes`).
 """
 
 from __future__ import annotations
@@ -68,10 +73,12 @@ __all__ = [
     "echo_mismatches",
     "error_kind",
     "expected_echo",
+    "json_type",
     "one_line_message",
     "outcome_from_error",
     "outcome_from_response",
     "retry_after_seconds",
+    "same_json",
 ]
 
 GATEWAY_STATUSES: Final = frozenset({429, 502, 503, 504})  # a gateway answered: nothing proven
@@ -89,11 +96,7 @@ _ELLIPSIS: Final = "…"
 _MAX_VALUE_CHARS: Final = 60
 
 # Keys of the reply the collector owns: stamps it re-applies, failure fields it maps.
-_STAMP_KEYS: Final = records.IDENTITY_KEYS | {
-    records.AGENT_REF,
-    records.TASK_SOURCE,
-    records.ELAPSED,
-}
+_STAMP_KEYS: Final = records.STAMP_KEYS
 _FAILURE_FIELD_KEYS: Final = frozenset(
     {
         records.FAILURE_CLASS,
@@ -195,7 +198,7 @@ def outcome_from_response(
         problem = f"is not JSON ({exc})"
         return _malformed(identity, attempt_index, response, elapsed_seconds, max_attempts, problem)
     if not isinstance(reply, dict):
-        problem = f"is a JSON {_json_type(reply)}, not an object"
+        problem = f"is a JSON {json_type(reply)}, not an object"
         return _malformed(identity, attempt_index, response, elapsed_seconds, max_attempts, problem)
     mismatched = echo_mismatches(reply, echo) if echo else None
     if mismatched:
@@ -263,7 +266,13 @@ def _public_type_name(exc: BaseException) -> str:
 
 
 def expected_echo(request: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """Return the (key, value sent) pairs of `request` that a reply may echo only unchanged."""
+    """Return the (key, value sent) pairs of `request` that a reply may echo only unchanged.
+
+    For an episode request, the ``episode_id`` and the task's ``task_id`` (protocol.md
+    section 3); for a flat row, the identity keys it carries.
+    """
+    if "episode_id" in request:
+        return [("episode_id", request["episode_id"]), ("task_id", request["task"]["task_id"])]
     return [(key, request[key]) for key in ECHOED_IDENTITY_KEYS if key in request]
 
 
@@ -272,10 +281,13 @@ def echo_mismatches(
 ) -> list[tuple[str, Any, Any]]:
     """Return (key, sent, echoed) for each expected key that `reply` echoes with another value.
 
-    A key the reply leaves out is no contradiction: servers need not echo.
+    Values compare as JSON, types included (`same_json`). A key the reply leaves out is no
+    contradiction: servers need not echo (an episode reply must, which `episodes` checks first).
     """
     return [
-        (key, sent, reply[key]) for key, sent in expected if key in reply and reply[key] != sent
+        (key, sent, reply[key])
+        for key, sent in expected
+        if key in reply and not same_json(reply[key], sent)
     ]
 
 
@@ -412,6 +424,27 @@ def _where(response: RawResponse) -> str:
     return f"POST {response.url}" if response.url else "the server"
 
 
-def _json_type(value: object) -> str:
-    names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+def json_type(value: object) -> str:
+    """Return the JSON type name of a decoded value (object, array, string, ...)."""
+    names = {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "number",
+        float: "number",
+    }
     return names.get(type(value), "null")
+
+
+def same_json(a: object, b: object) -> bool:
+    """Return whether two decoded JSON values are equal, types included (``true`` is not ``1``)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        assert isinstance(b, dict)
+        return a.keys() == b.keys() and all(same_json(value, b[key]) for key, value in a.items())
+    if isinstance(a, list):
+        assert isinstance(b, list)
+        return len(a) == len(b) and all(map(same_json, a, b))
+    return a == b

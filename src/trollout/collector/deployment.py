@@ -335,6 +335,12 @@ class Deployment:
         """Return the model servers' base URLs (for vLLM ``/metrics`` sampling), de-duplicated."""
         return list(dict.fromkeys(s.url for s in self._of_type(MODELS)))
 
+    def policy_model_servers(self) -> dict[str, str]:
+        """Return agent or environment server name -> the model server of the agent it runs."""
+        agents = {a.name: a.model_server for a in self._agents() if a.model_server is not None}
+        fronts = self._of_type(ENVIRONMENTS)
+        return agents | {e.name: agents[e.agent_server] for e in fronts if e.agent_server in agents}
+
     def fingerprint(self) -> str:
         """Return sha256 of the agent set and routes: names and types, never hosts or ports."""
         doc = {

@@ -44,6 +44,7 @@ from .classify import (
     outcome_from_error,
     outcome_from_response,
 )
+from .episodes import IDENTITY_VIOLATION, outcome_from_episode_response
 from .retry import (
     REFUSAL_STATUSES,
     Admission,
@@ -145,6 +146,7 @@ async def dispatch(
     rng: random.Random,
     retry_state: RetryState | None = None,
     new_attempt: NewAttempt | None = None,
+    policy_model_server: str | None = None,
 ) -> Landed | Failed:
     """Run one rollout of `row` against `url` (the full ``.../run`` URL), starting at an attempt.
 
@@ -162,6 +164,8 @@ async def dispatch(
             bounds, nothing counted).
         new_attempt: the engine's hook for possibly-delivered retries under ``retry_requests``;
             without it such requests are not re-sent.
+        policy_model_server: the executing agent's model server, stamped on the outcome as
+            ``ng_policy_model_server`` (None: not known, not stamped).
 
     Raises:
         ConfigError: `url` is not a plain ``http://`` URL.
@@ -171,6 +175,9 @@ async def dispatch(
     unknown, so re-sending it is not automatically safe. Hitting ``rollout_timeout_s`` is not
     a cancellation of the caller: it returns ``Failed(kind="timeout")``.
     """
+    if policy_model_server is not None:
+        identity = attrs.evolve(row.identity, policy_model_server=policy_model_server)
+        row = MaterializedRow(identity, row.body)
     rollout = _Rollout(transport, url, row, attempt_index, policy, rng, retry_state, new_attempt)
     limit = policy.rollout_timeout_s
     if limit is None:
@@ -206,6 +213,9 @@ class _Rollout:
         self.last: Failed | None = None
         self.note = ""
         self.echo: list[tuple[str, Any]] = []
+        self.classify: Callable[..., Landed | Failed] = (
+            outcome_from_episode_response if row.is_episode else outcome_from_response
+        )
 
     async def run(self) -> Landed | Failed:
         """Send, and re-send while the rules allow; return the final outcome."""
@@ -267,7 +277,7 @@ class _Rollout:
             self.delivery = failed.delivery
             return failed
         self.delivery = Delivery.DELIVERED
-        outcome = outcome_from_response(
+        outcome = self.classify(
             self.row.identity,
             self.attempt,
             response,
@@ -275,12 +285,14 @@ class _Rollout:
             max_attempts=self.policy.max_attempts,
             echo=self.echo,
         )
-        if type(outcome) is Failed and outcome.kind == IDENTITY_MISMATCH:
+        if type(outcome) is Failed and (
+            outcome.kind == IDENTITY_MISMATCH or outcome.exception_type == IDENTITY_VIOLATION
+        ):
             self._foreign_reply(outcome, response)
         return outcome
 
     def _foreign_reply(self, failed: Failed, response: RawResponse) -> None:
-        """Close the connection that carried another request's reply (it is out of step)."""
+        """Close the connection that carried another request's (or episode's) reply."""
         self.delivery = failed.delivery
         if response.discard_connection is not None:
             response.discard_connection()

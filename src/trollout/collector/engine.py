@@ -109,8 +109,10 @@ class Collector:
         sink: OutcomeSink | None,
         retain_outcomes: bool,
         rng: random.Random,
+        policy_model_servers: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
+        self._policy_servers = policy_model_servers or {}
         self.progress = Progress(started_at=trio.current_time())
         self.limiter = trio.CapacityLimiter(config.num_samples_in_parallel)
         self._resolve = resolve
@@ -319,6 +321,7 @@ class Collector:
                     self.stop_admission(self.window.closed_reason or "admission closed")
                     return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
                 self.timer.started(row.identity)
+                who = row.identity.agent_name or row.identity.environment_server or ""
                 return await dispatch(
                     self._transport,
                     url,
@@ -328,6 +331,7 @@ class Collector:
                     rng=self._rng,
                     retry_state=self.retry_state,
                     new_attempt=self._new_attempt(row, current, outcomes),
+                    policy_model_server=self._policy_servers.get(who),
                 )
         except trio.Cancelled:
             elapsed = trio.current_time() - start
@@ -410,6 +414,7 @@ async def open_collector(
     transport: PostTransport | None = None,
     retain_outcomes: bool = False,
     seed: int | None = None,
+    policy_model_servers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Collector]:
     """Open a collection engine: workers and a writer inside one nursery.
 
@@ -423,6 +428,9 @@ async def open_collector(
         transport: the `/run` transport; one is opened (and closed on exit) when None.
         retain_outcomes: keep settled outcomes for `Collector.next_outcome` / `drain_nowait`.
         seed: seeds the retry jitter (tests); None draws from the OS.
+        policy_model_servers: ``{agent or environment server name: model server name}``;
+            each outcome is stamped ``ng_policy_model_server`` from its agent, else its
+            environment server (`Deployment.policy_model_servers`).
 
     On a normal exit the block waits for every submitted rollout to settle. On an exception, or
     when the surrounding scope is cancelled, rollouts in flight are cancelled and settle as
@@ -450,6 +458,7 @@ async def open_collector(
         sink=sink,
         retain_outcomes=retain_outcomes,
         rng=random.Random(seed),
+        policy_model_servers=policy_model_servers,
     )
     driver_error: Exception | None = None
     try:

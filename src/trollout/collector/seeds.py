@@ -23,7 +23,10 @@ Stamps: ``_ng_task_index``, ``_ng_rollout_index``, ``agent_ref`` (extra fields s
 kept when the agent is the row's own), and when the route has them ``_ng_environment_server`` and
 ``_ng_result_type``. Both routing stamps go on the body, not only in the `Identity`, because
 resume and the CLI rebuild identities from the materialized-inputs file
-(`MaterializedRow.from_body`), so the body must carry everything the identity holds.
+(`MaterializedRow.from_body`), so the body must carry everything the identity holds. A task
+row's ``task_id`` and its ``task_data`` provenance keys (``_ng_digest``, ``_ng_dataset_digest``)
+are dataset fields already on the body; the `Identity` reads them from there, and every record
+of the rollout carries them (``_ng_task_id`` and the provenance keys at the top level).
 
 Stale collector keys: every ``_ng_*`` key of an input row is dropped except ``_ng_task_index``
 and ``_ng_rollout_id`` (protocol.md section 2), so an earlier run's failure sentinels, attempt
@@ -42,7 +45,14 @@ from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
 from ..config import RunConfig, SeedMode
-from ..records import COLLECTOR_KEY_PREFIX, Identity, MaterializedRow
+from ..records import (
+    COLLECTOR_KEY_PREFIX,
+    TASK_ID_FIELD,
+    Identity,
+    MaterializedRow,
+    is_task_row,
+    provenance_of,
+)
 from .plan_routing import Copy
 
 __all__ = ["Materializer", "Prepared", "rollout_seed", "strip_stale_keys"]
@@ -87,6 +97,8 @@ class Prepared(NamedTuple):
     agent_ref: Mapping[str, Any] | None
     rollout_id: str | None
     task_source: str | None
+    task_id: Mapping[str, Any] | None  # a task row's task_id
+    provenance: tuple[tuple[str, Any], ...]  # its task_data's provenance keys
 
 
 class Materializer:
@@ -120,6 +132,8 @@ class Materializer:
             agent_ref=ref if isinstance(ref, Mapping) else None,
             rollout_id=body.get(ROLLOUT_ID),
             task_source=source if isinstance(source, str) else None,
+            task_id=body[TASK_ID_FIELD] if is_task_row(body) else None,
+            provenance=provenance_of(body),
         )
 
     def make(self, prepared: Prepared, task: int, rollout: int, copy: Copy) -> MaterializedRow:
@@ -147,6 +161,8 @@ class Materializer:
             result_type=copy.result_type,
             rollout_id=prepared.rollout_id,
             task_source=prepared.task_source,
+            task_id=prepared.task_id,
+            provenance=prepared.provenance,
         )
         return MaterializedRow(identity, body)
 

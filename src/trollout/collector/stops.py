@@ -9,12 +9,17 @@ fail the same way, and going on only burns time, quota and the producer's patien
 - quota exhausted: a 429 or 403 whose body says the quota is exhausted
   (``insufficient_quota``, ``quota exceeded``): waiting out ``Retry-After`` will not help.
 - protocol violations: ``environment_protocol_violation_stop_after`` consecutive replies of the
-  wrong shape from one server with no good answer (the producer is wrong).
+  wrong shape from one server with no good answer (the producer is wrong). A good answer is one
+  the collector can use: a landed result, or a well-formed episode ``failure``. Replies that
+  are no answer to the episode (transport errors, non-200 statuses) and omitted attempts
+  neither count nor reset the streak. "Consecutive" is in settle order, the order the single
+  writer sees outcomes in, so the stop fires on exactly the N-th violation settled in a row.
 
 `RunStops.check` looks at one settled outcome and returns the reason to stop, or None. The
 engine calls it from its single writer, so it needs no lock. Streaks are counted per server
 (the environment server, else the agent): one broken provider stops the run, a flaky one does
-not, because any good answer resets its streak.
+not, because any good answer resets its streak. Every stop is resumable: the run exits 1
+(`RunStoppedError`) and resume re-runs what did not land.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections import Counter
 
 from ..config import RunConfig
 from ..records import Failed, FailureClass, Landed, Outcome
+from .episodes import EPISODE_FAILURE
 
 __all__ = ["RunStops"]
 
@@ -54,6 +60,8 @@ class RunStops:
             return None
         if type(outcome) is not Failed or outcome.no_persist:
             return None
+        if outcome.identity.task_id is not None and outcome.exception_type == EPISODE_FAILURE:
+            self._violations[server] = 0  # a well-formed failure is a usable answer
         return (
             self._fail_fast(outcome)
             or self._quota(outcome, server)

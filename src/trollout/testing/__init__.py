@@ -11,9 +11,10 @@ In a subprocess (any caller)::
         urls.head_url
 
 or ``python -m trollout.testing serve --spec fixtures/demo_deployment.yaml``. It speaks
-protocol.md sections 1, 2 and 4; section 3 (episodes) will get its own handler beside
-``/run`` in `servers`. Faults are scripted per request (`Fault`, `FaultPlan`, a row's
-``fake_fault`` field, or a callable); answers come from a seeded policy (`policy`).
+protocol.md sections 1 to 4: episode environment servers (`EpisodeServerSpec`, `episodes`)
+answer materialized task rows (`episode_task_rows`). Faults are scripted per request (`Fault`,
+`FaultPlan`, a row's ``fake_fault`` field, or a callable); answers come from a seeded policy
+(`policy`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .process import serve_until_signal, spawn_fake_deployment
 from .spec import (
     AgentSpec,
     DeploymentSpec,
+    EpisodeServerSpec,
     Generation,
     Latency,
     load_spec,
@@ -42,13 +44,14 @@ from .spec import (
     spec_to_dict,
 )
 from .stats import FakeStats, RunSeen
-from .tasks import task_row, task_rows, write_tasks
+from .tasks import episode_task_rows, task_row, task_rows, write_episode_tasks, write_tasks
 
 __all__ = [
     "FAKE_API_KEY",
     "FAULT_FIELD",
     "AgentSpec",
     "DeploymentSpec",
+    "EpisodeServerSpec",
     "FakeDeployment",
     "FakeStats",
     "FakeUrls",
@@ -63,6 +66,7 @@ __all__ = [
     "aggregate_metrics",
     "answer_row",
     "build_config",
+    "episode_task_rows",
     "fault_from_dict",
     "load_spec",
     "open_fake_deployment",
@@ -74,5 +78,6 @@ __all__ = [
     "spec_to_dict",
     "task_row",
     "task_rows",
+    "write_episode_tasks",
     "write_tasks",
 ]

@@ -5,9 +5,9 @@ unless a port base is given), writes the deployment config the head server hands
 every server until the block ends, and exposes the URLs and the live `FakeStats`.
 
 Servers, in port order: the head, the model server, then per agent its resources server, its
-agent server and (generation "0.7.0") the environment server fronting it. An agent marked
-``refuse`` is in the config, but its agent and environment ports are closed: connecting to them
-is refused.
+agent server and (generation "0.7.0") the environment server fronting it, then the episode
+environment servers. An agent or episode server marked ``refuse`` is in the config, but its
+agent and environment ports are closed: connecting to them is refused.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def _servers(spec: DeploymentSpec) -> list[tuple[str, Role, Any]]:
         servers.append((agent.name, Role.AGENT, agent))
         if spec.generation is Generation.V0_7_0:
             servers.append((agent.environment_server, Role.ENVIRONMENT, agent))
+    servers.extend((episode.name, Role.ENVIRONMENT, episode) for episode in spec.episode_servers)
     return servers
 
 
@@ -144,6 +145,16 @@ def _agent_blocks(spec: DeploymentSpec, ports: Mapping[str, int]) -> dict[str, A
     return config
 
 
+def _episode_blocks(spec: DeploymentSpec, ports: Mapping[str, int]) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for episode in spec.episode_servers:
+        block: dict[str, Any] = {"entrypoint": "app.py", "host": HOST, "port": ports[episode.name]}
+        if episode.agent is not None:
+            block["agent_server"] = {"type": Role.AGENT.value, "name": episode.agent}
+        config[episode.name] = {Role.ENVIRONMENT.value: {episode.implementation: block}}
+    return config
+
+
 def build_config(spec: DeploymentSpec, ports: Mapping[str, int]) -> dict[str, Any]:
     """Return the merged deployment config the head server hands out (protocol.md section 1)."""
     model_port = ports[spec.model_name]
@@ -159,6 +170,7 @@ def build_config(spec: DeploymentSpec, ports: Mapping[str, int]) -> dict[str, An
         "default_host": HOST,
         spec.model_name: model,
         **_agent_blocks(spec, ports),
+        **_episode_blocks(spec, ports),
     }
 
 

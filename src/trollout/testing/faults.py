@@ -4,10 +4,16 @@ A `Fault` says how one ``/run`` misbehaves. Which request gets which fault is de
 order, by:
 
 1. the row itself: a dataset field ``fake_fault`` (a fault mapping, optionally limited to some
-   attempts with ``attempts: [0]``);
+   attempts with ``attempts: [0]``); for an episode request, inside ``task.task_input``, the only
+   part of a task row an episode server receives;
 2. a Python callable given to the deployment (in-process tests): ``fn(FaultContext)``;
-3. the deployment's `FaultPlan`: a pure function of (task, rollout, attempt), so a test can
+3. the server's `FaultPlan` (an agent's or episode server's own, else the deployment's for agent
+   and legacy environment servers): a pure function of (task, rollout, attempt), so a test can
    compute exactly which rollouts got which fault by calling `FaultPlan.fault_for` itself.
+
+The ``episode_*`` kinds are how an episode environment server (protocol.md section 3) answers
+or misbehaves; only episode servers apply them. `EPISODE_VARIANTS` lists each one's
+``variant`` values.
 
 Design note: the plan hashes its inputs with BLAKE2b instead of drawing from a seeded
 ``random.Random``, because a stream of draws depends on the order requests arrive in, which
@@ -28,7 +34,9 @@ from attrs import field, frozen
 from ..errors import ConfigError
 
 __all__ = [
+    "EPISODE_VARIANTS",
     "FAULT_FIELD",
+    "REPORT_VARIANTS",
     "Fault",
     "FaultContext",
     "FaultFn",
@@ -61,6 +69,55 @@ class FaultKind(enum.Enum):
     NO_PERSIST = "no_persist"  # 200 with `_ng_no_persist: true` (kill-shaped)
     JUDGE_FAILED = "judge_failed"  # 200, reward 0.0, masked, `_ng_failure_class: judge_failed`
     MASKED = "masked"  # 200 success with `mask_sample: true` and a failure_kind
+    # Episode servers only (protocol.md section 3):
+    EPISODE_FAILURE = "episode_failure"  # a `failure` (terminal, failure_kind, stage, partial)
+    EPISODE_SHAPE = "episode_shape"  # a reply of another shape (`variant`)
+    EPISODE_COLLECTOR_KEYS = "episode_collector_keys"  # a result using collector keys (`variant`)
+    EPISODE_IDENTITY = "episode_identity"  # echoes another episode's identity (`variant`)
+
+
+EPISODE_KINDS = frozenset(
+    {
+        FaultKind.EPISODE_FAILURE,
+        FaultKind.EPISODE_SHAPE,
+        FaultKind.EPISODE_COLLECTOR_KEYS,
+        FaultKind.EPISODE_IDENTITY,
+    }
+)
+EPISODE_VARIANTS: dict[FaultKind, tuple[str, ...]] = {
+    FaultKind.EPISODE_SHAPE: (
+        "array",  # a JSON array
+        "string",  # a JSON string
+        "null",  # JSON null
+        "flat",  # a flat /run reply: responses_create_params, response, reward
+        "no_episode_id",  # the result envelope without episode_id
+        "no_task_id",  # ... without task_id
+        "neither",  # episode_id and task_id, but neither result nor failure
+        "both",  # both result and failure
+        "result_not_object",  # result is a list
+        "failure_not_object",  # failure is a string
+        "bad_terminal",  # failure.terminal is the string "yes"
+        "no_reason",  # failure without failure_reason
+    ),
+    FaultKind.EPISODE_COLLECTOR_KEYS: (
+        "ng",  # the result carries `_ng_reward_override`
+        "perf",  # ... `ng_perf`
+        "capture",  # ... `ng_model_call_capture`
+    ),
+    FaultKind.EPISODE_IDENTITY: (
+        "attempt",  # episode_id.attempt + 1
+        "attempt_bool",  # episode_id.attempt as a boolean (true for 1, false for 0)
+        "rollout_id",  # another rollout id
+        "taskset",  # task_id.taskset changed
+        "task_id",  # task_id.task_id changed
+        "extra_key",  # episode_id with one more key
+    ),
+}
+REPORT_VARIANTS = (
+    "valid",  # an id and two events beside the reply
+    "invalid",  # an ill-typed report (events is a string): the collector omits it
+    "many",  # 40 events, 3 already omitted: the collector keeps 32 and counts 11 omitted
+)
 
 
 def _kind(value: FaultKind | str) -> FaultKind:
@@ -97,6 +154,13 @@ class Fault:
         interval_s: SLOWLORIS: seconds between body bytes; UNSOLICITED_REPLY: seconds from the
             real reply to the extra one.
         until_eof: OVERSIZED: declare no length; the body runs until the connection closes.
+        variant: the episode kinds' variant (`EPISODE_VARIANTS`; None: the first).
+        stage: EPISODE_FAILURE: the failure's ``stage``.
+        partial: EPISODE_FAILURE: the failure carries a ``partial_response``.
+        report: a FailureReport beside an episode server's reply (`REPORT_VARIANTS`), or None.
+
+    For EPISODE_FAILURE, `failure_class` is the ``failure_kind`` (None: absent), `body` the
+    ``failure_reason`` and `terminal` the failure's ``terminal``.
     """
 
     kind: FaultKind = field(converter=_kind)
@@ -110,6 +174,27 @@ class Fault:
     attempts: tuple[int, ...] | None = field(default=None, converter=_attempts)
     interval_s: float = 0.005
     until_eof: bool = False
+    variant: str | None = None
+    stage: str | None = None
+    partial: bool = False
+    report: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        variants = EPISODE_VARIANTS.get(self.kind, ())
+        if self.variant is not None and self.variant not in variants:
+            raise ConfigError(
+                f"fault kind {self.kind.value!r} has no variant {self.variant!r}; "
+                f"use one of: {', '.join(variants) or 'none (leave variant out)'}"
+            )
+        if self.report is not None and self.report not in REPORT_VARIANTS:
+            raise ConfigError(
+                f"fault report {self.report!r} is unknown; use one of: {', '.join(REPORT_VARIANTS)}"
+            )
+
+    @property
+    def episode_variant(self) -> str:
+        """Return the variant of an episode kind (the first one when unset)."""
+        return self.variant or EPISODE_VARIANTS[self.kind][0]
 
 
 @frozen
@@ -117,7 +202,7 @@ class FaultContext:
     """What a fault callable sees about one ``/run`` request."""
 
     server: str  # the instance name of the server that received it
-    agent: str  # the agent that server serves
+    agent: str | None  # the agent that server serves (an episode server may bind none)
     task_index: int
     rollout_index: int
     attempt_index: int

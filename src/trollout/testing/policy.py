@@ -7,6 +7,9 @@ probability that depends on the agent's accuracy and the task's difficulty; the 
 of (policy seed, agent, question, rollout seed), where the rollout seed is the ``seed`` inside
 ``responses_create_params.metadata.extra_body`` (a JSON string), else the rollout index. So the
 same row always gets the same reply, and rewards vary across seeds and tasks.
+
+An episode server's task (``task_input: {"prompt": ..., "expected_answer"?: ...}``) is answered
+by the same policy (`answer_task`), seeded by the rollout index of its episode id.
 """
 
 from __future__ import annotations
@@ -22,7 +25,16 @@ from attrs import frozen
 
 from .faults import unit_hash
 
-__all__ = ["MODEL_ID", "Answer", "answer_row", "build_response", "question_of", "seed_of", "solve"]
+__all__ = [
+    "MODEL_ID",
+    "Answer",
+    "answer_row",
+    "answer_task",
+    "build_response",
+    "question_of",
+    "seed_of",
+    "solve",
+]
 
 CREATED_AT = 1700000000.0
 MODEL_ID = "fake-model"
@@ -171,4 +183,32 @@ def build_response(row: Mapping[str, Any], answer: Answer, *, model: str) -> dic
         "tool_choice": "auto",
         "tools": params.get("tools") or [],
         "usage": usage,
+    }
+
+
+def task_params(task_input: Any) -> dict[str, Any]:
+    """Return the ``responses_create_params`` an episode's ``task_input`` stands for."""
+    prompt = task_input.get("prompt") if isinstance(task_input, Mapping) else None
+    return {"input": [{"role": "user", "content": prompt if isinstance(prompt, str) else ""}]}
+
+
+def answer_task(
+    task_input: Any, *, server: str, accuracy: float, policy_seed: int, seed: int
+) -> dict[str, Any]:
+    """Return an episode server's ``result`` for one task: response, reward, components."""
+    params = task_params(task_input)
+    expected = task_input.get("expected_answer") if isinstance(task_input, Mapping) else None
+    if expected is None:
+        expected = solve(question_of(params))
+    row = {
+        "responses_create_params": params,
+        "expected_answer": expected,
+        "_ng_rollout_index": seed,
+    }
+    answer = answer_row(row, agent=server, accuracy=accuracy, policy_seed=policy_seed)
+    return {
+        "response": build_response(row, answer, model=MODEL_ID),
+        "reward": answer.reward,
+        "reward_components": {"exact_match": answer.reward},
+        "terminated": True,
     }

@@ -8,6 +8,7 @@ every server       ``GET /``                               ``{"status": "ok"}``
 head               ``GET /global_config_dict_yaml``        the config, YAML inside a JSON string
 head (ours)        ``GET /_fake/stats``, ``/_fake/runs``   counters; the detailed /run log
 agent, environment ``POST /run``, ``POST /aggregate_metrics``
+episode env.       ``POST /run`` (episode requests only)   `episodes`; ``/aggregate_metrics``
 resources          ``POST /aggregate_metrics``
 model              ``GET /metrics``                        vLLM gauges (Prometheus text)
 =================  ======================================  ================================
@@ -28,11 +29,22 @@ import orjson
 import trio
 from attrs import define
 
+from ..errors import ConfigError
 from .aggregate import aggregate_metrics
-from .faults import ONE_MEGABYTE, Fault, FaultContext, FaultFn, FaultKind, row_fault
+from .episodes import episode_key, episode_reply, parse_episode
+from .faults import (
+    EPISODE_KINDS,
+    ONE_MEGABYTE,
+    Fault,
+    FaultContext,
+    FaultFn,
+    FaultKind,
+    FaultPlan,
+    row_fault,
+)
 from .httpserver import Action, Reply, Request, encode_head
-from .policy import MODEL_ID, answer_row, build_response
-from .spec import AgentSpec, DeploymentSpec
+from .policy import MODEL_ID, answer_row, answer_task, build_response
+from .spec import AgentSpec, DeploymentSpec, EpisodeServerSpec, Latency
 from .stats import FakeStats
 
 __all__ = ["DeploymentState", "FakeServer", "Role"]
@@ -88,15 +100,24 @@ def _index(row: Mapping[str, Any], key: str) -> int:
 
 
 class FakeServer:
-    """One fake server instance; `handle` is its HTTP handler."""
+    """One fake server instance; `handle` is its HTTP handler.
+
+    An agent or legacy environment server is built with its `AgentSpec`; an episode
+    environment server with its `EpisodeServerSpec` (`spec` is either).
+    """
 
     def __init__(
-        self, name: str, role: Role, state: DeploymentState, agent: AgentSpec | None = None
+        self,
+        name: str,
+        role: Role,
+        state: DeploymentState,
+        spec: AgentSpec | EpisodeServerSpec | None = None,
     ) -> None:
         self.name = name
         self.role = role
         self.state = state
-        self.agent = agent
+        self.agent = spec if isinstance(spec, AgentSpec) else None
+        self.episode = spec if isinstance(spec, EpisodeServerSpec) else None
         self._routes = self._route_table()
 
     @property
@@ -179,9 +200,9 @@ class FakeServer:
         return Reply(body=orjson.dumps(aggregate_metrics(rows)))
 
     async def _run(self, request: Request) -> Reply:
-        # Section 3 (episodes) goes here: an environment server will tell an episode request
-        # ({"episode_id", "task"}) from a flat row before this validation and answer it with
-        # its own handler. A flat row needs its responses_create_params object.
+        if self.episode is not None:
+            return await self._run_episode(request, self.episode)
+        # A flat row needs its responses_create_params object.
         row = parse_object(request.body, "responses_create_params")
         if isinstance(row, Reply):
             return row
@@ -194,38 +215,92 @@ class FakeServer:
             _index(row, "_ng_rollout_index"),
             _index(row, "_ng_attempt_index"),
         )
-        fault = self._fault_for(row, key)
+        agent = self._agent
+        plan = agent.faults or self.state.spec.faults
+        fault = self._fault_for(row, row, key, agent.name, plan)
         kind = None if fault is None else fault.kind.value
-        self.state.stats.run_seen(self.name, self._agent.name, key, kind)
-        return await self._run_in_flight(row, key, fault)
+        self.state.stats.run_seen(self.name, agent.name, key, kind)
+        latency = agent.latency or self.state.spec.latency
+        return await self._run_in_flight(key, fault, latency, partial(self._flat_reply, row))
 
-    def _fault_for(self, row: dict[str, Any], key: tuple[int, int, int]) -> Fault | None:
-        fault = row_fault(row, key[2])
+    async def _run_episode(self, request: Request, episode: EpisodeServerSpec) -> Reply:
+        data = parse_object(request.body, "episode_id")
+        if isinstance(data, Reply):
+            return data
+        refused = parse_episode(data)
+        if refused is not None:
+            return refused
+        key = episode_key(data)
+        plan = episode.faults or FaultPlan()
+        fault = self._fault_for(data["task"]["task_input"], data, key, episode.agent, plan)
+        kind = None if fault is None else fault.kind.value
+        self.state.stats.run_seen(self.name, episode.agent, key, kind)
+        latency = episode.latency or self.state.spec.latency
+        answer = partial(self._episode_reply, data, episode, key[1])
+        return await self._run_in_flight(key, fault, latency, answer)
+
+    def _fault_for(
+        self,
+        carrier: Any,
+        request: dict[str, Any],
+        key: tuple[int, int, int],
+        agent: str | None,
+        plan: FaultPlan,
+    ) -> Fault | None:
+        """Return a request's fault: its `carrier`'s ``fake_fault``, the callable's, the plan's."""
+        fault = row_fault(carrier, key[2]) if isinstance(carrier, dict) else None
         if fault is None and self.state.fault_fn is not None:
-            fault = self.state.fault_fn(FaultContext(self.name, self._agent.name, *key, row))
+            fault = self.state.fault_fn(FaultContext(self.name, agent, *key, request))
         if fault is None:
-            plan = self._agent.faults or self.state.spec.faults
             fault = plan.fault_for(*key)
         return fault
 
     async def _run_in_flight(
-        self, row: dict[str, Any], key: tuple[int, int, int], fault: Fault | None
+        self,
+        key: tuple[int, int, int],
+        fault: Fault | None,
+        latency: Latency,
+        reply: Callable[[Fault | None], Reply],
     ) -> Reply:
         stats = self.state.stats
         stats.run_started(self.name)
         done = partial(stats.run_ended, self.name)
         try:
-            latency = self._agent.latency or self.state.spec.latency
             delay = latency.delay_for(*key)
             delay += fault.delay_s if fault is not None else 0.0
             if delay > 0:
                 await trio.sleep(delay)
-            if fault is None or fault.kind is FaultKind.LATENCY:
-                return Reply(body=orjson.dumps(self._result(row)), on_done=done)
-            return fault_reply(fault, row, self._result, on_done=done)
+            return attrs.evolve(reply(fault), on_done=done)
         except BaseException:
             done()
             raise
+
+    def _flat_reply(self, row: dict[str, Any], fault: Fault | None) -> Reply:
+        if fault is None or fault.kind is FaultKind.LATENCY:
+            return Reply(body=orjson.dumps(self._result(row)))
+        if fault.kind in EPISODE_KINDS:
+            raise ConfigError(
+                f"fault kind {fault.kind.value!r} is for episode servers; a flat row's server "
+                "cannot apply it"
+            )
+        return _fault_reply(fault, row, self._result)
+
+    def _episode_reply(
+        self, data: dict[str, Any], episode: EpisodeServerSpec, seed: int, fault: Fault | None
+    ) -> Reply:
+        def answer(request: dict[str, Any]) -> dict[str, Any]:
+            task_input = request["task"]["task_input"]
+            return answer_task(
+                task_input,
+                server=self.name,
+                accuracy=episode.accuracy,
+                policy_seed=self.state.spec.policy_seed,
+                seed=seed,
+            )
+
+        if fault is None or fault.kind is FaultKind.LATENCY or fault.kind not in _TRANSPORT:
+            return Reply(body=orjson.dumps(episode_reply(data, answer, fault)))
+        return _fault_reply(fault, data, partial(episode_reply, answer=answer, fault=None))
 
     def _result(self, row: dict[str, Any]) -> dict[str, Any]:
         """Return the success reply to ``row`` as a mapping."""
@@ -244,6 +319,23 @@ class FakeServer:
             "failure_kind": None,
             "failure_reason": None,
         }
+
+
+# The kinds any server carries out the same way, whatever the request (statuses, broken streams).
+_TRANSPORT = frozenset(
+    {
+        FaultKind.STATUS,
+        FaultKind.OVERSIZED,
+        FaultKind.SLOWLORIS,
+        FaultKind.UNSOLICITED_REPLY,
+        FaultKind.RESET_MID_REQUEST,
+        FaultKind.DISCONNECT,
+        FaultKind.RESET_MID_RESPONSE,
+        FaultKind.HANG,
+        FaultKind.NOT_JSON,
+        FaultKind.NOT_OBJECT,
+    }
+)
 
 
 def _sentinel(
@@ -339,8 +431,9 @@ def _unsolicited(fault: Fault, answer: dict[str, Any]) -> Reply:
     extra = body
     if fault.body is not None:
         forged = orjson.loads(body)
-        forged["response"]["output"][0]["content"][0]["text"] = fault.body
-        forged["reward"] = 1.0
+        result = forged.get("result", forged)  # an episode reply nests its result
+        result["response"]["output"][0]["content"][0]["text"] = fault.body
+        result["reward"] = 1.0
         extra = orjson.dumps(forged)
     unsolicited = encode_head(Reply(body=extra), keep_alive=True) + extra
     stream = partial(_then, body, fault.interval_s, unsolicited)

@@ -6,6 +6,16 @@ A spec is loaded from YAML (see fixtures/demo_deployment.yaml) or built in code:
 
 Every agent gets an agent server, a resources server and (generation "0.7.0") an environment
 server fronting it; all agents share one model server that exposes vLLM-style ``/metrics``.
+
+Episode environment servers (protocol.md section 3) come in addition, in any generation: each
+answers the materialized task rows of its ``tasksets`` (`DeploymentSpec.routes`, what a run
+passes as ``environment_server_routes``) and may bind one of the agents::
+
+    episode_servers:
+      - {name: arith_env, tasksets: [arith], agent: math_agent, faults: {...}}
+
+An episode server uses its own latency (else the deployment's) and only its own fault plan: the
+deployment-wide plan is written for flat rows.
 """
 
 from __future__ import annotations
@@ -23,8 +33,10 @@ from ..errors import ConfigError
 from .faults import Fault, FaultPlan, plan_from_dict, unit_hash
 
 __all__ = [
+    "EPISODE_IMPLEMENTATION",
     "AgentSpec",
     "DeploymentSpec",
+    "EpisodeServerSpec",
     "Generation",
     "Latency",
     "load_spec",
@@ -94,6 +106,45 @@ class AgentSpec:
         return f"{self.name}_resources"
 
 
+EPISODE_IMPLEMENTATION = "fake_episode_environment"
+
+
+@frozen(kw_only=True)
+class EpisodeServerSpec:
+    """One episode environment server: it answers materialized task rows.
+
+    Attributes:
+        name: its instance name (the ``_ng_environment_server`` of its rollouts).
+        tasksets: the tasksets routed to it.
+        agent: the agent it binds (``agent_server``), or None.
+        implementation: its implementation name (the ``_ng_result_type``).
+        accuracy: the chance, before task difficulty, that it solves a task.
+        latency: overrides the deployment's latency.
+        faults: its fault plan (the deployment's plan does not apply).
+        refuse: listed in the config, but its port is closed.
+    """
+
+    name: str
+    tasksets: tuple[str, ...] = field(converter=tuple)
+    agent: str | None = None
+    implementation: str = EPISODE_IMPLEMENTATION
+    accuracy: float = 0.7
+    latency: Latency | None = None
+    faults: FaultPlan | None = None
+    refuse: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if not self.tasksets or not all(isinstance(t, str) and t for t in self.tasksets):
+            raise ConfigError(
+                f"episode server {self.name!r} needs tasksets, a list of non-empty names "
+                f"(got {list(self.tasksets)!r}); add e.g. tasksets: [arith]"
+            )
+
+
+def _episode_servers(value: Iterable[EpisodeServerSpec]) -> tuple[EpisodeServerSpec, ...]:
+    return tuple(value)
+
+
 def _agents(value: Any) -> tuple[AgentSpec, ...]:
     return tuple(AgentSpec(name=a) if isinstance(a, str) else a for a in value)
 
@@ -112,6 +163,7 @@ class DeploymentSpec:
         max_running: model-server slots; /run requests beyond this count as waiting in
             ``vllm:num_requests_waiting``.
         record_runs: keep the detailed log of every ``/run`` (benchmarks turn it off).
+        episode_servers: episode environment servers, after the agents in port order.
     """
 
     agents: tuple[AgentSpec, ...] = field(
@@ -125,6 +177,7 @@ class DeploymentSpec:
     model_name: str = "policy_model"
     max_running: int = 256
     record_runs: bool = True
+    episode_servers: tuple[EpisodeServerSpec, ...] = field(default=(), converter=_episode_servers)
 
     def __attrs_post_init__(self) -> None:
         names = [a.name for a in self.agents]
@@ -132,6 +185,32 @@ class DeploymentSpec:
             raise ConfigError("a fake deployment needs at least one agent; add one under 'agents'")
         if len(set(names)) != len(names):
             raise ConfigError(f"agent names must be unique (got {names!r}); rename the duplicates")
+        self._check_episode_servers()
+
+    def _check_episode_servers(self) -> None:
+        taken = {self.model_name, "head_server"}
+        for agent in self.agents:
+            taken |= {agent.name, agent.resources_server, agent.environment_server}
+        tasksets: set[str] = set()
+        for server in self.episode_servers:
+            if server.name in taken:
+                raise ConfigError(
+                    f"episode server name {server.name!r} is already a server's; rename it"
+                )
+            taken.add(server.name)
+            if server.agent is not None:
+                self.agent(server.agent)  # raises, naming the known agents
+            if tasksets & set(server.tasksets):
+                raise ConfigError(
+                    f"tasksets {sorted(tasksets & set(server.tasksets))!r} are routed to two "
+                    "episode servers; give each taskset one server"
+                )
+            tasksets |= set(server.tasksets)
+
+    @property
+    def routes(self) -> dict[str, str]:
+        """Return taskset -> episode server name (a run's ``environment_server_routes``)."""
+        return {t: server.name for server in self.episode_servers for t in server.tasksets}
 
     def agent(self, name: str) -> AgentSpec:
         """Return the agent called ``name``."""
@@ -161,7 +240,14 @@ class DeploymentSpec:
     def with_sleep(self, seconds: float) -> DeploymentSpec:
         """Return this spec where every ``/run`` sleeps ``seconds`` and nothing fails."""
         agents = tuple(evolve(a, latency=None, faults=None) for a in self.agents)
-        return evolve(self, agents=agents, latency=Latency(fixed_s=seconds), faults=FaultPlan())
+        episodes = tuple(evolve(e, latency=None, faults=None) for e in self.episode_servers)
+        return evolve(
+            self,
+            agents=agents,
+            episode_servers=episodes,
+            latency=Latency(fixed_s=seconds),
+            faults=FaultPlan(),
+        )
 
 
 def _latency(data: Mapping[str, Any] | float | None) -> Latency | None:
@@ -182,6 +268,23 @@ def _agent(data: Mapping[str, Any] | str) -> AgentSpec:
     return AgentSpec(latency=latency, faults=plan, **fields)
 
 
+def _episode_server(data: Mapping[str, Any]) -> EpisodeServerSpec:
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"episode_servers entries must be mappings (got {data!r}); "
+            "write e.g. {name: arith_env, tasksets: [arith]}"
+        )
+    known = {a.name for a in attrs.fields(EpisodeServerSpec)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"episode server keys {unknown!r} are unknown; known: {sorted(known)!r}")
+    fields = dict(data)
+    latency = _latency(fields.pop("latency", None))
+    faults = fields.pop("faults", None)
+    plan = plan_from_dict(faults) if faults is not None else None
+    return EpisodeServerSpec(latency=latency, faults=plan, **fields)
+
+
 _SPEC_KEYS = {
     "agents",
     "generation",
@@ -191,6 +294,7 @@ _SPEC_KEYS = {
     "model_name",
     "max_running",
     "record_runs",
+    "episode_servers",
 }
 
 
@@ -204,6 +308,8 @@ def spec_from_dict(data: Mapping[str, Any]) -> DeploymentSpec:
     fields = dict(data)
     if "agents" in fields:
         fields["agents"] = tuple(_agent(a) for a in fields["agents"])
+    if "episode_servers" in fields:
+        fields["episode_servers"] = tuple(_episode_server(e) for e in fields["episode_servers"])
     if "generation" in fields:
         fields["generation"] = str(fields["generation"])
     fields["latency"] = _latency(fields.get("latency")) or Latency()
@@ -256,6 +362,22 @@ def _agent_to_dict(agent: AgentSpec) -> dict[str, Any]:
     return data
 
 
+def _episode_server_to_dict(server: EpisodeServerSpec) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": server.name,
+        "tasksets": list(server.tasksets),
+        "agent": server.agent,
+        "implementation": server.implementation,
+        "accuracy": server.accuracy,
+        "refuse": server.refuse,
+    }
+    if server.latency is not None:
+        data["latency"] = attrs.asdict(server.latency)
+    if server.faults is not None:
+        data["faults"] = _plan_to_dict(server.faults)
+    return data
+
+
 def spec_to_dict(spec: DeploymentSpec) -> dict[str, Any]:
     """Return ``spec`` as a mapping that `spec_from_dict` reads back to an equal spec."""
     return {
@@ -267,4 +389,5 @@ def spec_to_dict(spec: DeploymentSpec) -> dict[str, Any]:
         "latency": attrs.asdict(spec.latency),
         "faults": _plan_to_dict(spec.faults),
         "agents": [_agent_to_dict(a) for a in spec.agents],
+        "episode_servers": [_episode_server_to_dict(e) for e in spec.episode_servers],
     }

@@ -19,7 +19,7 @@ class RunSeen:
     """One ``/run`` the fake received."""
 
     server: str  # instance name of the server that received it
-    agent: str
+    agent: str | None  # the agent it serves (an episode server may bind none)
     task_index: int
     rollout_index: int
     attempt_index: int
@@ -73,7 +73,7 @@ class FakeStats:
         self.in_flight_by_server[server] -= 1
 
     def run_seen(
-        self, server: str, agent: str, key: tuple[int, int, int], fault: str | None
+        self, server: str, agent: str | None, key: tuple[int, int, int], fault: str | None
     ) -> None:
         """Record one ``/run``: who got it, its (task, rollout, attempt), the fault applied."""
         self.runs_total += 1

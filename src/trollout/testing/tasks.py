@@ -4,10 +4,17 @@ Rows look like fixtures/example_tasks.jsonl: ``responses_create_params.input`` h
 message with an arithmetic or string question, ``expected_answer`` its answer, and no
 ``agent_ref`` (the run routes them). Questions embed the row number, so two rows are
 identical only when ``duplicate_fraction`` makes a row repeat an earlier one.
+
+`episode_task_rows` writes 0.7.0 materialized task rows instead, for episode servers::
+
+    {"task_id": {"taskset": "arith", "task_id": "arith-00000"},
+     "task_input": {"prompt": "What is 1 + 42?"},
+     "task_data": {"_ng_digest": "sha256:...", "_ng_dataset_digest": "sha256:..."}}
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import string
@@ -18,7 +25,7 @@ import orjson
 
 from .policy import solve
 
-__all__ = ["task_row", "task_rows", "write_tasks"]
+__all__ = ["episode_task_rows", "task_row", "task_rows", "write_episode_tasks", "write_tasks"]
 
 
 def _word(rng: random.Random, number: int) -> str:
@@ -76,4 +83,30 @@ def write_tasks(
     """Write ``n_rows`` synthetic task rows to the JSONL file ``path``."""
     with open(path, "wb") as f:
         for row in task_rows(n_rows, seed, duplicate_fraction=duplicate_fraction):
+            f.write(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+
+
+def _sha256(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def episode_task_rows(n_rows: int, *, taskset: str, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """Yield ``n_rows`` distinct materialized task rows of ``taskset``, from ``seed``."""
+    rng = random.Random(seed)
+    dataset_digest = _sha256(f"{taskset}:{seed}:{n_rows}")
+    for index in range(n_rows):
+        prompt = _question(rng, index)
+        yield {
+            "task_id": {"taskset": taskset, "task_id": f"{taskset}-{index:05d}"},
+            "task_input": {"prompt": prompt},
+            "task_data": {"_ng_digest": _sha256(prompt), "_ng_dataset_digest": dataset_digest},
+        }
+
+
+def write_episode_tasks(
+    path: str | os.PathLike[str], n_rows: int, *, taskset: str, seed: int = 0
+) -> None:
+    """Write ``n_rows`` materialized task rows of ``taskset`` to the JSONL file ``path``."""
+    with open(path, "wb") as f:
+        for row in episode_task_rows(n_rows, taskset=taskset, seed=seed):
             f.write(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
