@@ -172,7 +172,7 @@ def test_plan_agent_ref_extra_fields_kept_only_for_same_agent(tmp_path: Path) ->
 
 def test_plan_agent_map_precedence(tmp_path: Path) -> None:
     """agent_map[agent] > agent_map[task_source] > agent_map._default > agent_ref."""
-    router = direct_router(datasets={"ds": ["alpha"]})
+    router = direct_router(task_sources={"ds": ["alpha"]})
     lines = [
         row("1", "alpha", task_source="ds"),  # agent key wins over task_source key
         row("2", "beta", task_source="ds"),  # task_source key wins over _default
@@ -186,8 +186,8 @@ def test_plan_agent_map_precedence(tmp_path: Path) -> None:
 
 
 def test_plan_task_source_resolution(tmp_path: Path) -> None:
-    """A row without agent_ref goes to the one agent declaring a dataset named its task_source."""
-    router = direct_router(datasets={"math": ["beta"], "both": ["alpha", "gamma"]})
+    """A row without agent_ref runs on the agent its task_source resolves to; else refused."""
+    router = direct_router(task_sources={"math": ["beta"], "both": ["alpha", "gamma"]})
     p = plan(tmp_path, [row("a", None, task_source="math")], router)
     assert keys(p) == [(0, 0, "beta")]
     assert p.rows().__next__().identity.task_source == "math"
@@ -203,24 +203,23 @@ def test_plan_task_source_resolution(tmp_path: Path) -> None:
         )
     path = tmp_path / "in.jsonl"
     assert problems_of(exc) == [
-        f"{path}:1: task_source 'both' is a dataset of ['alpha', 'gamma']",
-        f"{path}:2: no agent: no agent_ref.name, and no agent declares a dataset named "
-        "task_source 'nope'; add agent_ref.name to the rows, or pass +agent_name=<agent>",
+        f"{path}:1: task_source 'both' resolves to ['alpha', 'gamma']",
+        f"{path}:2: task_source 'nope' resolves to []",
         f"{path}:3: no agent: no agent_ref.name, no task_source; add agent_ref.name to the "
         "rows, or pass +agent_name=<agent>",
     ]
 
 
 def test_plan_allowed_agents_refusal(tmp_path: Path) -> None:
-    """An agent a dataset's allowed_agents leaves out is refused before dispatch."""
+    """An agent the rows' allowed_agents leave out is refused before dispatch."""
     router = direct_router(allowed={"ds": {"alpha"}})
     assert plan(tmp_path, [row("a", "alpha", task_source="ds")], router).expected == 1
     with pytest.raises(InputError) as exc:
         plan(tmp_path, [row("a", "beta", task_source="ds")] * 2, router)
     assert problems_of(exc) == [
         f"2 rows, first at {tmp_path / 'in.jsonl'}:1: agent 'beta' (from agent_ref.name) is not "
-        "admitted: dataset 'ds' does not admit agent 'beta' (allowed_agents); route these rows "
-        "to another agent"
+        "admitted: 'ds' does not admit agent 'beta'; route these rows to an agent of an "
+        "accepted type"
     ]
 
 
@@ -727,28 +726,28 @@ def test_plan_matches_nemo_gym_materialized_inputs() -> None:
 
 
 def test_plan_routes_with_the_real_deployment() -> None:
-    """`Deployment` serves as the router: task_source owner, environment server, admission."""
-    agent = {
-        "host": "127.0.0.1",
-        "port": 1,
-        "datasets": [{"name": "math", "allowed_agents": ["simple"]}],
-    }
+    """`Deployment` serves as the router: task_source instance, environment server, admission."""
+    rs = {"type": "resources_servers", "name": "rs"}
+    agent = {"host": "127.0.0.1", "port": 1, "resources_server": rs, "datasets": [{"name": "m"}]}
     env = {
         "host": "127.0.0.1",
         "port": 3,
         "agent_server": {"type": "responses_api_agents", "name": "simple"},
     }
+    verifier = {"host": "127.0.0.1", "port": 4, "allowed_agents": ["simple_agent"]}
     deployment = Deployment.from_config(
         {
             "simple": {"responses_api_agents": {"simple_agent": agent}},
-            "other": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": 2}}},
+            "other": {"responses_api_agents": {"other_agent": {"host": "127.0.0.1", "port": 2}}},
             "env": {"environment_servers": {"legacy_agent": env}},
+            "rs": {"resources_servers": {"verifier": verifier}},
         }
     )
     rows = [
-        {"responses_create_params": {}, "task_source": "math"},
+        {"responses_create_params": {}, "task_source": "rs"},
+        {"responses_create_params": {}, "task_source": "simple"},
         {"responses_create_params": {}, "agent_ref": {"name": "other"}},
-        {"task_id": {"taskset": "ts", "task_id": 1}, "task_input": {}},
+        {"task_id": {"taskset": "ts", "task_id": "1"}, "task_input": {}},
     ]
     p = plan_rows(rows, RunConfig(environment_server_routes={"ts": "env"}), deployment)
     assert [
@@ -756,10 +755,11 @@ def test_plan_routes_with_the_real_deployment() -> None:
         for r in p.rows()
     ] == [
         ("simple", "env", "legacy_agent"),
+        ("simple", "env", "legacy_agent"),
         ("other", None, None),
         (None, "env", "legacy_agent"),
     ]
-    with pytest.raises(InputError, match="does not admit agent 'other'"):
+    with pytest.raises(InputError, match="their task_source 'rs' accepts only 'simple_agent'"):
         plan_rows([{**rows[0], "agent_ref": {"name": "other"}}], RunConfig(), deployment)
 
 
