@@ -6,6 +6,8 @@ import copy
 import datetime
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -563,6 +565,22 @@ def test_from_config_accepts_a_port_given_as_digits_only() -> None:
     for bad in (" 80", "80a", "0", "99999", "٣"):
         with pytest.raises(DeploymentError, match=r"must be a port 1\.\.65535"):
             Deployment.from_config(agent_070(port=bad))
+
+
+def test_omegaconf_is_loaded_only_to_read_a_served_config() -> None:
+    """Importing trollout and --agent-url deployments never load omegaconf (start-up CPU)."""
+    script = (
+        "import sys, trollout.cli.main\n"
+        "from trollout.collector.deployment import Deployment\n"
+        "Deployment.from_agent_urls({'a': 'http://127.0.0.1:1'})\n"
+        "print('omegaconf' in sys.modules)\n"
+        "Deployment.from_config({'a': {'responses_api_agents': {'x': {'host': 'h', 'port': 1}}}})\n"
+        "print('omegaconf' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["False", "True"]
 
 
 def test_from_config_accepts_an_omegaconf_config() -> None:

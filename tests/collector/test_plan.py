@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plan_router import TableRouter, direct_router
+from plan_router import EnvironmentServer, TableRouter, direct_router
 
 from trollout import jsonl
 from trollout.collector.deployment import Deployment
 from trollout.collector.plan import Plan, plan_rollouts, plan_rows, rollout_seed
-from trollout.config import RunConfig, SeedMode
+from trollout.config import TASKSET_NEEDS_ROUTES, RunConfig, SeedMode
 from trollout.errors import ConfigError, DeploymentError, InputError
 from trollout.records import MaterializedRow
 
@@ -392,6 +392,113 @@ def test_plan_task_row_shape_checked(tmp_path: Path) -> None:
     assert problems_of(exc) == [
         f"{path}:1: task_id.taskset must be a non-empty string (got ''); fix the task row",
         f"{path}:1: task row has task_id but no task_input; add task_input",
+    ]
+
+
+def task(taskset: str = "ts", task_id: str = "1") -> dict[str, Any]:
+    """Return a materialized task row of ``taskset``."""
+    return {"task_id": {"taskset": taskset, "task_id": task_id}, "task_input": {"q": task_id}}
+
+
+def test_plan_task_rows_repeat_by_taskset_before_default(tmp_path: Path) -> None:
+    """num_repeats keyed by a task row's taskset wins over _default; agents' keys do not apply."""
+    router = TableRouter(agents={"alpha": None}, environments={"env_t": "episode"})
+    routes = {"ts": "env_t", "ts2": "env_t"}
+    repeats = {"ts": 3, "alpha": 5, "_default": 2}
+    p = plan(
+        tmp_path,
+        [task("ts"), task("ts2"), row()],
+        router,
+        environment_server_routes=routes,
+        num_repeats=repeats,
+    )
+    assert [(k[0], k[2]) for k in keys(p)] == [(0, None)] * 3 + [(1, None)] * 2 + [(2, "alpha")] * 5
+
+
+def test_plan_task_rows_ignore_agent_map_and_fan_out(tmp_path: Path) -> None:
+    """agent_name, agent_map and fan_out re-route flat rows only; a task row names no agent."""
+    router = TableRouter(agents={"alpha": None, "beta": None}, environments={"env_t": "episode"})
+    settings = {"environment_server_routes": {"ts": "env_t"}, "fan_out": {"ts": ["alpha", "beta"]}}
+    p = plan(tmp_path, [task(), row()], router, agent_name="beta", **settings)
+    assert keys(p) == [(0, 0, None), (1, 0, "beta")]
+    assert "agent_ref" not in bodies(p)[0]
+
+
+def test_plan_task_rows_are_paired_with_the_agent_their_server_binds(tmp_path: Path) -> None:
+    """A task row's pairing check uses its server's bound agent, verifier and the taskset."""
+    bound = EnvironmentServer("episode", agent_server="beta", resources_server="rs")
+    routes = {"environment_server_routes": {"ts": "env_t", "free": "env_u"}}
+    environments = {"env_t": bound, "env_u": EnvironmentServer("episode")}
+    admitted = TableRouter(
+        agents={"beta": None}, environments=environments, allowed={"ts": {"beta"}}
+    )
+    assert plan(tmp_path, [task()], admitted, **routes).expected == 1
+    for allowed in ({"ts": {"alpha"}}, {"rs": {"alpha"}}):
+        router = TableRouter(agents={"beta": None}, environments=environments, allowed=allowed)
+        with pytest.raises(InputError) as exc:
+            plan(tmp_path, [task(), task(task_id="2"), task("free")], router, **routes)
+        key = next(iter(allowed))
+        assert problems_of(exc) == [
+            f"2 rows, first at {tmp_path / 'in.jsonl'}:1: task rows of taskset 'ts' go to "
+            f"environment server 'env_t', whose agent is not admitted: {key!r} does not admit "
+            "agent 'beta'; route these rows to an agent of an accepted type"
+        ]
+
+
+def test_plan_taskset_mode_needs_routes(tmp_path: Path) -> None:
+    """environment_routing_mode=taskset without environment_server_routes is refused."""
+    router = TableRouter(agents={"alpha": None}, environments={"env_t": "episode"})
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [task()], router, environment_routing_mode="taskset")
+    assert problems_of(exc)[0] == TASKSET_NEEDS_ROUTES
+
+
+def legacy_router(bound: str | None = "beta", **tables: Any) -> TableRouter:
+    """Return a router whose environment server 'old' binds ``bound`` and verifier 'rs'."""
+    server = EnvironmentServer("legacy_agent", agent_server=bound, resources_server="rs")
+    return TableRouter(
+        agents=dict.fromkeys(("alpha", "beta")), environments={"old": server}, **tables
+    )
+
+
+LEGACY = {"environment_routing_mode": "legacy", "environment_server_name": "old"}
+
+
+def test_plan_legacy_mode_stamps_the_servers_agent_on_rows_naming_none(tmp_path: Path) -> None:
+    """A flat row naming no agent runs on the agent the server binds; task_source unresolved."""
+    lines = [row("a", None), row("b", None, task_source="rs"), row("c", "beta")]
+    p = plan(tmp_path, lines, legacy_router(), **LEGACY)
+    assert [(r.identity.agent_name, r.identity.environment_server) for r in p.rows()] == [
+        ("beta", "old")
+    ] * 3
+    assert [b["agent_ref"] for b in bodies(p)] == [{"name": "beta"}] * 3
+
+
+def test_plan_legacy_mode_refuses_rows_the_server_cannot_run(tmp_path: Path) -> None:
+    """Another agent, another task_source, an unpaired agent or no agent at all: refused."""
+    path = tmp_path / "in.jsonl"
+    lines = [row("a", "alpha"), row("b", None, task_source="other_rs")]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, lines, legacy_router(), **LEGACY)
+    assert problems_of(exc) == [
+        f"{path}:1: agent 'alpha' (from agent_ref.name) is not the agent environment server "
+        "'old' fronts ('beta'); drop agent_ref from these rows to run them on 'beta', or pass "
+        "+environment_server_name=<the server fronting the agent>",
+        f"{path}:2: task_source 'other_rs' is not the resources server environment server "
+        "'old' runs against ('rs'); fix task_source in the rows, or choose another "
+        "environment_server_name",
+    ]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row("a", None)], legacy_router(allowed={"rs": {"alpha"}}), **LEGACY)
+    assert problems_of(exc) == [
+        f"{path}:1: agent 'beta' (from environment server 'old') is not admitted: 'rs' does not "
+        "admit agent 'beta'; route these rows to an agent of an accepted type"
+    ]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row("a", None)], legacy_router(bound=None), **LEGACY)
+    assert problems_of(exc) == [
+        f"{path}:1: no agent: no agent_ref.name, and environment server 'old' binds none (no "
+        "agent_server); add agent_ref.name to the rows, or pass +agent_name=<agent>"
     ]
 
 
