@@ -467,11 +467,12 @@ LEGACY = {"environment_routing_mode": "legacy", "environment_server_name": "old"
 def test_plan_legacy_mode_stamps_the_servers_agent_on_rows_naming_none(tmp_path: Path) -> None:
     """A flat row naming no agent runs on the agent the server binds; task_source unresolved."""
     lines = [row("a", None), row("b", None, task_source="rs"), row("c", "beta")]
+    lines.append(row("d", None, task_source="beta"))  # the agent may have declared the dataset
     p = plan(tmp_path, lines, legacy_router(), **LEGACY)
     assert [(r.identity.agent_name, r.identity.environment_server) for r in p.rows()] == [
         ("beta", "old")
-    ] * 3
-    assert [b["agent_ref"] for b in bodies(p)] == [{"name": "beta"}] * 3
+    ] * 4
+    assert [b["agent_ref"] for b in bodies(p)] == [{"name": "beta"}] * 4
 
 
 def test_plan_legacy_mode_refuses_rows_the_server_cannot_run(tmp_path: Path) -> None:
@@ -484,9 +485,9 @@ def test_plan_legacy_mode_refuses_rows_the_server_cannot_run(tmp_path: Path) -> 
         f"{path}:1: agent 'alpha' (from agent_ref.name) is not the agent environment server "
         "'old' fronts ('beta'); drop agent_ref from these rows to run them on 'beta', or pass "
         "+environment_server_name=<the server fronting the agent>",
-        f"{path}:2: task_source 'other_rs' is not the resources server environment server "
-        "'old' runs against ('rs'); fix task_source in the rows, or choose another "
-        "environment_server_name",
+        f"{path}:2: task_source 'other_rs' names neither the resources server environment "
+        "server 'old' runs against ('rs') nor the agent running them ('beta'); fix task_source "
+        "in the rows, or choose another environment_server_name",
     ]
     with pytest.raises(InputError) as exc:
         plan(tmp_path, [row("a", None)], legacy_router(allowed={"rs": {"alpha"}}), **LEGACY)
@@ -868,6 +869,25 @@ def test_plan_routes_with_the_real_deployment() -> None:
     ]
     with pytest.raises(InputError, match="their task_source 'rs' accepts only 'simple_agent'"):
         plan_rows([{**rows[0], "agent_ref": {"name": "other"}}], RunConfig(), deployment)
+
+
+def test_plan_legacy_routing_with_the_real_deployment() -> None:
+    """A real 0.7.0 shape in legacy mode: rows naming no agent get the server's bound agent."""
+    env = {
+        "host": "127.0.0.1",
+        "port": 3,
+        "agent_server": {"type": "responses_api_agents", "name": "simple"},
+    }
+    deployment = Deployment.from_config(
+        {
+            "simple": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": 1}}},
+            "env": {"environment_servers": {"legacy_agent": env}},
+        }
+    )
+    config = RunConfig(environment_routing_mode="legacy", environment_server_name="env")
+    [r] = plan_rows([{"responses_create_params": {}}], config, deployment).rows()
+    assert (r.identity.agent_name, r.identity.environment_server) == ("simple", "env")
+    assert r.body["agent_ref"] == {"name": "simple"}
 
 
 # --- edges --------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ Rules (protocol.md sections 3 and 5, NeMo Gym 0.7.0), for a flat row whose agent
    ``environment_server_routes`` is required).
 4. Legacy mode never resolves ``task_source``: a row naming no agent runs on the agent the
    environment server binds, a row naming another agent is refused, and so is a ``task_source``
-   other than the server's resources server.
+   naming neither the server's resources server nor its agent (the instances that may have
+   declared the rows' dataset).
 
 A task row (``task_id: {taskset, task_id}``) names no agent and goes to
 ``environment_server_routes[taskset]`` in every mode; ``agent_map`` and ``fan_out`` never apply
@@ -269,14 +270,15 @@ class Resolver:
                 f"drop agent_ref from these rows to run them on {bound!r}, or pass "
                 "+environment_server_name=<the server fronting the agent>",
             )
-        if task_source is not None and verifier is not None and task_source != verifier:
+        if task_source not in (None, verifier, name) and verifier is not None:
             return Issue(
                 ("legacy task_source", task_source),
-                f"task_source {task_source!r} is not the resources server environment server "
-                f"{server!r} runs against ({verifier!r})",
+                f"task_source {task_source!r} names neither the resources server environment "
+                f"server {server!r} runs against ({verifier!r}) nor the agent running them "
+                f"({name!r})",
                 "fix task_source in the rows, or choose another environment_server_name",
             )
-        refusal = self._refusal(name, via, task_source or verifier)
+        refusal = self._refusal(name, via, verifier if verifier is not None else task_source)
         return refusal or Copy(name, server, impl, self.repeats_for(name))
 
     # --- task rows ------------------------------------------------------------------------
