@@ -29,6 +29,10 @@ config are raised outside the ``except`` block so no chained exception holds the
 `Deployment.fingerprint` hashes names, types and routes, not hosts or ports: a deployment
 restarted on new ports serves the same run, and resuming against it should not be refused.
 
+Length: this module is longer than the house's ~400 lines because routing, task_source
+resolution and admission all read the same server tables and share their messages; parsing the
+config (and its secret handling) lives in `served_config`.
+
 Design note: the rejected alternative kept the raw config mapping and looked things up on demand.
 It is less code, but it carries every secret into reprs, logs and manifests, and it turns a bad
 shape into a failure in the middle of dispatch instead of one error before the run starts.
