@@ -890,6 +890,38 @@ def test_plan_legacy_routing_with_the_real_deployment() -> None:
     assert r.body["agent_ref"] == {"name": "simple"}
 
 
+def test_plan_agent_map_disambiguates_a_task_source_of_the_real_deployment(
+    tmp_path: Path,
+) -> None:
+    """Every unresolvable task_source is one line of one error; +agent_map picks the agent."""
+    rs = {"type": "resources_servers", "name": "rs"}
+
+    def agent(port: int) -> dict[str, Any]:
+        block = {"host": "127.0.0.1", "port": port, "resources_server": rs}
+        return {"responses_api_agents": {"simple_agent": block}}
+
+    deployment = Deployment.from_config(
+        {
+            "a": agent(1),
+            "b": agent(2),
+            "rs": {"resources_servers": {"verifier": {"host": "127.0.0.1", "port": 3}}},
+        }
+    )
+    lines = [row("1", None, task_source="rs"), row("2", None, task_source="nope")]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, lines, deployment)
+    path = tmp_path / "in.jsonl"
+    assert problems_of(exc) == [
+        f"{path}:1: task_source 'rs': 2 agents reference resources server 'rs' ('a', 'b'); pin "
+        "one with an agent: key on the dataset, or pass +agent_map={rs:<agent>}",
+        f"{path}:2: unknown task_source instance 'nope' (known: 'a', 'b', 'rs'); name the agent "
+        "or resources server whose config declares the rows' dataset, or set agent_ref.name on "
+        "the rows",
+    ]
+    p = plan(tmp_path, lines[:1], deployment, agent_map={"rs": "b"})
+    assert keys(p) == [(0, 0, "b")]
+
+
 # --- edges --------------------------------------------------------------------------------
 
 
