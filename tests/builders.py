@@ -7,11 +7,14 @@ wait as a hang guard, whose expiry fails the test however loaded the machine is.
 
 from __future__ import annotations
 
+import http.server
+import json
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +167,36 @@ def invoke(*args: str, env: Mapping[str, str] | None = None) -> Result:
     from trollout.cli.main import cli
 
     return CliRunner(env=env).invoke(cli, list(args))
+
+
+class _HeadServer(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with the server's YAML text inside a JSON string, as NeMo Gym does."""
+
+    def do_GET(self) -> None:
+        body = json.dumps(self.server.yaml_text).encode()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Stay quiet."""
+
+
+@contextmanager
+def serve_head_config(yaml_text: str) -> Iterator[str]:
+    """Serve ``yaml_text`` as a head server's config on loopback; yield its URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HeadServer)
+    server.yaml_text = yaml_text  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 # --- scripted transports and the engine ---------------------------------------------------------

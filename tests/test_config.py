@@ -313,6 +313,18 @@ def test_build_config_checks_environment_routing_mode() -> None:
     assert config.environment_server_name == "e"
 
 
+def test_build_config_taskset_mode_needs_routes() -> None:
+    """environment_routing_mode=taskset routes every row by taskset, so it needs the routes."""
+    with pytest.raises(ConfigError) as info:
+        build_config({"environment_routing_mode": "taskset"})
+    assert str(info.value) == (
+        "environment_routing_mode 'taskset' needs environment_server_routes (every row routes by "
+        "its taskset); pass +environment_server_routes={<taskset>:<environment server>}"
+    )
+    routes = {"environment_routing_mode": "taskset", "environment_server_routes": {"ts": "e"}}
+    assert build_config(routes).environment_server_routes == {"ts": "e"}
+
+
 def test_resident_rollouts_defaults_to_the_concurrency() -> None:
     """Workers follow max_resident_rollout_tasks when set, else num_samples_in_parallel."""
     assert RunConfig(num_samples_in_parallel=8).resident_rollouts == 8

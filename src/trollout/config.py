@@ -63,6 +63,7 @@ __all__ = [
     "POSITIVE_COUNT",
     "POSITIVE_SECONDS",
     "SECONDS",
+    "TASKSET_NEEDS_ROUTES",
     "FsyncPolicy",
     "NumberRange",
     "RunConfig",
@@ -333,6 +334,8 @@ class RunConfig:
                 "environment_routing_mode 'legacy' needs environment_server_name; set "
                 "+environment_server_name=<server>"
             )
+        if self.environment_routing_mode == "taskset" and not self.environment_server_routes:
+            raise ConfigError(TASKSET_NEEDS_ROUTES)
 
     def _check_urls(self) -> None:
         for name, url in self.agent_urls.items():
@@ -347,6 +350,11 @@ class RunConfig:
         plan = {name: converter.unstructure(getattr(self, name)) for name in PLAN_KEYS}
         return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
+
+TASKSET_NEEDS_ROUTES: Final = (
+    "environment_routing_mode 'taskset' needs environment_server_routes (every row routes by "
+    "its taskset); pass +environment_server_routes={<taskset>:<environment server>}"
+)
 
 # Settings whose change alters the materialized rows (fingerprinted in the manifest).
 PLAN_KEYS = (

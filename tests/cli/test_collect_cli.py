@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import json
 import os
 import random
@@ -15,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from builders import serve_head_config
 from trollout.cli.main import cli
 from trollout.testing import AgentSpec, DeploymentSpec, spawn_fake_deployment
 
@@ -313,36 +312,6 @@ def test_collect_refuses_an_empty_plan(tmp_path: Path, case: str) -> None:
     assert needle in error
 
 
-class _HeadServer(http.server.BaseHTTPRequestHandler):
-    """Answers GET /global_config_dict_yaml with the YAML text of the server, as NeMo Gym does."""
-
-    def do_GET(self) -> None:
-        body = json.dumps(self.server.yaml_text).encode()  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Stay quiet."""
-
-
-@contextlib.contextmanager
-def head_server(yaml_text: str) -> Iterator[str]:
-    """Serve ``yaml_text`` as a head server's config on loopback; yield its URL."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HeadServer)
-    server.yaml_text = yaml_text  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 def _agent_block(host: str) -> str:
     return (
         "math_agent:\n  responses_api_agents:\n    simple_agent:\n"
@@ -364,7 +333,7 @@ def test_collect_refuses_a_head_server_config_naming_line_never_text(
     tmp_path: Path, yaml_text: str, needle: str
 ) -> None:
     """A head server's bad config: exit 2, line/column or key path, its text never echoed."""
-    with head_server(yaml_text) as url:
+    with serve_head_config(yaml_text) as url:
         error, _ = run_refused(tmp_path, None, "--head-server", url)
     assert needle in error
     assert SECRET not in error

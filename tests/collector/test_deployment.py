@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
 import httpx
 import pytest
+import trio
 import yaml
+from omegaconf import OmegaConf
 
 from trollout.collector.deployment import (
     AggregateTarget,
@@ -25,10 +31,21 @@ from trollout.collector.deployment import (
 )
 from trollout.errors import ConfigError, DeploymentError, UnknownAgentError
 from trollout.records import Identity
-from trollout.testing import AgentSpec, DeploymentSpec, open_fake_deployment
+from trollout.testing import (
+    FAKE_API_KEY,
+    AgentSpec,
+    DeploymentSpec,
+    open_fake_deployment,
+    spawn_fake_deployment,
+)
 
 SECRET = "sk-live-7f3a9c1e5b2d"
 HEAD = "http://127.0.0.1:11000"
+SERVED_FIXTURE = (
+    Path(__file__).resolve().parents[2] / "fixtures" / "nemo_gym_0.7.0_served_config.yaml"
+)
+FIXTURE_SECRET = "sk-fixture-9c2e71d04b5a-SECRET"
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "nemo_gym_0.7.0"
 
 # A 0.7.0-shaped deployment: settings keys, an agent fronted by an environment server, a
 # resources server, and a model server whose block holds a secret.
@@ -54,7 +71,7 @@ math_agent:
           jsonl_fpath: data/math_eval.jsonl
           num_repeats: 1
           license: MIT
-          allowed_agents: [math_agent, other_agent]
+          allowed_agents: [simple_agent, other_type]
           taskset: math
 other_agent:
   responses_api_agents:
@@ -266,20 +283,12 @@ def test_from_config_routes_earlier_generation_to_agents() -> None:
 
 
 def test_from_config_keeps_references_and_datasets() -> None:
-    """Agents keep their datasets and their resources/model server references."""
+    """Agents keep their references and the dataset fields routing reads, nothing else."""
     agent = Deployment.from_config(config_070()).servers[0]
     assert (agent.resources_server, agent.model_server) == ("math_rs", "policy_model")
     assert agent.datasets == (
-        Dataset("math_train", "train", "data/math_train.jsonl", 4, "Apache 2.0"),
-        Dataset(
-            "math_eval",
-            "validation",
-            "data/math_eval.jsonl",
-            1,
-            "MIT",
-            frozenset({"math_agent", "other_agent"}),
-            "math",
-        ),
+        Dataset("math_train"),
+        Dataset("math_eval", "math", None, frozenset({"simple_agent", "other_type"})),
     )
 
 
@@ -313,35 +322,43 @@ def test_from_config_brackets_an_ipv6_host() -> None:
             "'bad.responses_api_agents.impl.model_server'",
         ),
         (
-            {"responses_api_agents": {"impl": {"host": "h", "port": 1, "datasets": SECRET}}},
-            "'bad.responses_api_agents.impl.datasets'",
-        ),
-        (
             {"responses_api_agents": {"impl": {"host": "h", "port": 1, "datasets": [{}]}}},
             "'bad.responses_api_agents.impl.datasets[0]'",
         ),
         (
             {
                 "responses_api_agents": {
-                    "impl": {"host": "h", "port": 1, "datasets": [{"name": "d", "license": 3}]}
+                    "impl": {"host": "h", "port": 1, "datasets": [{"name": "d", "taskset": 3}]}
                 }
             },
-            "'bad.responses_api_agents.impl.datasets[0].license'",
+            "'bad.responses_api_agents.impl.datasets[0].taskset'",
         ),
         (
             {
                 "responses_api_agents": {
-                    "impl": {
-                        "host": "h",
-                        "port": 1,
-                        "datasets": [{"name": "d", "num_repeats": "2"}],
-                    }
+                    "impl": {"host": "h", "port": 1, "datasets": [{"name": "d", "agent": [SECRET]}]}
                 }
             },
-            "'bad.responses_api_agents.impl.datasets[0].num_repeats'",
+            "'bad.responses_api_agents.impl.datasets[0].agent'",
         ),
         (
-            {"resources_servers": {"impl": {"host": "h", "port": 1, "allowed_agents": SECRET}}},
+            {"resources_servers": {"impl": {"host": "h", "port": SECRET + "1"}}},
+            "'bad.resources_servers.impl.port'",
+        ),
+        (
+            {
+                "resources_servers": {
+                    "impl": {"host": "h", "port": 1, "allowed_agents": {"k": SECRET}}
+                }
+            },
+            "'bad.resources_servers.impl.allowed_agents'",
+        ),
+        (
+            {
+                "resources_servers": {
+                    "impl": {"host": "h", "port": 1, "allowed_agents": [SECRET, 1]}
+                }
+            },
             "'bad.resources_servers.impl.allowed_agents'",
         ),
     ],
@@ -357,24 +374,219 @@ def test_from_config_refuses_malformed_blocks_naming_the_key_path(
     assert_no_secret(info.value)
 
 
-def test_from_config_refuses_unresolved_interpolations_naming_key_paths() -> None:
-    """Values left as ${...} are refused, every key path named, no value shown."""
-    cfg = config_070()
-    cfg["policy_model"]["responses_api_models"]["openai_model"]["openai_api_key"] = (
-        "${oc.env:OPENAI_API_KEY}"
-    )
-    agent = cfg["math_agent"]["responses_api_agents"]["simple_agent"]
-    agent["datasets"][1]["jsonl_fpath"] = "${data_dir}/eval.jsonl"
+# --- configs as served: interpolations resolved only where read (issue 9) -----------------
+
+
+def served_fixture() -> dict[str, Any]:
+    """Return the served-config fixture (the real 0.7.0 shape, interpolations unresolved)."""
+    loaded: dict[str, Any] = yaml.safe_load(SERVED_FIXTURE.read_text())
+    return loaded
+
+
+def agent_070(**fields: Any) -> dict[str, Any]:
+    """Return a config of one agent whose block has ``fields`` (host and port by default)."""
+    block = {"host": "127.0.0.1", "port": 1, **fields}
+    return {"a": {"responses_api_agents": {"simple_agent": block}}}
+
+
+def test_from_config_reads_the_served_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real shape: read values resolve (oc.env default, ${key} port), the rest is ignored."""
+    monkeypatch.delenv("TROLLOUT_FIXTURE_AGENT_HOST", raising=False)
+    monkeypatch.delenv("TROLLOUT_FIXTURE_NEVER_SET", raising=False)
+    deployment = Deployment.from_config(served_fixture())
+    agent = "example_single_tool_call_simple_agent"
+    env = "example_single_tool_call_environment_server"
+    assert deployment.known_agents == {agent}
+    assert deployment.route(agent) == Route(agent, "http://127.0.0.1:12047", env, "legacy_agent")
+    assert deployment.servers[1].url == "http://127.0.0.1:12293"
+    assert deployment.servers[1].model_server == "policy_model"
+    assert deployment.servers[1].datasets == (Dataset("example"),)
+    assert deployment.environment_server(env).agent_server == agent
+    assert deployment.model_server_urls() == ["http://127.0.0.1:12238"]
+    assert FIXTURE_SECRET not in repr(deployment)
+
+
+def test_from_config_resolves_oc_env_from_trollouts_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """${oc.env:VAR,default} takes the variable from the collector's own environment."""
+    monkeypatch.setenv("TROLLOUT_FIXTURE_AGENT_HOST", "10.1.2.3")
+    deployment = Deployment.from_config(served_fixture())
+    assert deployment.servers[1].url == "http://10.1.2.3:12293"
+
+
+async def test_discover_reads_the_served_fixture_through_a_head_server() -> None:
+    """Discovery of the fixture's text gives what parsing its mapping gives."""
+    async with serve_config(SERVED_FIXTURE.read_text()) as client:
+        deployment = await discover(client, HEAD)
+    assert deployment == Deployment.from_config(served_fixture(), head_url=HEAD)
+
+
+@pytest.mark.skipif(not REFERENCE.is_dir(), reason="NeMo Gym reference files are absent")
+async def test_discover_reads_a_real_head_servers_reply() -> None:
+    """The body a real 0.7.0 head server sent discovers: agent, environment server, routes."""
+    body = (REFERENCE / "global_config_dict_yaml.json").read_bytes()
+    async with head_client(lambda request: httpx.Response(200, content=body)) as client:
+        deployment = await discover(client, HEAD)
+    agent = "example_single_tool_call_simple_agent"
+    env = "example_single_tool_call_environment_server"
+    assert deployment.known_agents == {agent}
+    assert deployment.route(agent) == Route(agent, "http://127.0.0.1:12047", env, "legacy_agent")
+    assert deployment.environment_server(env).agent_server == agent
+    assert deployment.agent_for_task_source("example_single_tool_call") == agent
+    assert deployment.admits(agent, "example_single_tool_call")
+    assert deployment.model_server_urls() == ["http://127.0.0.1:12238"]
+    assert "dummy-key" not in repr(deployment)
+
+
+@pytest.mark.parametrize(
+    ("extra", "fields", "url"),
+    [
+        ({"b": {"p": 1234}}, {"port": "${b.p}"}, "http://127.0.0.1:1234"),
+        ({}, {"port": "${.q}", "q": 5}, "http://127.0.0.1:5"),
+        ({}, {"port": "${oc.env:TROLLOUT_TEST_UNSET_PORT,12047}"}, "http://127.0.0.1:12047"),
+        ({}, {"port": "${oc.env:TROLLOUT_TEST_PORT}"}, "http://127.0.0.1:9999"),
+        ({}, {"port": "${oc.decode:${oc.env:TROLLOUT_TEST_PORT}}"}, "http://127.0.0.1:9999"),
+        ({"net": "10.0"}, {"host": "${net}.0.7"}, "http://10.0.0.7:1"),
+        ({"h": {"host": "::1"}}, {"host": "${h.host}"}, "http://[::1]:1"),
+    ],
+    ids=["key", "sibling", "env-default", "env", "decode", "string", "ipv6"],
+)
+def test_from_config_resolves_read_values_as_omegaconf_does(
+    monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any], fields: dict[str, Any], url: str
+) -> None:
+    """Host and port resolve like OmegaConf (typed refs, relative keys, oc.env strings)."""
+    monkeypatch.setenv("TROLLOUT_TEST_PORT", "9999")
+    monkeypatch.delenv("TROLLOUT_TEST_UNSET_PORT", raising=False)
+    assert Deployment.from_config({**agent_070(**fields), **extra}).route("a").url == url
+
+
+def test_from_config_resolves_references_and_datasets() -> None:
+    """References, dataset fields and allowed_agents resolve; a ${...} escape stays text."""
+    cfg = {
+        **agent_070(
+            resources_server={"type": "resources_servers", "name": "${names.rs}"},
+            datasets="${declared}",
+        ),
+        "names": {"rs": "my_rs"},
+        "declared": [{"name": "\\${literal}", "taskset": "${names.rs}", "allowed_agents": "x"}],
+    }
+    [agent] = Deployment.from_config(cfg).servers
+    assert agent.resources_server == "my_rs"
+    assert agent.datasets == (Dataset("${literal}", "my_rs", None, frozenset({"x"})),)
+
+
+SECRET_SIBLING = {"api_key": SECRET}
+
+
+@pytest.mark.parametrize(
+    ("fields", "extra", "category"),
+    [
+        ({"port": "${oc.env:TROLLOUT_TEST_UNSET_PORT}"}, {}, "an environment variable it "),
+        ({"port": "${nowhere.port}"}, {}, "it references a key that is not set"),
+        ({"port": "???"}, {}, "it is ??? (not set)"),
+        ({"port": "${m}"}, {"m": "???"}, "it references a key whose value is ??? (not set)"),
+        ({"port": "${.port}"}, {}, "it refers to itself (a circular interpolation)"),
+        ({"port": "${mul:2,3}"}, {}, "it uses a resolver trollout does not know"),
+        ({"port": "${oc.decode:'[1'}"}, {}, "its interpolation fails"),
+    ],
+    ids=["env", "key", "placeholder", "to-placeholder", "circular", "resolver", "failing"],
+)
+def test_from_config_refuses_a_read_value_that_cannot_be_resolved(
+    monkeypatch: pytest.MonkeyPatch, fields: dict[str, Any], extra: dict[str, Any], category: str
+) -> None:
+    """An unresolvable port is refused by key path and category: no value, no chained error."""
+    monkeypatch.delenv("TROLLOUT_TEST_UNSET_PORT", raising=False)
+    cfg = {**agent_070(**fields, **SECRET_SIBLING), **extra, "policy_api_key": SECRET}
     with pytest.raises(DeploymentError) as info:
         Deployment.from_config(cfg)
     message = str(info.value)
     assert message.startswith(
-        "deployment config has unresolved ${...} values at "
-        "'math_agent.responses_api_agents.simple_agent.datasets[1].jsonl_fpath', "
-        "'policy_model.responses_api_models.openai_model.openai_api_key'; "
+        "deployment config key 'a.responses_api_agents.simple_agent.port' cannot be resolved: "
+        + category
     )
-    assert "oc.env" not in message
-    assert "data_dir" not in message
+    assert message.endswith(
+        "; set what it references (${oc.env:...} reads trollout's own environment) or fix "
+        "the deployment config"
+    )
+    assert info.value.__cause__ is None
+    assert info.value.__context__ is None
+    assert_no_secret(info.value)
+
+
+def test_from_config_refuses_a_malformed_interpolation_anywhere_by_key_path() -> None:
+    """OmegaConf checks the grammar of the whole config: a malformed ${ is named by key."""
+    cfg = {**agent_070(), "policy_api_key": f"{SECRET}${{bad"}
+    with pytest.raises(DeploymentError) as info:
+        Deployment.from_config(cfg)
+    assert str(info.value) == (
+        "deployment config key 'policy_api_key' cannot be loaded: it holds a malformed ${...} "
+        "interpolation; fix the deployment config and restart it"
+    )
+    assert info.value.__context__ is None
+    assert_no_secret(info.value)
+
+
+def test_from_config_ignores_unresolvable_values_it_does_not_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Values trollout never reads may hold anything: unset variables, ???, odd types."""
+    monkeypatch.delenv("TROLLOUT_TEST_UNSET", raising=False)
+    unset = "${oc.env:TROLLOUT_TEST_UNSET}"
+    dataset = {
+        "name": "d",
+        "type": unset,
+        "jsonl_fpath": f"{unset}/x.jsonl",
+        "num_repeats": "${nowhere}",
+        "license": ["not", "a", "string"],
+    }
+    cfg = {
+        **agent_070(datasets=[dataset], api_key=unset, tools="???", judge="${mul:1,2}"),
+        "setting": "${nowhere}",
+        "placeholder": "???",
+        "when": datetime.date(2026, 1, 2),
+        None: "a null key",
+        "tags": {"a", "b"},
+    }
+    [agent] = Deployment.from_config(cfg).servers
+    assert agent.datasets == (Dataset("d"),)
+
+
+@pytest.mark.parametrize("datasets", [None, "???", "${nowhere_optional}", SECRET, {"name": "d"}])
+def test_from_config_datasets_that_are_not_a_list_declare_nothing(datasets: Any) -> None:
+    """Missing, ??? or not a list: the server declares no dataset (no error)."""
+    cfg = {**agent_070(datasets=datasets), "nowhere_optional": None}
+    assert Deployment.from_config(cfg).servers[0].datasets == ()
+
+
+def test_from_config_accepts_a_port_given_as_digits_only() -> None:
+    """A digit string is a port (oc.env yields strings); other strings are refused."""
+    assert Deployment.from_config(agent_070(port="8080")).route("a").url == "http://127.0.0.1:8080"
+    for bad in (" 80", "80a", "0", "99999", "٣"):
+        with pytest.raises(DeploymentError, match=r"must be a port 1\.\.65535"):
+            Deployment.from_config(agent_070(port=bad))
+
+
+def test_omegaconf_is_loaded_only_to_read_a_served_config() -> None:
+    """Importing trollout and --agent-url deployments never load omegaconf (start-up CPU)."""
+    script = (
+        "import sys, trollout.cli.main\n"
+        "from trollout.collector.deployment import Deployment\n"
+        "Deployment.from_agent_urls({'a': 'http://127.0.0.1:1'})\n"
+        "print('omegaconf' in sys.modules)\n"
+        "Deployment.from_config({'a': {'responses_api_agents': {'x': {'host': 'h', 'port': 1}}}})\n"
+        "print('omegaconf' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["False", "True"]
+
+
+def test_from_config_accepts_an_omegaconf_config() -> None:
+    """A DictConfig (what NeMo Gym code holds) is read as it is, interpolations included."""
+    cfg = OmegaConf.create({**agent_070(port="${p}"), "p": 7})
+    assert Deployment.from_config(cfg).route("a").url == "http://127.0.0.1:7"
 
 
 def test_from_config_refuses_a_config_that_is_not_a_mapping() -> None:
@@ -510,6 +722,23 @@ def test_fingerprint_is_stable_across_key_order_and_ports() -> None:
     assert len(Deployment.from_config(cfg).fingerprint()) == 64
 
 
+# sha256 of config_070()'s deployment, computed before configs were read as served (issue 9):
+# runs made then must still resume against the same deployment.
+FINGERPRINT_070 = "4ab9a6604c9564138585d895714e956a4b7345f128495249e263574fc6276b57"
+
+
+def test_fingerprint_is_unchanged_for_existing_runs_and_by_interpolations() -> None:
+    """The fingerprint is what it was before issue 9, and ${...} that resolve alike keep it."""
+    assert Deployment.from_config(config_070()).fingerprint() == FINGERPRINT_070
+    cfg = config_070()
+    env = cfg["math_env"]["environment_servers"]["legacy_agent"]
+    env["port"] = "${ports.env}"
+    env["agent_server"]["name"] = "${names.agent}"
+    cfg["math_agent"]["responses_api_agents"]["simple_agent"]["host"] = "${oc.env:TROLLOUT_X,h}"
+    cfg |= {"ports": {"env": 9}, "names": {"agent": "math_agent"}, "key": "${oc.env:UNSET_X}"}
+    assert Deployment.from_config(cfg).fingerprint() == FINGERPRINT_070
+
+
 def test_fingerprint_changes_with_agents_and_routes() -> None:
     """Adding an agent, or fronting an agent differently, changes the fingerprint."""
     base = Deployment.from_config(config_070()).fingerprint()
@@ -532,58 +761,185 @@ def test_fingerprint_of_agent_urls_matches_an_earlier_generation_config() -> Non
 # --- task sources and admission -----------------------------------------------------------
 
 
-def test_agent_for_task_source_finds_the_declaring_agent() -> None:
-    """A task_source resolves to the agent that declares a dataset of that name."""
+def rs_block(port: int, **extra: Any) -> dict[str, Any]:
+    """Return a resources server instance block."""
+    return {"resources_servers": {"verifier": {"host": "127.0.0.1", "port": port, **extra}}}
+
+
+def using(rs: str, port: int, impl: str = "simple_agent", **extra: Any) -> dict[str, Any]:
+    """Return an agent block of type ``impl`` running against resources server ``rs``."""
+    ref = {"type": "resources_servers", "name": rs}
+    block = {"host": "127.0.0.1", "port": port, "resources_server": ref, **extra}
+    return {"responses_api_agents": {impl: block}}
+
+
+def test_agent_for_task_source_is_the_declaring_instance() -> None:
+    """task_source names the instance that declared the dataset, not the dataset."""
     deployment = Deployment.from_config(config_070())
-    assert deployment.agent_for_task_source("math_eval") == "math_agent"
-    assert deployment.agent_for_task_source("unknown_dataset") is None
-
-
-def test_agent_for_task_source_refuses_an_ambiguous_name() -> None:
-    """A dataset declared by two agents cannot route rows; both agents are named."""
-    cfg = config_070()
-    other = cfg["other_agent"]["responses_api_agents"]["simple_agent"]
-    other["datasets"] = [{"name": "math_train"}]
-    with pytest.raises(DeploymentError, match="several agents \\('math_agent', 'other_agent'\\)"):
-        Deployment.from_config(cfg).agent_for_task_source("math_train")
-
-
-def test_admits_follows_dataset_allowed_agents() -> None:
-    """A dataset's allowed_agents admits the listed agents only; others are unrestricted."""
-    cfg = {**config_070(), "third": agent_block(8010)}
-    deployment = Deployment.from_config(cfg)
-    assert deployment.admits("other_agent", "math_eval")
-    assert not deployment.admits("third", "math_eval")
-    assert deployment.admits("third", "math_train")
-    assert deployment.admits("third", None)
-    assert deployment.admission_refusal("third", "math_eval") == (
-        "dataset 'math_eval' does not admit agent 'third' (allowed_agents)"
+    assert deployment.agent_for_task_source("math_agent") == "math_agent"  # an agent: itself
+    assert deployment.agent_for_task_source("math_rs") == "math_agent"  # its one user
+    with pytest.raises(DeploymentError) as info:
+        deployment.agent_for_task_source("math_eval")  # a dataset name is not an instance
+    assert str(info.value) == (
+        "unknown task_source instance 'math_eval' (known: 'math_agent', 'math_rs', "
+        "'other_agent'); did you mean 'math_agent'? name the agent or resources server whose "
+        "config declares the rows' dataset, or set agent_ref.name on the rows"
     )
 
 
-def test_admits_follows_a_resources_servers_allowed_agents() -> None:
-    """A resources server that declares allowed_agents refuses agents that use it unlisted."""
+def test_agent_for_task_source_follows_a_dataset_pin() -> None:
+    """A resources server whose datasets pin an agent routes to that agent."""
+    cfg = {
+        "rs": rs_block(1, datasets=[{"name": "d", "agent": "b"}, {"name": "e"}]),
+        "a": using("rs", 2),
+        "b": using("rs", 3),
+    }
+    assert Deployment.from_config(cfg).agent_for_task_source("rs") == "b"
+
+
+@pytest.mark.parametrize(
+    ("cfg", "task_source", "message"),
+    [
+        (
+            {"rs": rs_block(1), "a": using("rs", 2), "b": using("rs", 3)},
+            "rs",
+            "task_source 'rs': 2 agents reference resources server 'rs' ('a', 'b'); pin one "
+            "with an agent: key on the dataset, or pass +agent_map={rs:<agent>}",
+        ),
+        (
+            {"rs": rs_block(1), "a": agent_block(2)},
+            "rs",
+            "task_source 'rs': no agent references resources server 'rs'; point an agent's "
+            "resources_server at it, or set agent_ref.name on the rows",
+        ),
+        (
+            {
+                "rs": rs_block(
+                    1, datasets=[{"name": "d", "agent": "a"}, {"name": "e", "agent": "b"}]
+                ),
+                "a": using("rs", 2),
+                "b": using("rs", 3),
+            },
+            "rs",
+            "task_source 'rs': its datasets pin conflicting agents ('a', 'b'), which task_source "
+            "alone cannot tell apart; pass +agent_map={rs:<agent>} to pick one",
+        ),
+        (
+            {"rs": rs_block(1, datasets=[{"name": "d", "agent": "b"}]), "a": using("rs", 2)},
+            "rs",
+            "task_source 'rs': its datasets pin agent 'b', but no agent of that name references "
+            "resources server 'rs' (agents that do: 'a'); fix the dataset's agent: key, or pass "
+            "+agent_map={rs:<agent>}",
+        ),
+        (
+            {"a": agent_block(2, datasets=[{"name": "d", "agent": "b"}]), "b": agent_block(3)},
+            "a",
+            "task_source 'a' is an agent, but its dataset pins agent 'b': an agent's datasets "
+            "run on that agent, so the pin cannot apply; remove the pin, or pass "
+            "+agent_map={a:b}",
+        ),
+        (
+            config_070(),
+            "policy_model",
+            "task_source 'policy_model' is a responses_api_models instance, not an agent or "
+            "resources server, so no dataset routes from it; name the agent or resources server "
+            "whose config declares the rows' dataset, or set agent_ref.name on the rows",
+        ),
+        (
+            config_070(),
+            "math_agnet",
+            "unknown task_source instance 'math_agnet' (known: 'math_agent', 'math_rs', "
+            "'other_agent'); did you mean 'math_agent'? name the agent or resources server whose "
+            "config declares the rows' dataset, or set agent_ref.name on the rows",
+        ),
+    ],
+    ids=["several", "none", "conflicting-pins", "pin-not-a-user", "agent-pin", "model", "typo"],
+)
+def test_agent_for_task_source_refuses_what_it_cannot_resolve(
+    cfg: dict[str, Any], task_source: str, message: str
+) -> None:
+    """Each way a task_source fails to name one agent has its own message and remedy."""
+    with pytest.raises(DeploymentError) as info:
+        Deployment.from_config(cfg).agent_for_task_source(task_source)
+    assert str(info.value) == message
+
+
+def test_admission_compares_allowed_agents_with_the_agents_type() -> None:
+    """allowed_agents lists agent types: an instance name does not admit, its type does."""
     cfg = config_070()
-    cfg["math_rs"]["resources_servers"]["math_with_judge"]["allowed_agents"] = ["other_agent"]
+    rs = cfg["math_rs"]["resources_servers"]["math_with_judge"]
+    rs["allowed_agents"] = ["math_agent"]  # an instance name, not a type
     deployment = Deployment.from_config(cfg)
-    assert not deployment.admits("math_agent")
     assert deployment.admission_refusal("math_agent") == (
-        "resources server 'math_rs' does not admit agent 'math_agent'"
+        "agent 'math_agent' runs 'simple_agent', but the resources server it runs against "
+        "'math_rs' accepts only 'math_agent'"
     )
-    assert deployment.admits("other_agent")
+    rs["allowed_agents"] = "simple_agent"  # a bare string is one entry
+    assert Deployment.from_config(cfg).admits("math_agent", "math_rs", taskset="math")
+    rs["allowed_agents"] = []  # empty: no restriction
+    assert Deployment.from_config(cfg).admits("math_agent", "math_rs", taskset="math")
 
 
-def test_admits_an_agent_its_resources_server_lists() -> None:
-    """A resources server's allowed_agents admits the agents it lists."""
-    cfg = config_070()
-    cfg["math_rs"]["resources_servers"]["math_with_judge"]["allowed_agents"] = ["math_agent"]
-    assert Deployment.from_config(cfg).admits("math_agent", "math_train")
+def test_admission_checks_the_task_source_and_the_agents_resources_server() -> None:
+    """Both verifiers' allowed_agents bind: the rows' task_source and the agent's own."""
+    cfg = {
+        "strict": rs_block(1, allowed_agents=["other_type"]),
+        "open": rs_block(2),
+        "a": using("open", 3),
+        "b": using("strict", 4),
+    }
+    deployment = Deployment.from_config(cfg)
+    assert deployment.admits("a", "open")
+    assert deployment.admission_refusal("a", "strict") == (
+        "agent 'a' runs 'simple_agent', but their task_source 'strict' accepts only 'other_type'"
+    )
+    assert deployment.admission_refusal("b") == (
+        "agent 'b' runs 'simple_agent', but the resources server it runs against 'strict' "
+        "accepts only 'other_type'"
+    )
 
 
-def test_admits_refuses_an_unknown_agent() -> None:
-    """An unknown agent is never admitted."""
+def test_admission_of_flat_rows_meets_every_dataset_the_agent_declares() -> None:
+    """A flat row names no dataset, so every entry the executing agent declares binds it."""
     deployment = Deployment.from_config(config_070())
-    assert not deployment.admits("nobody", "math_train")
+    assert deployment.admits("math_agent")  # math_eval admits simple_agent
+    datasets = [{"name": "x", "allowed_agents": ["simple_agent"]}, {"name": "y"}]
+    third = {"responses_api_agents": {"third_type": {"host": "h", "port": 1, "datasets": datasets}}}
+    assert Deployment.from_config({**config_070(), "third": third}).admission_refusal("third") == (
+        "agent 'third' runs 'third_type', but the dataset 'x' that declares them accepts only "
+        "'simple_agent'"
+    )
+
+
+def test_admission_of_task_rows_uses_the_entries_declaring_the_taskset() -> None:
+    """A taskset's entries bind wherever declared; an unrelated entry on the agent does not."""
+    harbor = [
+        {"name": "ts", "allowed_agents": ["simple_agent"]},  # named after its taskset
+        {"name": "x", "taskset": "ts2", "allowed_agents": ["harbor"]},
+    ]
+    cfg = {
+        "a": agent_block(1, datasets=[{"name": "other", "allowed_agents": ["nobody"]}]),
+        "gen": {"responses_api_agents": {"harbor": {"host": "h", "port": 2, "datasets": harbor}}},
+    }
+    deployment = Deployment.from_config(cfg)
+    assert deployment.admits("a", taskset="ts")  # 'other' (no taskset) does not hold ts rows
+    assert deployment.admission_refusal("a", taskset="ts2") == (
+        "agent 'a' runs 'simple_agent', but the dataset 'x' that declares them accepts only "
+        "'harbor'"
+    )
+    # no entry anywhere declares ts3: the agent's own entries without a taskset count
+    assert deployment.admission_refusal("a", taskset="ts3") == (
+        "agent 'a' runs 'simple_agent', but the dataset 'other' that declares them accepts "
+        "only 'nobody'"
+    )
+    assert not deployment.admits("a")  # a flat row meets 'other' too
+
+
+def test_admission_skips_agents_without_a_type() -> None:
+    """--agent-url agents have no config, so nothing can refuse them; unknown ones are."""
+    deployment = Deployment.from_agent_urls({"a": "http://127.0.0.1:1"})
+    assert deployment.admits("a", "anything", "ts")
+    assert not deployment.admits("nobody")
 
 
 # --- metrics targets and model servers ------------------------------------------------------
@@ -728,6 +1084,51 @@ async def test_discover_refuses_an_https_head_server_before_any_request() -> Non
         with pytest.raises(ConfigError, match="head server URL must be a plain http:// URL"):
             await discover(client, "https://127.0.0.1:11000")
     assert seen == []
+
+
+def fake_urls_of(deployment: Deployment) -> dict[str, str]:
+    """Return {server name: URL} of a discovered deployment."""
+    return {server.name: server.url for server in deployment.servers}
+
+
+async def test_fake_head_server_serves_interpolations_like_a_real_one() -> None:
+    """In process: the fake serves ${...} (the secret only at top level); discovery resolves."""
+    spec = DeploymentSpec(agents=(AgentSpec(name="a"),))
+    async with open_fake_deployment(spec) as fake, httpx.AsyncClient() as client:
+        text = (await client.get(fake.head_url + "/global_config_dict_yaml")).json()
+        deployment = await discover(client, fake.head_url)
+    served = yaml.safe_load(text)
+    model = served["policy_model"]["responses_api_models"]["vllm_model"]
+    assert model["api_key"] == "${policy_api_key}"
+    assert model["port"] == "${policy_model_port}"
+    assert model["host"] == "${oc.env:TROLLOUT_FAKE_HOST,127.0.0.1}"
+    assert served["policy_api_key"] == FAKE_API_KEY
+    assert text.count(FAKE_API_KEY) == 1
+    assert fake_urls_of(deployment) == {
+        name: f"http://127.0.0.1:{port}"
+        for name, port in fake.urls.ports.items()
+        if name != "head_server"
+    }
+    assert FAKE_API_KEY not in repr(deployment)
+
+
+def test_subprocess_fake_head_server_discovers_with_interpolations() -> None:
+    """The fake in its own process serves the same config; discovery resolves it alike."""
+    spec = DeploymentSpec(agents=(AgentSpec(name="a"),))
+    with spawn_fake_deployment(spec) as urls:
+        deployment = trio.run(discover_at, urls.head_url)
+    assert fake_urls_of(deployment) == {
+        name: f"http://127.0.0.1:{port}"
+        for name, port in urls.ports.items()
+        if name != "head_server"
+    }
+    assert deployment.route("a").url == urls.run_urls["a"]
+
+
+async def discover_at(head_url: str) -> Deployment:
+    """Discover the deployment behind ``head_url`` with a fresh client."""
+    async with httpx.AsyncClient() as client:
+        return await discover(client, head_url)
 
 
 async def test_fake_deployment_config_has_no_aliases() -> None:

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plan_router import TableRouter, direct_router
+from plan_router import EnvironmentServer, TableRouter, direct_router
 
 from trollout import jsonl
 from trollout.collector.deployment import Deployment
 from trollout.collector.plan import Plan, plan_rollouts, plan_rows, rollout_seed
-from trollout.config import RunConfig, SeedMode
+from trollout.config import TASKSET_NEEDS_ROUTES, RunConfig, SeedMode
 from trollout.errors import ConfigError, DeploymentError, InputError
 from trollout.records import MaterializedRow
 
@@ -172,7 +172,7 @@ def test_plan_agent_ref_extra_fields_kept_only_for_same_agent(tmp_path: Path) ->
 
 def test_plan_agent_map_precedence(tmp_path: Path) -> None:
     """agent_map[agent] > agent_map[task_source] > agent_map._default > agent_ref."""
-    router = direct_router(datasets={"ds": ["alpha"]})
+    router = direct_router(task_sources={"ds": ["alpha"]})
     lines = [
         row("1", "alpha", task_source="ds"),  # agent key wins over task_source key
         row("2", "beta", task_source="ds"),  # task_source key wins over _default
@@ -186,8 +186,8 @@ def test_plan_agent_map_precedence(tmp_path: Path) -> None:
 
 
 def test_plan_task_source_resolution(tmp_path: Path) -> None:
-    """A row without agent_ref goes to the one agent declaring a dataset named its task_source."""
-    router = direct_router(datasets={"math": ["beta"], "both": ["alpha", "gamma"]})
+    """A row without agent_ref runs on the agent its task_source resolves to; else refused."""
+    router = direct_router(task_sources={"math": ["beta"], "both": ["alpha", "gamma"]})
     p = plan(tmp_path, [row("a", None, task_source="math")], router)
     assert keys(p) == [(0, 0, "beta")]
     assert p.rows().__next__().identity.task_source == "math"
@@ -203,24 +203,23 @@ def test_plan_task_source_resolution(tmp_path: Path) -> None:
         )
     path = tmp_path / "in.jsonl"
     assert problems_of(exc) == [
-        f"{path}:1: task_source 'both' is a dataset of ['alpha', 'gamma']",
-        f"{path}:2: no agent: no agent_ref.name, and no agent declares a dataset named "
-        "task_source 'nope'; add agent_ref.name to the rows, or pass +agent_name=<agent>",
+        f"{path}:1: task_source 'both' resolves to ['alpha', 'gamma']",
+        f"{path}:2: task_source 'nope' resolves to []",
         f"{path}:3: no agent: no agent_ref.name, no task_source; add agent_ref.name to the "
         "rows, or pass +agent_name=<agent>",
     ]
 
 
 def test_plan_allowed_agents_refusal(tmp_path: Path) -> None:
-    """An agent a dataset's allowed_agents leaves out is refused before dispatch."""
+    """An agent the rows' allowed_agents leave out is refused before dispatch."""
     router = direct_router(allowed={"ds": {"alpha"}})
     assert plan(tmp_path, [row("a", "alpha", task_source="ds")], router).expected == 1
     with pytest.raises(InputError) as exc:
         plan(tmp_path, [row("a", "beta", task_source="ds")] * 2, router)
     assert problems_of(exc) == [
         f"2 rows, first at {tmp_path / 'in.jsonl'}:1: agent 'beta' (from agent_ref.name) is not "
-        "admitted: dataset 'ds' does not admit agent 'beta' (allowed_agents); route these rows "
-        "to another agent"
+        "admitted: 'ds' does not admit agent 'beta'; route these rows to an agent of an "
+        "accepted type"
     ]
 
 
@@ -393,6 +392,114 @@ def test_plan_task_row_shape_checked(tmp_path: Path) -> None:
     assert problems_of(exc) == [
         f"{path}:1: task_id.taskset must be a non-empty string (got ''); fix the task row",
         f"{path}:1: task row has task_id but no task_input; add task_input",
+    ]
+
+
+def task(taskset: str = "ts", task_id: str = "1") -> dict[str, Any]:
+    """Return a materialized task row of ``taskset``."""
+    return {"task_id": {"taskset": taskset, "task_id": task_id}, "task_input": {"q": task_id}}
+
+
+def test_plan_task_rows_repeat_by_taskset_before_default(tmp_path: Path) -> None:
+    """num_repeats keyed by a task row's taskset wins over _default; agents' keys do not apply."""
+    router = TableRouter(agents={"alpha": None}, environments={"env_t": "episode"})
+    routes = {"ts": "env_t", "ts2": "env_t"}
+    repeats = {"ts": 3, "alpha": 5, "_default": 2}
+    p = plan(
+        tmp_path,
+        [task("ts"), task("ts2"), row()],
+        router,
+        environment_server_routes=routes,
+        num_repeats=repeats,
+    )
+    assert [(k[0], k[2]) for k in keys(p)] == [(0, None)] * 3 + [(1, None)] * 2 + [(2, "alpha")] * 5
+
+
+def test_plan_task_rows_ignore_agent_map_and_fan_out(tmp_path: Path) -> None:
+    """agent_name, agent_map and fan_out re-route flat rows only; a task row names no agent."""
+    router = TableRouter(agents={"alpha": None, "beta": None}, environments={"env_t": "episode"})
+    settings = {"environment_server_routes": {"ts": "env_t"}, "fan_out": {"ts": ["alpha", "beta"]}}
+    p = plan(tmp_path, [task(), row()], router, agent_name="beta", **settings)
+    assert keys(p) == [(0, 0, None), (1, 0, "beta")]
+    assert "agent_ref" not in bodies(p)[0]
+
+
+def test_plan_task_rows_are_paired_with_the_agent_their_server_binds(tmp_path: Path) -> None:
+    """A task row's pairing check uses its server's bound agent, verifier and the taskset."""
+    bound = EnvironmentServer("episode", agent_server="beta", resources_server="rs")
+    routes = {"environment_server_routes": {"ts": "env_t", "free": "env_u"}}
+    environments = {"env_t": bound, "env_u": EnvironmentServer("episode")}
+    admitted = TableRouter(
+        agents={"beta": None}, environments=environments, allowed={"ts": {"beta"}}
+    )
+    assert plan(tmp_path, [task()], admitted, **routes).expected == 1
+    for allowed in ({"ts": {"alpha"}}, {"rs": {"alpha"}}):
+        router = TableRouter(agents={"beta": None}, environments=environments, allowed=allowed)
+        with pytest.raises(InputError) as exc:
+            plan(tmp_path, [task(), task(task_id="2"), task("free")], router, **routes)
+        key = next(iter(allowed))
+        assert problems_of(exc) == [
+            f"2 rows, first at {tmp_path / 'in.jsonl'}:1: task rows of taskset 'ts' go to "
+            f"environment server 'env_t', whose agent is not admitted: {key!r} does not admit "
+            "agent 'beta'; route these rows to an agent of an accepted type"
+        ]
+
+
+def test_plan_taskset_mode_needs_routes(tmp_path: Path) -> None:
+    """environment_routing_mode=taskset without environment_server_routes is refused."""
+    router = TableRouter(agents={"alpha": None}, environments={"env_t": "episode"})
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [task()], router, environment_routing_mode="taskset")
+    assert problems_of(exc)[0] == TASKSET_NEEDS_ROUTES
+
+
+def legacy_router(bound: str | None = "beta", **tables: Any) -> TableRouter:
+    """Return a router whose environment server 'old' binds ``bound`` and verifier 'rs'."""
+    server = EnvironmentServer("legacy_agent", agent_server=bound, resources_server="rs")
+    return TableRouter(
+        agents=dict.fromkeys(("alpha", "beta")), environments={"old": server}, **tables
+    )
+
+
+LEGACY = {"environment_routing_mode": "legacy", "environment_server_name": "old"}
+
+
+def test_plan_legacy_mode_stamps_the_servers_agent_on_rows_naming_none(tmp_path: Path) -> None:
+    """A flat row naming no agent runs on the agent the server binds; task_source unresolved."""
+    lines = [row("a", None), row("b", None, task_source="rs"), row("c", "beta")]
+    lines.append(row("d", None, task_source="beta"))  # the agent may have declared the dataset
+    p = plan(tmp_path, lines, legacy_router(), **LEGACY)
+    assert [(r.identity.agent_name, r.identity.environment_server) for r in p.rows()] == [
+        ("beta", "old")
+    ] * 4
+    assert [b["agent_ref"] for b in bodies(p)] == [{"name": "beta"}] * 4
+
+
+def test_plan_legacy_mode_refuses_rows_the_server_cannot_run(tmp_path: Path) -> None:
+    """Another agent, another task_source, an unpaired agent or no agent at all: refused."""
+    path = tmp_path / "in.jsonl"
+    lines = [row("a", "alpha"), row("b", None, task_source="other_rs")]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, lines, legacy_router(), **LEGACY)
+    assert problems_of(exc) == [
+        f"{path}:1: agent 'alpha' (from agent_ref.name) is not the agent environment server "
+        "'old' fronts ('beta'); drop agent_ref from these rows to run them on 'beta', or pass "
+        "+environment_server_name=<the server fronting the agent>",
+        f"{path}:2: task_source 'other_rs' names neither the resources server environment "
+        "server 'old' runs against ('rs') nor the agent running them ('beta'); fix task_source "
+        "in the rows, or choose another environment_server_name",
+    ]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row("a", None)], legacy_router(allowed={"rs": {"alpha"}}), **LEGACY)
+    assert problems_of(exc) == [
+        f"{path}:1: agent 'beta' (from environment server 'old') is not admitted: 'rs' does not "
+        "admit agent 'beta'; route these rows to an agent of an accepted type"
+    ]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, [row("a", None)], legacy_router(bound=None), **LEGACY)
+    assert problems_of(exc) == [
+        f"{path}:1: no agent: no agent_ref.name, and environment server 'old' binds none (no "
+        "agent_server); add agent_ref.name to the rows, or pass +agent_name=<agent>"
     ]
 
 
@@ -727,28 +834,28 @@ def test_plan_matches_nemo_gym_materialized_inputs() -> None:
 
 
 def test_plan_routes_with_the_real_deployment() -> None:
-    """`Deployment` serves as the router: task_source owner, environment server, admission."""
-    agent = {
-        "host": "127.0.0.1",
-        "port": 1,
-        "datasets": [{"name": "math", "allowed_agents": ["simple"]}],
-    }
+    """`Deployment` serves as the router: task_source instance, environment server, admission."""
+    rs = {"type": "resources_servers", "name": "rs"}
+    agent = {"host": "127.0.0.1", "port": 1, "resources_server": rs, "datasets": [{"name": "m"}]}
     env = {
         "host": "127.0.0.1",
         "port": 3,
         "agent_server": {"type": "responses_api_agents", "name": "simple"},
     }
+    verifier = {"host": "127.0.0.1", "port": 4, "allowed_agents": ["simple_agent"]}
     deployment = Deployment.from_config(
         {
             "simple": {"responses_api_agents": {"simple_agent": agent}},
-            "other": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": 2}}},
+            "other": {"responses_api_agents": {"other_agent": {"host": "127.0.0.1", "port": 2}}},
             "env": {"environment_servers": {"legacy_agent": env}},
+            "rs": {"resources_servers": {"verifier": verifier}},
         }
     )
     rows = [
-        {"responses_create_params": {}, "task_source": "math"},
+        {"responses_create_params": {}, "task_source": "rs"},
+        {"responses_create_params": {}, "task_source": "simple"},
         {"responses_create_params": {}, "agent_ref": {"name": "other"}},
-        {"task_id": {"taskset": "ts", "task_id": 1}, "task_input": {}},
+        {"task_id": {"taskset": "ts", "task_id": "1"}, "task_input": {}},
     ]
     p = plan_rows(rows, RunConfig(environment_server_routes={"ts": "env"}), deployment)
     assert [
@@ -756,11 +863,63 @@ def test_plan_routes_with_the_real_deployment() -> None:
         for r in p.rows()
     ] == [
         ("simple", "env", "legacy_agent"),
+        ("simple", "env", "legacy_agent"),
         ("other", None, None),
         (None, "env", "legacy_agent"),
     ]
-    with pytest.raises(InputError, match="does not admit agent 'other'"):
+    with pytest.raises(InputError, match="their task_source 'rs' accepts only 'simple_agent'"):
         plan_rows([{**rows[0], "agent_ref": {"name": "other"}}], RunConfig(), deployment)
+
+
+def test_plan_legacy_routing_with_the_real_deployment() -> None:
+    """A real 0.7.0 shape in legacy mode: rows naming no agent get the server's bound agent."""
+    env = {
+        "host": "127.0.0.1",
+        "port": 3,
+        "agent_server": {"type": "responses_api_agents", "name": "simple"},
+    }
+    deployment = Deployment.from_config(
+        {
+            "simple": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": 1}}},
+            "env": {"environment_servers": {"legacy_agent": env}},
+        }
+    )
+    config = RunConfig(environment_routing_mode="legacy", environment_server_name="env")
+    [r] = plan_rows([{"responses_create_params": {}}], config, deployment).rows()
+    assert (r.identity.agent_name, r.identity.environment_server) == ("simple", "env")
+    assert r.body["agent_ref"] == {"name": "simple"}
+
+
+def test_plan_agent_map_disambiguates_a_task_source_of_the_real_deployment(
+    tmp_path: Path,
+) -> None:
+    """Every unresolvable task_source is one line of one error; +agent_map picks the agent."""
+    rs = {"type": "resources_servers", "name": "rs"}
+
+    def agent(port: int) -> dict[str, Any]:
+        block = {"host": "127.0.0.1", "port": port, "resources_server": rs}
+        return {"responses_api_agents": {"simple_agent": block}}
+
+    deployment = Deployment.from_config(
+        {
+            "a": agent(1),
+            "b": agent(2),
+            "rs": {"resources_servers": {"verifier": {"host": "127.0.0.1", "port": 3}}},
+        }
+    )
+    lines = [row("1", None, task_source="rs"), row("2", None, task_source="nope")]
+    with pytest.raises(InputError) as exc:
+        plan(tmp_path, lines, deployment)
+    path = tmp_path / "in.jsonl"
+    assert problems_of(exc) == [
+        f"{path}:1: task_source 'rs': 2 agents reference resources server 'rs' ('a', 'b'); pin "
+        "one with an agent: key on the dataset, or pass +agent_map={rs:<agent>}",
+        f"{path}:2: unknown task_source instance 'nope' (known: 'a', 'b', 'rs'); name the agent "
+        "or resources server whose config declares the rows' dataset, or set agent_ref.name on "
+        "the rows",
+    ]
+    p = plan(tmp_path, lines[:1], deployment, agent_map={"rs": "b"})
+    assert keys(p) == [(0, 0, "b")]
 
 
 # --- edges --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import trio
 import yaml
 
 from builders import wait_until
+from trollout.collector.deployment import Deployment
 from trollout.testing import (
     FAKE_API_KEY,
     AgentSpec,
@@ -58,17 +59,16 @@ async def test_head_config_is_yaml_inside_a_json_string(
 async def test_head_config_lists_every_server_instance(
     fake: FakeDeployment, client: httpx.AsyncClient
 ) -> None:
-    """Every instance has one type and one implementation with host and port."""
+    """Every instance has one type and one implementation with host and port (resolved)."""
     config = await _config(client, fake)
+    urls = {s.name: s.url for s in Deployment.from_config(config).servers}
     types = {}
     for name, value in config.items():
-        if name in ("head_server", "default_host"):
-            continue
-        assert isinstance(value, dict)
+        if not isinstance(value, dict) or name == "head_server":
+            continue  # settings
         ((server_type, impls),) = value.items()
-        ((_, block),) = impls.items()
-        assert block["host"] == "127.0.0.1"
-        assert block["port"] == fake.urls.ports[name]
+        assert len(impls) == 1
+        assert urls[name] == f"http://127.0.0.1:{fake.urls.ports[name]}"
         types[name] = server_type
     assert types == {
         "policy_model": "responses_api_models",
@@ -98,10 +98,11 @@ async def test_head_config_environment_server_fronts_its_agent(
 async def test_head_config_carries_a_fake_secret(
     fake: FakeDeployment, client: httpx.AsyncClient
 ) -> None:
-    """The model server block holds an api_key, so tests can check nobody logs it."""
+    """The model block reads an api_key through ${...}, so tests can check nobody logs it."""
     config = await _config(client, fake)
     block = config["policy_model"]["responses_api_models"]["vllm_model"]  # type: ignore[index]
-    assert block["api_key"] == FAKE_API_KEY
+    assert block["api_key"] == "${policy_api_key}"
+    assert config["policy_api_key"] == FAKE_API_KEY
 
 
 async def test_legacy_config_has_no_environment_servers(client: httpx.AsyncClient) -> None:

@@ -111,7 +111,7 @@ def test_example_fixture_rows_are_well_formed() -> None:
         assert solve(task["task_input"]["prompt"]) is not None
     for row in rows:
         assert "agent_ref" not in row
-        assert row["task_source"] in {"math_agent_tasks", "string_agent_tasks"}
+        assert row["task_source"] in {"math_agent", "string_agent"}  # the declaring instances
         assert solve(question_of(row["responses_create_params"])) == row["expected_answer"]
 
 

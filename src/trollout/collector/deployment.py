@@ -6,7 +6,9 @@ built in one of three ways (protocol.md section 1):
 - `discover`: ``GET {head}/global_config_dict_yaml`` (YAML text inside a JSON string), then
   `Deployment.from_config` on the parsed mapping;
 - `Deployment.from_config`: every top-level key shaped ``{server_type: {implementation: {host,
-  port, ...}}}`` is a server instance; every other key is a setting and is ignored;
+  port, ...}}}`` is a server instance; every other key is a setting and is ignored. The config is
+  read as served, interpolations unresolved: `served_config` resolves only the values trollout
+  reads;
 - `Deployment.from_agent_urls`: explicit ``--agent-url NAME=URL`` pairs, no head server.
 
 Routing (generation detection): when the deployment has environment servers (NeMo Gym 0.7.0), an
@@ -14,6 +16,10 @@ agent's `/run` goes to the environment server that fronts it; an agent no enviro
 fronts, and every agent of an earlier-generation deployment, is reached directly. An agent fronted
 by two environment servers is recorded, not refused: `Deployment.route` raises for it, while rows
 that name their environment server explicitly still work (`Deployment.environment_server`).
+
+Task sources and admission follow NeMo Gym 0.7.0 (``resolve_task_sources``,
+``_validate_agent_pairings``): a ``task_source`` names the config instance that declared the
+rows' dataset, and ``allowed_agents`` lists agent *types* (implementation names).
 
 Secrets: the deployment config holds API keys. Parsing keeps only names, types, host and port,
 references and dataset declarations, so a `Deployment` (and its repr) carries no secret. Error
@@ -23,9 +29,9 @@ config are raised outside the ``except`` block so no chained exception holds the
 `Deployment.fingerprint` hashes names, types and routes, not hosts or ports: a deployment
 restarted on new ports serves the same run, and resuming against it should not be refused.
 
-Length: this module is longer than the house's ~400 lines on purpose: parsing, routing and
-discovery share the secret-handling rules above, and splitting them would spread those rules over
-two files. The parsing helpers (``_parse_*`` and below) are the part to move out if it grows.
+Length: this module is longer than the house's ~400 lines because routing, task_source
+resolution and admission all read the same server tables and share their messages; parsing the
+config (and its secret handling) lives in `served_config`.
 
 Design note: the rejected alternative kept the raw config mapping and looked things up on demand.
 It is less code, but it carries every secret into reprs, logs and manifests, and it turns a bad
@@ -36,7 +42,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
@@ -50,6 +55,16 @@ from attrs import frozen
 from ..config import load_yaml, validate_url
 from ..errors import ConfigError, DeploymentError, UnknownAgentError
 from ..records import Identity
+from .served_config import (
+    AGENTS,
+    ENVIRONMENTS,
+    MODELS,
+    RESOURCES,
+    Dataset,
+    Server,
+    kind,
+    parse_servers,
+)
 
 __all__ = [
     "AGENTS",
@@ -67,13 +82,7 @@ __all__ = [
     "validate_url",
 ]
 
-AGENTS: Final = "responses_api_agents"
-RESOURCES: Final = "resources_servers"
-MODELS: Final = "responses_api_models"
-ENVIRONMENTS: Final = "environment_servers"
-SERVER_TYPES: Final = frozenset({AGENTS, RESOURCES, MODELS, ENVIRONMENTS})
 CONFIG_PATH: Final = "/global_config_dict_yaml"
-_INTERPOLATION: Final = re.compile(r"\$\{[^}]*\}")
 _FIX: Final = "fix the deployment config and restart it"
 
 
@@ -93,46 +102,6 @@ class Route:
     url: str
     environment_server: str | None = None
     result_type: str | None = None
-
-
-@frozen
-class Dataset:
-    """A dataset an agent declares (``datasets:`` in its block)."""
-
-    name: str
-    type: str | None = None
-    jsonl_fpath: str | None = None
-    num_repeats: int | None = None
-    license: str | None = None
-    allowed_agents: frozenset[str] | None = None  # None: no restriction
-    taskset: str | None = None
-
-
-@frozen
-class Server:
-    """One server instance; only non-secret fields of its block are kept.
-
-    Attributes:
-        name: the instance name (the top-level config key).
-        server_type: one of `AGENTS`, `RESOURCES`, `MODELS`, `ENVIRONMENTS`.
-        implementation: the implementation name (None for ``--agent-url`` agents).
-        url: ``http://host:port`` (no trailing slash).
-        agent_server: for an environment server, the agent it fronts.
-        resources_server: the referenced resources server, if any.
-        model_server: the referenced model server, if any.
-        datasets: an agent's declared datasets.
-        allowed_agents: a resources server's admitted agents (None: no restriction).
-    """
-
-    name: str
-    server_type: str
-    implementation: str | None
-    url: str
-    agent_server: str | None = None
-    resources_server: str | None = None
-    model_server: str | None = None
-    datasets: tuple[Dataset, ...] = ()
-    allowed_agents: frozenset[str] | None = None
 
 
 class AggregateTarget(NamedTuple):
@@ -172,23 +141,18 @@ class Deployment:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], *, head_url: str | None = None) -> Deployment:
-        """Build a deployment from a parsed NeMo Gym config mapping.
+        """Build a deployment from a NeMo Gym config mapping as its head server serves it.
+
+        Interpolations (``${...}``) are resolved only in the values trollout reads (see
+        `served_config`); the rest of the config is never touched.
 
         Raises:
-            DeploymentError: an unresolved ``${...}`` value or a malformed server block, naming
-                the key path (never the value).
+            DeploymentError: a malformed server block, or a value trollout reads that cannot be
+                resolved, naming the key path (never the value).
         """
         if not isinstance(cfg, Mapping):
-            raise DeploymentError(f"deployment config must be a mapping (got {_kind(cfg)}); {_FIX}")
-        unresolved = list(_unresolved_paths(cfg, ""))
-        if unresolved:
-            keys = ", ".join(repr(p) for p in unresolved)
-            raise DeploymentError(
-                f"deployment config has unresolved ${{...}} values at {keys}; "
-                "set the variables they name and restart the deployment"
-            )
-        parsed = (_parse_instance(str(name), value) for name, value in cfg.items())
-        return cls(tuple(s for s in parsed if s is not None), head_url=head_url)
+            raise DeploymentError(f"deployment config must be a mapping (got {kind(cfg)}); {_FIX}")
+        return cls(parse_servers(cfg), head_url=head_url)
 
     @classmethod
     def from_agent_urls(cls, urls: Mapping[str, str]) -> Deployment:
@@ -242,48 +206,125 @@ class Deployment:
             _unknown_message("agent", agent_name, self.known_agents, _AGENT_REMEDY)
         )
 
-    def agent_for_task_source(self, task_source: str) -> str | None:
-        """Return the agent that declares a dataset named ``task_source``, or None.
+    def agent_for_task_source(self, task_source: str) -> str:
+        """Return the agent that runs rows whose only route is ``task_source``.
+
+        ``task_source`` names the config instance that declared the rows' dataset (NeMo Gym
+        0.7.0's ``resolve_task_sources``): an agent runs its own datasets; a resources server's
+        rows run on the one agent referencing it, or on the agent its datasets pin
+        (``agent:``). ``+agent_map={task_source: agent}`` is the disambiguator: the planner
+        applies it first, so a mapped task_source never reaches this.
 
         Raises:
-            DeploymentError: several agents declare it.
+            DeploymentError: an unknown instance, one datasets cannot route from, conflicting
+                pins, a pin no agent matches, or no agent or several agents to choose from.
         """
-        owners = sorted(
-            {a.name for a in self._agents() for d in a.datasets if d.name == task_source}
-        )
-        if len(owners) > 1:
-            names = ", ".join(repr(o) for o in owners)
+        server = self._by_name.get(task_source)
+        if server is None:
+            known = frozenset(s.name for s in self.servers if s.server_type in (AGENTS, RESOURCES))
             raise DeploymentError(
-                f"task_source {task_source!r} is a dataset of several agents ({names}); set "
-                "agent_ref.name on the rows or pass +agent_map={" + task_source + ":<agent>}"
+                _unknown_message("task_source instance", task_source, known, _SOURCE_REMEDY)
             )
-        return owners[0] if owners else None
+        if server.server_type not in (AGENTS, RESOURCES):
+            raise DeploymentError(
+                f"task_source {task_source!r} is a {server.server_type} instance, not an agent "
+                f"or resources server, so no dataset routes from it; {_SOURCE_REMEDY}"
+            )
+        pin = _dataset_pin(server)
+        if server.server_type == AGENTS:
+            if pin is not None and pin != task_source:
+                raise DeploymentError(
+                    f"task_source {task_source!r} is an agent, but its dataset pins agent "
+                    f"{pin!r}: an agent's datasets run on that agent, so the pin cannot apply; "
+                    f"remove the pin, or pass +agent_map={{{task_source}:{pin}}}"
+                )
+            return task_source
+        return self._agent_for_resources_server(task_source, pin)
 
-    def admits(self, agent_name: str, task_source: str | None = None) -> bool:
-        """Return whether ``agent_name`` may run rows of ``task_source``.
+    def _agent_for_resources_server(self, name: str, pin: str | None) -> str:
+        users = sorted(a.name for a in self._agents() if a.resources_server == name)
+        pick = f"pass +agent_map={{{name}:<agent>}}"
+        if pin is not None and pin not in users:
+            raise DeploymentError(
+                f"task_source {name!r}: its datasets pin agent {pin!r}, but no agent of that "
+                f"name references resources server {name!r} (agents that do: "
+                f"{_listing(users)}); fix the dataset's agent: key, or {pick}"
+            )
+        if pin is not None or len(users) == 1:
+            return pin or users[0]
+        if not users:
+            raise DeploymentError(
+                f"task_source {name!r}: no agent references resources server {name!r}; point "
+                "an agent's resources_server at it, or set agent_ref.name on the rows"
+            )
+        raise DeploymentError(
+            f"task_source {name!r}: {len(users)} agents reference resources server {name!r} "
+            f"({_listing(users)}); pin one with an agent: key on the dataset, or {pick}"
+        )
+
+    def admits(
+        self, agent_name: str, task_source: str | None = None, taskset: str | None = None
+    ) -> bool:
+        """Return whether ``agent_name`` may run these rows (see `admission_refusal`).
 
         An unknown agent is not admitted (check `known_agents` first for a better message).
         """
-        return self.admission_refusal(agent_name, task_source) is None
+        return self.admission_refusal(agent_name, task_source, taskset) is None
 
-    def admission_refusal(self, agent_name: str, task_source: str | None = None) -> str | None:
-        """Return why ``agent_name`` may not run rows of ``task_source``, or None if it may.
+    def admission_refusal(
+        self, agent_name: str, task_source: str | None = None, taskset: str | None = None
+    ) -> str | None:
+        """Return why ``agent_name`` may not run these rows, or None if it may.
 
-        A dataset's ``allowed_agents`` binds rows of that task source (any declaration of the
-        dataset that lists the agent, or lists nothing, admits it); a resources server that
-        declares ``allowed_agents`` binds the agents (and environment servers) that use it.
+        As NeMo Gym 0.7.0's ``_validate_agent_pairings``: the agent's *type* (implementation)
+        must be in the ``allowed_agents`` of the rows' task_source and of the resources server
+        the agent runs against (when they are resources servers that list any), and of every
+        dataset entry declaring the rows. For a task row (``taskset``) those are the entries
+        declaring its taskset on any agent block, or, when none does, the agent's own entries
+        that name no taskset; a flat row meets every entry the agent declares. Agents without
+        a type (``--agent-url``) are not checked.
         """
-        if agent_name not in self.known_agents:
+        agent = self._by_name.get(agent_name)
+        if agent is None or agent.server_type != AGENTS:
             return _unknown_message("agent", agent_name, self.known_agents, _AGENT_REMEDY)
-        decls = [d for a in self._agents() for d in a.datasets if d.name == task_source]
-        if decls and not any(
-            d.allowed_agents is None or agent_name in d.allowed_agents for d in decls
-        ):
-            return f"dataset {task_source!r} does not admit agent {agent_name!r} (allowed_agents)"
-        for server in self._resources_of(agent_name):
-            if server.allowed_agents is not None and agent_name not in server.allowed_agents:
-                return f"resources server {server.name!r} does not admit agent {agent_name!r}"
-        return None
+        if agent.implementation is None:
+            return None
+        refusals = [
+            *self._verifier_refusals(agent, task_source),
+            *(
+                f"the dataset {d.name!r} that declares them accepts only "
+                f"{_listing(d.allowed_agents)}"
+                for d in self._datasets_of_rows(agent, taskset)
+                if d.allowed_agents and agent.implementation not in d.allowed_agents
+            ),
+        ]
+        if not refusals:
+            return None
+        return f"agent {agent_name!r} runs {agent.implementation!r}, but " + "; ".join(refusals)
+
+    def _verifier_refusals(self, agent: Server, task_source: str | None) -> Iterator[str]:
+        verifiers = {
+            task_source: "their task_source",
+            agent.resources_server: "the resources server it runs against",
+        }
+        for name, relation in verifiers.items():
+            server = self._by_name.get(name) if name else None
+            if server is None or server.server_type != RESOURCES:
+                continue
+            allowed = server.allowed_agents
+            if allowed and agent.implementation not in allowed:
+                yield f"{relation} {name!r} accepts only {_listing(allowed)}"
+
+    def _datasets_of_rows(self, agent: Server, taskset: str | None) -> list[Dataset]:
+        if taskset is None:
+            return list(agent.datasets)
+        declaring = [
+            d
+            for a in self._agents()
+            for d in a.datasets
+            if (d.taskset if d.taskset is not None else d.name) == taskset
+        ]
+        return declaring or [d for d in agent.datasets if d.taskset is None]
 
     def environment_server(self, name: str) -> Server:
         """Return the environment server ``name`` (explicit or taskset routing).
@@ -358,14 +399,6 @@ class Deployment:
     def _agents(self) -> Iterator[Server]:
         return self._of_type(AGENTS)
 
-    def _resources_of(self, agent_name: str) -> list[Server]:
-        users = [
-            self._by_name[agent_name],
-            *(s for s in self._of_type(ENVIRONMENTS) if s.agent_server == agent_name),
-        ]
-        names = {u.resources_server for u in users if u.resources_server}
-        return [s for s in self._of_type(RESOURCES) if s.name in names]
-
 
 def _derive_routes(
     servers: tuple[Server, ...],
@@ -396,134 +429,29 @@ def _unknown_message(what: str, name: str, known: frozenset[str], remedy: str) -
 
 
 _AGENT_REMEDY: Final = "fix agent_ref.name in the rows, or route with +agent_map / --agent-url"
-_ENV_REMEDY: Final = "fix _ng_environment_server in the rows or the environment server settings"
+_SOURCE_REMEDY: Final = (
+    "name the agent or resources server whose config declares the rows' dataset, or set "
+    "agent_ref.name on the rows"
+)
 
 
-# --- parsing a config mapping (names and key paths only in messages) -----------------------
-
-
-def _unresolved_paths(value: Any, path: str) -> Iterator[str]:
-    if isinstance(value, str):
-        if _INTERPOLATION.search(value):
-            yield path
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            yield from _unresolved_paths(item, f"{path}.{key}" if path else str(key))
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            yield from _unresolved_paths(item, f"{path}[{index}]")
-
-
-def _parse_instance(name: str, value: Any) -> Server | None:
-    if not isinstance(value, Mapping) or len(value) != 1:
-        return None
-    [(server_type, impls)] = value.items()
-    if server_type not in SERVER_TYPES:
-        return None
-    path = f"{name}.{server_type}"
-    if not isinstance(impls, Mapping) or len(impls) != 1:
-        raise _bad(path, "a mapping of exactly one implementation", impls)
-    [(implementation, block)] = impls.items()
-    path = f"{path}.{implementation}"
-    if not isinstance(block, Mapping):
-        raise _bad(path, "a mapping", block)
-    return _server(name, server_type, str(implementation), block, path)
-
-
-def _server(name: str, server_type: str, impl: str, block: Mapping[str, Any], path: str) -> Server:
-    return Server(
-        name=name,
-        server_type=server_type,
-        implementation=impl,
-        url=_block_url(block, path),
-        agent_server=_ref_name(block, "agent_server", path),
-        resources_server=_ref_name(block, "resources_server", path),
-        model_server=_ref_name(block, "model_server", path),
-        datasets=_datasets(block, path) if server_type == AGENTS else (),
-        allowed_agents=_names(block, "allowed_agents", path) if server_type == RESOURCES else None,
-    )
-
-
-def _block_url(block: Mapping[str, Any], path: str) -> str:
-    host, port = block.get("host"), block.get("port")
-    if not isinstance(host, str) or not host.strip():
-        raise _bad(f"{path}.host", "a host name", host)
-    if any(c in host for c in "/@?#") or any(c.isspace() for c in host.strip()):
-        # "https://h" is the likely one; trollout speaks plain http:// to host:port.
+def _dataset_pin(server: Server) -> str | None:
+    """Return the one agent a server's datasets pin, None if none; refuse conflicting pins."""
+    pins = list(dict.fromkeys(d.agent for d in server.datasets if d.agent is not None))
+    if len(pins) > 1:
         raise DeploymentError(
-            f"deployment config key {path + '.host'!r} must be a bare host name (got a value "
-            "with a scheme, path or credentials); trollout speaks plain http:// to host:port, "
-            f"so give the host alone; {_FIX}"
+            f"task_source {server.name!r}: its datasets pin conflicting agents "
+            f"({_listing(pins)}), which task_source alone cannot tell apart; pass "
+            f"+agent_map={{{server.name}:<agent>}} to pick one"
         )
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise _bad(f"{path}.port", "a port 1..65535", port)
-    host = host.strip()
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return pins[0] if pins else None
 
 
-def _ref_name(block: Mapping[str, Any], key: str, path: str) -> str | None:
-    ref = block.get(key)
-    if ref is None:
-        return None
-    name = ref.get("name") if isinstance(ref, Mapping) else None
-    if not isinstance(name, str) or not name:
-        raise _bad(f"{path}.{key}", "a mapping {type, name}", ref)
-    return name
+def _listing(names: Iterable[str]) -> str:
+    return ", ".join(repr(n) for n in sorted(names)) or "none"
 
 
-def _datasets(block: Mapping[str, Any], path: str) -> tuple[Dataset, ...]:
-    entries = block.get("datasets") or []
-    if not isinstance(entries, list):
-        raise _bad(f"{path}.datasets", "a list", entries)
-    return tuple(_dataset(entry, f"{path}.datasets[{i}]") for i, entry in enumerate(entries))
-
-
-def _dataset(entry: Any, path: str) -> Dataset:
-    if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
-        raise _bad(path, "a mapping with a 'name'", entry)
-    repeats = entry.get("num_repeats")
-    if repeats is not None and (isinstance(repeats, bool) or not isinstance(repeats, int)):
-        raise _bad(f"{path}.num_repeats", "an integer", repeats)
-    return Dataset(
-        name=entry["name"],
-        type=_opt_str(entry, "type", path),
-        jsonl_fpath=_opt_str(entry, "jsonl_fpath", path),
-        num_repeats=repeats,
-        license=_opt_str(entry, "license", path),
-        allowed_agents=_names(entry, "allowed_agents", path),
-        taskset=_opt_str(entry, "taskset", path),
-    )
-
-
-def _opt_str(entry: Mapping[str, Any], key: str, path: str) -> str | None:
-    value = entry.get(key)
-    if value is not None and not isinstance(value, str):
-        raise _bad(f"{path}.{key}", "a string", value)
-    return value
-
-
-def _names(entry: Mapping[str, Any], key: str, path: str) -> frozenset[str] | None:
-    value = entry.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _bad(f"{path}.{key}", "a list of names", value)
-    return frozenset(value)
-
-
-def _bad(path: str, expected: str, value: Any) -> DeploymentError:
-    return DeploymentError(
-        f"deployment config key {path!r} must be {expected} (got {_kind(value)}); {_FIX}"
-    )
-
-
-def _kind(value: Any) -> str:
-    """Describe a value by its type only: config values may be secrets."""
-    if value is None:
-        return "nothing"
-    if isinstance(value, Mapping):
-        return f"a mapping of {len(value)} key{'s' if len(value) != 1 else ''}"
-    return f"a {type(value).__name__}"
+_ENV_REMEDY: Final = "fix _ng_environment_server in the rows or the environment server settings"
 
 
 # --- the head server and liveness ----------------------------------------------------------
@@ -564,7 +492,7 @@ def _decode_body(content: bytes, head_url: str) -> str:
         decoded = content
     if isinstance(decoded, str):
         return decoded
-    got = "a body that is not JSON" if decoded is content else f"JSON {_kind(decoded)}"
+    got = "a body that is not JSON" if decoded is content else f"JSON {kind(decoded)}"
     raise DeploymentError(
         f"head server {head_url!r} answered GET {CONFIG_PATH} with {got}; expected a JSON string "
         "holding YAML (NeMo Gym's head server); check the URL or pass --agent-url NAME=URL"
@@ -584,7 +512,7 @@ def _load_yaml(text: str, head_url: str) -> Mapping[str, Any]:
             return cfg
         problem = (
             f"head server {head_url!r} sent a deployment config that is not a YAML mapping "
-            f"(it is {_kind(cfg)}, not a mapping); check the deployment's config files"
+            f"(it is {kind(cfg)}, not a mapping); check the deployment's config files"
         )
     raise DeploymentError(problem)
 

@@ -6,25 +6,35 @@ five questions, and nothing else:
 - ``known_agents``: the agent names the deployment serves;
 - ``route(agent)``: where that agent's rows go (`deployment.Route`); may raise `DeploymentError`
   (an agent fronted by two environment servers);
-- ``agent_for_task_source(name)``: the one agent declaring a dataset of that name, or None; may
-  raise `DeploymentError` (several agents declare it);
-- ``admission_refusal(agent, task_source)``: why a dataset's or resources server's
-  ``allowed_agents`` refuses the agent, or None when it is admitted;
+- ``agent_for_task_source(name)``: the agent that runs rows whose only route is the config
+  instance ``name`` (the one that declared their dataset); raises `DeploymentError` saying why
+  there is no single such agent;
+- ``admission_refusal(agent, task_source, taskset)``: why the ``allowed_agents`` of the rows'
+  verifiers or declaring datasets refuse the agent's type, or None when it is admitted;
 - ``environment_server(name)``: an environment server (its ``implementation`` is the
-  ``_ng_result_type``); raises `DeploymentError` when there is none of that name.
+  ``_ng_result_type``; ``agent_server`` the agent it binds; ``resources_server`` its verifier);
+  raises `DeploymentError` when there is none of that name.
 
-Rules (protocol.md sections 3 and 5), for a flat row whose agent is ``agent_ref.name``:
+Rules (protocol.md sections 3 and 5, NeMo Gym 0.7.0), for a flat row whose agent is
+``agent_ref.name``:
 
 1. ``fan_out[row agent]``, else ``fan_out[task_source]``: the row runs once per listed agent.
 2. ``agent_map[row agent]`` > ``agent_map[task_source]`` > ``agent_map._default`` > the row's
-   agent > the agent declaring a dataset named ``task_source``. ``agent_name X`` *replaces*
-   ``agent_map`` with ``{_default: X}``, so it re-routes every row that no fan-out matches.
+   agent > the agent ``task_source`` resolves to. ``agent_name X`` *replaces* ``agent_map`` with
+   ``{_default: X}``, so it re-routes every row that no fan-out matches.
 3. The environment server: ``agent`` mode, the one fronting the agent (``Route``); ``legacy``,
-   ``environment_server_name`` for every flat row; ``taskset``, flat rows are refused.
+   ``environment_server_name`` for every flat row; ``taskset``, flat rows are refused (and
+   ``environment_server_routes`` is required).
+4. Legacy mode never resolves ``task_source``: a row naming no agent runs on the agent the
+   environment server binds, a row naming another agent is refused, and so is a ``task_source``
+   naming neither the server's resources server nor its agent (the instances that may have
+   declared the rows' dataset).
 
 A task row (``task_id: {taskset, task_id}``) names no agent and goes to
-``environment_server_routes[taskset]`` in every mode. ``num_repeats`` may be per agent
-(``{agent: n, _default: n}``); task rows take ``_default`` (1 when absent).
+``environment_server_routes[taskset]`` in every mode; ``agent_map`` and ``fan_out`` never apply
+to it. Its pairing is checked with the agent its environment server binds. ``num_repeats`` may
+be a mapping: a flat row takes its agent's entry, a task row its taskset's, then ``_default``
+(1 when absent).
 
 Resolution depends only on (row agent, task_source) or the taskset, so it is cached per key and
 the router is asked once per distinct key, not once per row.
@@ -35,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Set
 from typing import Any, Final, NamedTuple, Protocol
 
-from ..config import RunConfig, repeats_problems
+from ..config import TASKSET_NEEDS_ROUTES, RunConfig, repeats_problems
 from ..errors import DeploymentError
 from .deployment import Route
 from .plan_input import Problems, is_task_row
@@ -46,6 +56,7 @@ DEFAULT: Final = "_default"
 _MODES: Final = ("agent", "legacy", "taskset")
 _MAX_CACHE: Final = 4096
 _MAX_NAMES: Final = 10
+_PAIRING_REMEDY: Final = "route these rows to an agent of an accepted type"
 
 
 class EnvironmentServerInfo(Protocol):
@@ -54,6 +65,16 @@ class EnvironmentServerInfo(Protocol):
     @property
     def implementation(self) -> str | None:
         """The implementation name, stamped as ``_ng_result_type``."""
+        ...
+
+    @property
+    def agent_server(self) -> str | None:
+        """The agent it binds (fronts), if any."""
+        ...
+
+    @property
+    def resources_server(self) -> str | None:
+        """The resources server it runs against, if it names one."""
         ...
 
 
@@ -69,12 +90,14 @@ class Router(Protocol):
         """Return where rows of a known agent go."""
         ...
 
-    def agent_for_task_source(self, task_source: str) -> str | None:
-        """Return the one agent declaring a dataset named ``task_source``, or None."""
+    def agent_for_task_source(self, task_source: str) -> str:
+        """Return the agent running rows routed by ``task_source`` (raise `DeploymentError`)."""
         ...
 
-    def admission_refusal(self, agent_name: str, task_source: str | None = None) -> str | None:
-        """Return why the agent may not run rows of ``task_source``, or None."""
+    def admission_refusal(
+        self, agent_name: str, task_source: str | None = None, taskset: str | None = None
+    ) -> str | None:
+        """Return why the agent may not run these rows, or None."""
         ...
 
     def environment_server(self, name: str) -> EnvironmentServerInfo:
@@ -124,7 +147,7 @@ class Resolver:
         self._repeats = config.num_repeats
         self._mode = config.environment_routing_mode
         self._legacy_server = config.environment_server_name
-        self._legacy_type: str | None = None
+        self._legacy: EnvironmentServerInfo | None = None
         self._routes = config.environment_server_routes
         self._cache: dict[Hashable, Resolution] = {}
         for message in repeats_problems(self._repeats) + list(bad_fan_out.values()):
@@ -141,13 +164,13 @@ class Resolver:
                 self._cache[key] = found
         return found
 
-    def repeats_for(self, agent: str | None) -> int:
-        """Return ``num_repeats`` for an agent (task rows: ``_default``)."""
+    def repeats_for(self, key: str | None) -> int:
+        """Return ``num_repeats`` for an agent or a taskset (else ``_default``, else 1)."""
         repeats = self._repeats
         if not isinstance(repeats, Mapping):
             return repeats
-        if agent is not None and agent in repeats:
-            return repeats[agent]
+        if key is not None and key in repeats:
+            return repeats[key]
         return repeats.get(DEFAULT, 1)
 
     # --- flat rows ------------------------------------------------------------------------
@@ -177,23 +200,34 @@ class Resolver:
             return [(self._agent_map[DEFAULT], self._via_default)]
         if agent is not None:
             return [(agent, "agent_ref.name")]
+        if self._mode == "legacy":
+            return self._bound_agent()
         return self._task_source_agent(task_source)
 
+    def _bound_agent(self) -> list[tuple[str, str]] | Issue:
+        if self._legacy is None:
+            return []  # an unknown environment_server_name is already a problem
+        bound = self._legacy.agent_server
+        if bound is None:
+            return Issue(
+                ("no agent", None),
+                f"no agent: no agent_ref.name, and environment server {self._legacy_server!r} "
+                "binds none (no agent_server)",
+                "add agent_ref.name to the rows, or pass +agent_name=<agent>",
+            )
+        return [(bound, f"environment server {self._legacy_server!r}")]
+
     def _task_source_agent(self, task_source: str | None) -> list[tuple[str, str]] | Issue:
-        remedy = "add agent_ref.name to the rows, or pass +agent_name=<agent>"
         if task_source is None:
-            return Issue(("no agent", None), "no agent: no agent_ref.name, no task_source", remedy)
+            return Issue(
+                ("no agent", None),
+                "no agent: no agent_ref.name, no task_source",
+                "add agent_ref.name to the rows, or pass +agent_name=<agent>",
+            )
         try:
             owner = self._router.agent_for_task_source(task_source)
         except DeploymentError as exc:
             return Issue(("task_source", task_source), str(exc), "")
-        if owner is None:
-            return Issue(
-                ("no agent", task_source),
-                f"no agent: no agent_ref.name, and no agent declares a dataset named "
-                f"task_source {task_source!r}",
-                remedy,
-            )
         return [(owner, f"task_source {task_source!r}")]
 
     def _flat_copy(self, name: str, via: str, task_source: str | None) -> Copy | Issue:
@@ -205,17 +239,47 @@ class Resolver:
             )
             what = f"unknown agent {name!r} (from {via}); known agents: {_names(self._known)}"
             return Issue(("unknown", name), what, fix)
-        refusal = self._router.admission_refusal(name, task_source)
-        if refusal is not None:
-            what = f"agent {name!r} (from {via}) is not admitted: {refusal}"
-            return Issue(("refused", name, task_source), what, "route these rows to another agent")
         if self._mode == "legacy":
-            return Copy(name, self._legacy_server, self._legacy_type, self.repeats_for(name))
+            return self._legacy_copy(name, via, task_source)
+        refusal = self._refusal(name, via, task_source)
+        if refusal is not None:
+            return refusal
         try:
             route = self._router.route(name)
         except DeploymentError as exc:
             return Issue(("route", name), str(exc), "")
         return Copy(name, route.environment_server, route.result_type, self.repeats_for(name))
+
+    def _refusal(self, name: str, via: str, task_source: str | None) -> Issue | None:
+        refusal = self._router.admission_refusal(name, task_source)
+        if refusal is None:
+            return None
+        what = f"agent {name!r} (from {via}) is not admitted: {refusal}"
+        return Issue(("refused", name, task_source), what, _PAIRING_REMEDY)
+
+    def _legacy_copy(self, name: str, via: str, task_source: str | None) -> Copy | Issue:
+        server, info = self._legacy_server, self._legacy
+        impl = info.implementation if info is not None else None
+        bound = info.agent_server if info is not None else None
+        verifier = info.resources_server if info is not None else None
+        if bound is not None and name != bound:
+            return Issue(
+                ("legacy agent", name),
+                f"agent {name!r} (from {via}) is not the agent environment server {server!r} "
+                f"fronts ({bound!r})",
+                f"drop agent_ref from these rows to run them on {bound!r}, or pass "
+                "+environment_server_name=<the server fronting the agent>",
+            )
+        if task_source not in (None, verifier, name) and verifier is not None:
+            return Issue(
+                ("legacy task_source", task_source),
+                f"task_source {task_source!r} names neither the resources server environment "
+                f"server {server!r} runs against ({verifier!r}) nor the agent running them "
+                f"({name!r})",
+                "fix task_source in the rows, or choose another environment_server_name",
+            )
+        refusal = self._refusal(name, via, verifier if verifier is not None else task_source)
+        return refusal or Copy(name, server, impl, self.repeats_for(name))
 
     # --- task rows ------------------------------------------------------------------------
 
@@ -228,10 +292,24 @@ class Resolver:
                 f"pass +environment_server_routes={{{taskset}:<environment server>}}",
             )
         try:
-            result_type = self._router.environment_server(server).implementation
+            info = self._router.environment_server(server)
         except DeploymentError as exc:
             return _refused(("server", server), f"environment_server_routes.{taskset}: {exc}", "")
-        return Resolution((Copy(None, server, result_type, self.repeats_for(None)),), ())
+        agent = info.agent_server
+        refusal = (
+            self._router.admission_refusal(agent, info.resources_server, taskset)
+            if agent is not None and agent in self._known
+            else None
+        )
+        if refusal is not None:
+            return _refused(
+                ("refused", server, taskset),
+                f"task rows of taskset {taskset!r} go to environment server {server!r}, whose "
+                f"agent is not admitted: {refusal}",
+                _PAIRING_REMEDY,
+            )
+        copy = Copy(None, server, info.implementation, self.repeats_for(taskset))
+        return Resolution((copy,), ())
 
     # --- settings -------------------------------------------------------------------------
 
@@ -243,6 +321,8 @@ class Resolver:
             )
         elif self._mode == "legacy":
             self._check_legacy(problems)
+        elif self._mode == "taskset" and not self._routes:
+            problems.config(TASKSET_NEEDS_ROUTES)
 
     def _check_legacy(self, problems: Problems) -> None:
         if not self._legacy_server:
@@ -252,7 +332,7 @@ class Resolver:
             )
             return
         try:
-            self._legacy_type = self._router.environment_server(self._legacy_server).implementation
+            self._legacy = self._router.environment_server(self._legacy_server)
         except DeploymentError as exc:
             problems.config(f"environment_server_name: {exc}")
 

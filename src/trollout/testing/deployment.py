@@ -111,7 +111,7 @@ def _url(port: int) -> str:
     return f"http://{HOST}:{port}"
 
 
-def _block(role: Role, port: int, **extra: Any) -> dict[str, Any]:
+def _block(role: Role, port: int | str, **extra: Any) -> dict[str, Any]:
     body = {"entrypoint": "app.py", "host": HOST, "port": port, **extra}
     return {role.value: {_IMPLEMENTATIONS[role]: body}}
 
@@ -156,21 +156,34 @@ def _episode_blocks(spec: DeploymentSpec, ports: Mapping[str, int]) -> dict[str,
 
 
 def build_config(spec: DeploymentSpec, ports: Mapping[str, int]) -> dict[str, Any]:
-    """Return the merged deployment config the head server hands out (protocol.md section 1)."""
+    """Return the merged deployment config the head server hands out (protocol.md section 1).
+
+    Like a real NeMo Gym head server's, it is served before OmegaConf resolves it: the model
+    server block reads its URL, key (`FAKE_API_KEY`, the top-level ``policy_api_key``) and model
+    through ``${...}``, has an ``${oc.env:...,default}`` and a value nobody can resolve (a
+    collector reads none of them), and its own host and port, which a collector does read, are
+    an ``oc.env`` with a default and a reference to another key.
+    """
     model_port = ports[spec.model_name]
     model = _block(
         Role.MODEL,
-        model_port,
-        base_url=f"{_url(model_port)}/v1",
-        api_key=FAKE_API_KEY,
-        model=MODEL_ID,
+        "${policy_model_port}",
+        base_url="${policy_base_url}",
+        api_key="${policy_api_key}",
+        model="${policy_model_name}",
+        drop_input_reasoning_items="${oc.env:POLICY_DROP_REASONING_ITEMS,false}",
+        extra_headers="${oc.env:TROLLOUT_FAKE_NEVER_SET}",
+        host=f"${{oc.env:TROLLOUT_FAKE_HOST,{HOST}}}",
     )
     return {
-        "head_server": {"host": HOST, "port": ports["head_server"]},
-        "default_host": HOST,
         spec.model_name: model,
         **_agent_blocks(spec, ports),
         **_episode_blocks(spec, ports),
+        "head_server": {"host": HOST, "port": ports["head_server"]},
+        "policy_base_url": f"{_url(model_port)}/v1",
+        "policy_api_key": FAKE_API_KEY,
+        "policy_model_name": MODEL_ID,
+        "policy_model_port": model_port,
     }
 
 
