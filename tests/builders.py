@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -338,3 +339,15 @@ class HangArrivals:
     def all_hanging(self) -> bool:
         """Whether every hanging arrival has come."""
         return self.arrivals >= self.first + self.count
+
+
+def connections(sock: socket.socket) -> int:
+    """Return how many connections reached a `listener` socket since the last call."""
+    n = 0
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except BlockingIOError:
+            return n
+        conn.close()
+        n += 1

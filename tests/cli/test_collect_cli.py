@@ -7,13 +7,12 @@ import os
 import random
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from builders import serve_head_config
+from builders import connections, serve_head_config
 from trollout.cli.main import cli
 from trollout.testing import AgentSpec, DeploymentSpec, spawn_fake_deployment
 
@@ -22,29 +21,6 @@ ROW = {
     "expected_answer": "2",
     "agent_ref": {"name": "math_agent"},
 }
-
-
-@pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    """A loopback port that accepts connections but never answers (counts dispatches)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    sock.setblocking(False)
-    yield sock
-    sock.close()
-
-
-def connections(sock: socket.socket) -> int:
-    """Return how many connections reached the listener."""
-    n = 0
-    while True:
-        try:
-            conn, _ = sock.accept()
-        except BlockingIOError:
-            return n
-        conn.close()
-        n += 1
 
 
 def write_input(path: Path, lines: list[str]) -> Path:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from builders import invoke, serve_head_config
+from builders import connections, invoke, serve_head_config
 from trollout.testing import (
     FAKE_API_KEY,
     AgentSpec,
@@ -32,29 +31,6 @@ AGENT = "example_single_tool_call_simple_agent"
 ENV = "example_single_tool_call_environment_server"
 RS = "example_single_tool_call"
 PROMPT = {"responses_create_params": {"input": [{"role": "user", "content": "What is 2 + 2?"}]}}
-
-
-@pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    """A loopback port that accepts connections but never answers (counts dispatches)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    sock.setblocking(False)
-    yield sock
-    sock.close()
-
-
-def connections(sock: socket.socket) -> int:
-    """Return how many connections reached the listener."""
-    n = 0
-    while True:
-        try:
-            conn, _ = sock.accept()
-        except BlockingIOError:
-            return n
-        conn.close()
-        n += 1
 
 
 class _NoAliasDumper(yaml.SafeDumper):
