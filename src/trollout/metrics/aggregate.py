@@ -31,6 +31,7 @@ import httpx
 import trio
 from attrs import frozen
 
+from ..config import default_max_attempts
 from ..errors import ConfigError
 from ..recovery.layout import RunLayout
 from .coverage import Coverage, GroupKey, coverage_lines
@@ -49,9 +50,8 @@ class AggregateOptions:
     """What goes into the metric input, and how intervals are computed.
 
     Attributes:
-        count_failure_classes_as_zero: failure classes whose latest row counts as reward 0;
-            None (the default) imputes nothing, a list (even empty) also keeps rows marked
-            ``_ng_failure_counts_as_zero``.
+        count_failure_classes_as_zero: failure classes whose latest row counts as reward 0
+            (a row its producer marked ``_ng_failure_counts_as_zero`` always does).
         count_missing_rollouts_as_zero: planned rollouts with no row count as reward 0.
         bootstrap_samples: resamples per interval (0: normal approximation only).
         confidence: interval coverage.
@@ -59,6 +59,8 @@ class AggregateOptions:
         max_bootstrap_categories: above this many distinct task outcomes, intervals use the
             normal approximation (see `estimators`).
         write_report: write ``<stem>_report.html``.
+        max_attempts: the attempt cap rollouts without a recorded cap are held to (the
+            ``retries/*`` exports); default: env ``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS``, else 3.
     """
 
     count_failure_classes_as_zero: frozenset[str] | None = None
@@ -68,6 +70,7 @@ class AggregateOptions:
     seed: int = 0
     max_bootstrap_categories: int = 2000
     write_report: bool = True
+    max_attempts: int = attrs.field(factory=default_max_attempts)
 
     def summary_options(self) -> SummaryOptions:
         """Return the interval settings."""
@@ -76,6 +79,7 @@ class AggregateOptions:
             confidence=self.confidence,
             seed=self.seed,
             max_bootstrap_categories=self.max_bootstrap_categories,
+            max_attempts=self.max_attempts,
         )
 
 
