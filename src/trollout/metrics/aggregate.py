@@ -9,7 +9,8 @@ of a run (unless ``disable_aggregation``). Both:
 3. summarize each group locally (`summary`): coverage, both views, NeMo Gym's default metrics;
 4. when targets are given, call ``/aggregate_metrics`` once per agent or environment server
    (`server`); a failed call is recorded, not raised;
-5. write ``<stem>_aggregate_metrics.json`` and ``<stem>_report.html`` beside the output.
+5. write ``<stem>_aggregate_metrics.json`` and ``<stem>_report.html`` beside the output;
+6. mark each shard's status file with the aggregation's outcome (`shards.refresh_shard_status`).
 
 Nothing is renamed into place before step 5, so a cancelled aggregation leaves no half-written
 file; an input file is never written (`shards.refuse_overwrite`).
@@ -39,7 +40,7 @@ from .output import metrics_entries, write_metrics_file
 from .reader import Collection, InputReport
 from .report_html import write_report
 from .server import Target, fetch_server_metrics, target_for
-from .shards import MergeWriter, refuse_overwrite
+from .shards import MergeWriter, refresh_shard_status, refuse_overwrite
 from .summary import GroupSummary, SummaryOptions, summarize
 
 __all__ = ["AggregateOptions", "AggregateResult", "aggregate_run", "aggregate_shards"]
@@ -195,6 +196,9 @@ async def aggregate_shards(
         if merge is not None:
             merge.discard()
         raise
+    await trio.to_thread.run_sync(
+        refresh_shard_status, shards, result.metrics_path, result.server_errors
+    )
     return result
 
 
