@@ -76,6 +76,7 @@ __all__ = [
     "parse_override",
     "parse_value",
     "plan_differences",
+    "read_settings_file",
     "validate_url",
 ]
 
@@ -513,7 +514,7 @@ def load_config(
     """
     values: dict[str, Any] = dict(defaults or {})
     if config_file is not None:
-        values.update(_read_yaml(Path(config_file)))
+        values.update(read_settings_file(config_file))
     values.update({k: v for k, v in (options or {}).items() if v is not None})
     for token in overrides:
         key, value = parse_override(token)
@@ -692,17 +693,28 @@ def head_server_url(block: Mapping[str, Any]) -> str:
     return f"http://{host}:{port}"
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_settings_file(
+    path: str | os.PathLike[str], *, what: str = "config file"
+) -> dict[str, Any]:
+    """Read a YAML file of settings (a mapping; an empty file is no setting).
+
+    Raises:
+        ConfigError: the file cannot be read, is not YAML, or is not a mapping.
+    """
+    return _read_yaml(Path(path), what)
+
+
+def _read_yaml(path: Path, what: str = "config file") -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ConfigError(f"cannot read config file {str(path)!r}: {reason}") from exc
-    data = load_yaml(text, source=f"config file {str(path)!r}")
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {reason}") from exc
+    data = load_yaml(text, source=f"{what} {str(path)!r}")
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of settings")
+        raise ConfigError(f"{what} {str(path)!r} must hold a mapping of settings")
     return data
 
 

@@ -151,6 +151,8 @@ async def collect_run(
     """
     if not config.output_jsonl_fpath:
         raise ConfigError("no output file: pass -o OUT.jsonl or +output_jsonl_fpath=<file.jsonl>")
+    if config.resubmit and resubmit is None:  # NeMo Gym's +resubmit=true resumes
+        resubmit = Resubmit()
     resuming = config.resume_from_cache or resubmit is not None
     if not config.input_jsonl_fpath and not resuming:
         raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
