@@ -55,8 +55,8 @@ from .errors import ConfigError
 
 __all__ = [
     "COUNT",
-    "DEFAULT_START_MIN_FRACTION",
     "DEFAULT_MAX_INPUT_LINE_BYTES",
+    "DEFAULT_START_MIN_FRACTION",
     "FRACTION",
     "MAX_ATTEMPTS_ENV",
     "MAX_SECONDS",

@@ -49,6 +49,7 @@ __all__ = [
     "NemoKey",
     "differences",
     "load_run_config",
+    "merge_config_paths",
     "translate",
 ]
 
@@ -329,8 +330,9 @@ BY_NAME: Final = {key.name: key for key in KEYS}
 def translate(values: Mapping[str, Any], command: str) -> tuple[dict[str, Any], list[str]]:
     """Handle the NeMo Gym keys a command's settings hold; return the rest and the notes.
 
-    Keys that are fields (`NemoKey.field`) pass through for the command to check; own-way and
-    unsupported keys are checked and removed, with a note for each own-way key given.
+    Keys that are fields (`NemoKey.field`) pass through for the command to check, and so do
+    the implemented keys its caller reads (after a type check); own-way and unsupported keys
+    are checked and removed, with a note for each own-way key given.
 
     Raises:
         ConfigError: a wrong type, an unsupported value, or a key the command does not take.
@@ -344,10 +346,10 @@ def translate(values: Mapping[str, Any], command: str) -> tuple[dict[str, Any], 
             raise ConfigError(f"{name} is a setting of {other}, not of trollout {command}; drop it")
         if key.field:
             continue
-        value = out.pop(name)
-        _check_type(key, value)
+        _check_type(key, out[name])
         if key.handling is Handling.IMPLEMENTED:
-            continue
+            continue  # read by the caller (config_paths, materialized_jsonl_fpath)
+        value = out.pop(name)
         if not key.inert(value):
             raise ConfigError(f"{name}={_shown(value)} is not supported: {key.text}")
         if key.handling is Handling.OWN_WAY:
@@ -395,16 +397,21 @@ def load_run_config(
     values = dict(defaults or {})
     if "config_paths" in top:
         _check_type(BY_NAME["config_paths"], top["config_paths"])
-        values.update(merge_config_paths(top["config_paths"]))
+        values.update(merge_config_paths(top["config_paths"], COLLECT))
     values.update(top)
     values, notes = translate(values, COLLECT)
+    values.pop("config_paths", None)
     if "materialized_jsonl_fpath" in values:
         _check_materialized(values.pop("materialized_jsonl_fpath"), values)
     return build_config(values), notes
 
 
-def merge_config_paths(paths: str | list[str]) -> dict[str, Any]:
-    """Merge YAML files in order (later wins, mappings deeply); keep the collection settings.
+def merge_config_paths(paths: str | list[str], command: str) -> dict[str, Any]:
+    """Merge YAML files in order (later wins, mappings deeply); keep the command's settings.
+
+    Server blocks and deployment settings in the files are the deployment's (trollout finds
+    the servers through the head server), so only keys that are settings of ``command`` are
+    kept.
 
     Raises:
         ConfigError: a file cannot be read or is not a mapping.
@@ -412,8 +419,13 @@ def merge_config_paths(paths: str | list[str]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for path in [paths] if isinstance(paths, str) else paths:
         _deep_merge(merged, read_settings_file(path, what="config_paths file"))
-    known = FIELD_NAMES | BY_NAME.keys()
-    return {k: v for k, v in merged.items() if k in known and k != "config_paths"}
+    fields = FIELD_NAMES if command == COLLECT else frozenset()
+    return {
+        k: v
+        for k, v in merged.items()
+        if k != "config_paths"
+        and (k in fields or (k in BY_NAME and command in BY_NAME[k].commands))
+    }
 
 
 def _deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:

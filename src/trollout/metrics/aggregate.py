@@ -23,6 +23,7 @@ read cannot be abandoned halfway, which is harmless because it writes only tempo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from attrs import frozen
 from ..config import default_max_attempts
 from ..errors import ConfigError
 from ..recovery.layout import RunLayout
+from .batch import read_batch_manifest, write_batch_status
 from .coverage import Coverage, GroupKey, coverage_lines
 from .output import metrics_entries, write_metrics_file
 from .reader import Collection, InputReport
@@ -62,6 +64,8 @@ class AggregateOptions:
         write_report: write ``<stem>_report.html``.
         max_attempts: the attempt cap rollouts without a recorded cap are held to (the
             ``retries/*`` exports); default: env ``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS``, else 3.
+        batch_manifest: a NeMo Gym batch manifest: ``batch_status.json`` is written beside it.
+        retry_terminal_timeouts: judge terminal timeouts retryable in that batch status.
     """
 
     count_failure_classes_as_zero: frozenset[str] | None = None
@@ -72,6 +76,8 @@ class AggregateOptions:
     max_bootstrap_categories: int = 2000
     write_report: bool = True
     max_attempts: int = attrs.field(factory=default_max_attempts)
+    batch_manifest: Path | None = None
+    retry_terminal_timeouts: bool = False
 
     def summary_options(self) -> SummaryOptions:
         """Return the interval settings."""
@@ -157,6 +163,8 @@ async def aggregate_shards(
     options: AggregateOptions | None = None,
     targets: Sequence[Target] | None = None,
     client: httpx.AsyncClient | None = None,
+    merge_shards: bool = True,
+    plan: Path | None = None,
 ) -> AggregateResult:
     """Merge shards into ``output`` (when given) and write their metrics and report.
 
@@ -168,6 +176,10 @@ async def aggregate_shards(
         targets: ``(agent, environment server, base URL)`` for ``/aggregate_metrics``; None or
             empty aggregates locally only.
         client: the HTTP client for the calls (one is opened when targets need it).
+        merge_shards: write the merged run folder at ``output`` (False: only the metrics and
+            report go beside it, as NeMo Gym's ``merge_shards=false``).
+        plan: one materialized-inputs file standing for every shard's own (NeMo Gym's
+            ``materialized_inputs_jsonl_fpath``).
 
     Raises:
         ConfigError: several shards without ``output``, or an output that is an input file.
@@ -178,14 +190,16 @@ async def aggregate_shards(
     written until every step succeeded, so a retry is safe.
     """
     options = options or AggregateOptions()
-    layout = _output_layout(shards, output)
-    refuse_overwrite(
-        _written(layout, merged=output is not None, report=options.write_report), _inputs(shards)
-    )
-    merge = MergeWriter(layout) if output is not None else None
+    layout = _output_layout(shards, output if merge_shards else output or _single(shards))
+    merged = output is not None and merge_shards
+    refuse_overwrite(_written(layout, merged=merged, report=options.write_report), _inputs(shards))
+    members = None
+    if options.batch_manifest is not None:
+        members = await trio.to_thread.run_sync(read_batch_manifest, options.batch_manifest)
+    merge = MergeWriter(layout) if merged else None
     try:
         collection, summaries = await trio.to_thread.run_sync(
-            _compute, shards, merge, options, bool(targets)
+            _compute, shards, merge, options, bool(targets), plan
         )
         if targets:
             summaries = await _with_servers(summaries, collection, targets, client)
@@ -199,7 +213,23 @@ async def aggregate_shards(
     await trio.to_thread.run_sync(
         refresh_shard_status, shards, result.metrics_path, result.server_errors
     )
+    if members is not None and options.batch_manifest is not None:
+        await trio.to_thread.run_sync(
+            functools.partial(
+                write_batch_status,
+                options.batch_manifest,
+                members,
+                collection,
+                aggregation="ok" if result.ok else "error",
+                cap=options.max_attempts,
+                retry_timeouts=options.retry_terminal_timeouts,
+            )
+        )
     return result
+
+
+def _single(shards: Sequence[Path]) -> Path | None:
+    return shards[0] if len(shards) == 1 else None
 
 
 def _output_layout(shards: Sequence[Path], output: Path | None) -> RunLayout:
@@ -226,14 +256,20 @@ def _inputs(shards: Sequence[Path]) -> list[Path]:
 
 
 def _compute(
-    shards: Sequence[Path], merge: MergeWriter | None, options: AggregateOptions, keep_rows: bool
+    shards: Sequence[Path],
+    merge: MergeWriter | None,
+    options: AggregateOptions,
+    keep_rows: bool,
+    plan: Path | None,
 ) -> tuple[Collection, list[GroupSummary]]:
+    if plan is not None and not plan.is_file():
+        raise ConfigError(f"materialized inputs {str(plan)!r} is not a file; check the path")
     collection = Collection(options.count_failure_classes_as_zero, keep_rows=keep_rows)
     if merge is None:
-        collection.read(shards)
+        collection.read(shards, plan=plan)
     else:
         with merge:
-            collection.read(shards, merge)
+            collection.read(shards, merge, plan=plan)
     collection.resolve(count_missing=options.count_missing_rollouts_as_zero)
     return collection, summarize(collection, options.summary_options())
 

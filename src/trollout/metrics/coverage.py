@@ -32,7 +32,9 @@ from attrs import frozen
 from ..records import (
     FAILURE_CLASS,
     FAILURE_DELIVERY,
+    FAILURE_KIND,
     FAILURE_MAX_ATTEMPTS,
+    FAILURE_TERMINAL,
     Delivery,
     OmitReason,
     Omitted,
@@ -84,6 +86,9 @@ class FailureMark:
     kept: bool = False
     row: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
     max_attempts: int | None = None
+    terminal: bool = False
+    timeout: bool = False  # a time limit ended it (retried under retry_terminal_timeouts)
+    marked: bool = False  # its producer marked it _ng_failure_counts_as_zero
 
 
 class FailureLedger:
@@ -125,7 +130,23 @@ class FailureLedger:
             kept=keep,
             row=counted_row(row) if keep else {},
             max_attempts=cap if type(cap) is int else None,
+            terminal=row.get(FAILURE_TERMINAL) is True,
+            timeout=failure_class == "timeout_exceeded" or row.get(FAILURE_KIND) == "timeout",
+            marked=row.get(COUNTS_AS_ZERO) is True,
         )
+
+    def settled(
+        self, mark: FailureMark, key: RolloutKey, cap: int, *, retry_timeouts: bool
+    ) -> bool:
+        """Whether a rollout whose latest row is ``mark`` is done without landing.
+
+        As resume decides (protocol.md section 8): terminal (a timeout is retried under
+        ``retry_timeouts``), marked ``_ng_failure_counts_as_zero``, or ``cap`` attempts spent.
+        """
+        if mark.failure_class == OMITTED:
+            return False
+        terminal = mark.terminal and not (retry_timeouts and mark.timeout)
+        return terminal or mark.marked or self.attempts[key] >= cap
 
 
 def matches_failure_class(row: Mapping[str, Any], classes: Collection[str]) -> bool:
