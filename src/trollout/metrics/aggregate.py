@@ -303,6 +303,7 @@ def _write(
 ) -> AggregateResult:
     if merge is not None:
         merge.commit()
+    layout.output.parent.mkdir(parents=True, exist_ok=True)  # merge_shards=false makes none
     write_metrics_file(layout.aggregate_metrics, metrics_entries(summaries, collection))
     result = AggregateResult(
         tuple(summaries),

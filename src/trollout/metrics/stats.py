@@ -75,9 +75,10 @@ class TaskStats:
         rows: rows whose columns are kept (not masked).
         schema: column names of `data`, one interned tuple.
         data: the kept rows' values, row by row under `schema`; NaN where a row lacks a column.
+        ids: the kept rows' rollout indices, in the order of `data` (-1: not known).
     """
 
-    __slots__ = ("data", "known", "landed", "masked", "ragged", "rows", "schema")
+    __slots__ = ("data", "ids", "known", "landed", "masked", "ragged", "rows", "schema")
 
     def __init__(self) -> None:
         self.landed = 0
@@ -87,10 +88,12 @@ class TaskStats:
         self.ragged = False  # some row lacks some column (NaN in data)
         self.schema: tuple[str, ...] = ()
         self.data = array("d")
+        self.ids = array("q")
 
-    def add(self, columns: Mapping[str, float], schema: tuple[str, ...]) -> None:
+    def add(self, columns: Mapping[str, float], schema: tuple[str, ...], rollout: int = -1) -> None:
         """Add one kept row; ``schema`` is ``tuple(columns)``, interned by the group."""
         self.rows += 1
+        self.ids.append(rollout)
         if schema is self.schema or schema == self.schema:
             self.data.extend(columns.values())
             return
@@ -139,15 +142,20 @@ class TaskStats:
             row = self.data[start : start + width]
             yield {n: v for n, v in zip(self.schema, row, strict=True) if v == v}
 
+    def rollouts(self) -> Iterator[tuple[int, dict[str, float]]]:
+        """Yield ``(rollout index, columns)`` of the kept rows, in the order they were added."""
+        if not self.schema:
+            yield from ((rollout, {}) for rollout in self.ids)
+            return
+        yield from zip(self.ids, self.iter_rows(), strict=True)
+
     def merge(self, other: TaskStats) -> None:
         """Add another state of the same task (multiset union; bitmasks OR-ed)."""
         self.landed |= other.landed
         self.known |= other.known
         self.masked += other.masked
-        for row in other.iter_rows():
-            self.add(row, tuple(row))
-        for _ in range(other.rows if not other.schema else 0):  # rows without any column
-            self.add({}, ())
+        for rollout, row in other.rollouts():
+            self.add(row, tuple(row), rollout)
 
 
 class GroupStats:
@@ -189,7 +197,7 @@ class GroupStats:
             state.masked += 1
             return
         schema = self._intern(tuple(columns), (task_index, rollout_index))
-        state.add(columns, schema)
+        state.add(columns, schema, rollout_index)
 
     def _intern(self, schema: tuple[str, ...], at: tuple[int, int]) -> tuple[str, ...]:
         interned = self._interned.setdefault(schema, schema)
