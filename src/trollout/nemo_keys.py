@@ -450,7 +450,10 @@ def _check_materialized(value: str, values: Mapping[str, Any]) -> None:
 
 
 def differences(config: RunConfig) -> list[str]:
-    """Return where this run deliberately differs from NeMo Gym, one line each (for summaries)."""
+    """Return where this run deliberately differs from NeMo Gym, one line each (for summaries).
+
+    README.md lists every difference; these are the ones the run's settings put in force.
+    """
     out = []
     if config.num_repeats_add_seed and config.seed_mode is SeedMode.HASH:
         out.append(
@@ -462,4 +465,8 @@ def differences(config: RunConfig) -> list[str]:
             "a request that may have been delivered is not sent again (NeMo Gym replays it; "
             "--retry-requests)"
         )
+    out.append(
+        f"a request silent for {config.read_timeout_s:g}s fails (NeMo Gym waits without a "
+        "limit; --read-timeout)"
+    )
     return out

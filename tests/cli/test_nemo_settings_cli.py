@@ -84,6 +84,7 @@ def test_own_way_keys_are_noted_and_the_run_goes_on(fake: FakeUrls, tmp_path: Pa
         "route_failures_to_sidecar",
     ]
     assert len(read_jsonl(out)) == 1
+    assert "differs from NeMo Gym: a request silent for 3600s fails" in result.stdout
 
 
 def test_resubmit_true_resumes_and_sends_terminal_failures_again(

@@ -43,6 +43,7 @@ from ..errors import ConfigError, IncompleteEvaluationError, RunFolderError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report
 from ..metrics.batch import check_members, read_batch_manifest, write_batch_status
 from ..metrics.reader import Collection
+from ..nemo_keys import differences
 from ..records import MaterializedRow
 from ..recovery.files import format_bytes
 from ..recovery.layout import RunLayout
@@ -95,6 +96,7 @@ class RunResult:
     signal: int | None = None
     deadline_reached: bool = False
     aggregate: AggregateResult | None = None
+    differences: tuple[str, ...] = ()
 
 
 async def load_deployment(config: RunConfig) -> Deployment:
@@ -210,6 +212,7 @@ async def collect_run(
         signal=end.signal,
         deadline_reached=end.deadline_reached,
         aggregate=aggregate,
+        differences=tuple(differences(config)),
     )
 
 
@@ -405,6 +408,8 @@ def report_run(result: RunResult, *, title: str) -> None:
             f"({tally.fates['landed']} landed); dispatched {tally.to_dispatch}"
         )
     click.echo(result.timing)
+    for line in result.differences:
+        click.echo(f"differs from NeMo Gym: {line}")
     if result.aggregate is not None:
         print_report(result.aggregate, Console())
         click.echo(f"metrics: {visible(str(result.aggregate.metrics_path))}")

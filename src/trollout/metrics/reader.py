@@ -90,8 +90,9 @@ class InputReport:
             out.append(f"{self.outside_plan} landed rows are not in the materialized inputs")
         if self.renumbered:
             out.append(
-                f"{self.renumbered} tasks of later shards took new task numbers (each run numbers "
-                "its tasks from 0; a rollout's identity is its task's content)"
+                f"{self.renumbered} tasks of later shards took new task numbers: each run numbers "
+                "its tasks from 0, so a rollout is known by its task's content (differs from "
+                "NeMo Gym, whose aggregate keys rollouts by task index and merges them)"
             )
         return out
 
