@@ -339,3 +339,15 @@ def test_table_covers_both_commands() -> None:
     """Collection keys go to collect, aggregation keys to aggregate (the shared ones both)."""
     assert {k.name for k in KEYS if COLLECT in k.commands} >= COLLECT_KEYS - {"task_ids"}
     assert {k.name for k in KEYS if AGGREGATE in k.commands} >= AGGREGATE_KEYS
+
+
+def test_command_line_round_robins_by_agent_and_the_library_keeps_order() -> None:
+    """gym eval run's full path interleaves agents; an embedding driver's config does not."""
+    from trollout.cli.common import build_run_config
+    from trollout.config import RunConfig
+
+    assert build_run_config(["in.jsonl"], {}).round_robin_agents is True
+    assert (
+        build_run_config(["in.jsonl", "+round_robin_agents=false"], {}).round_robin_agents is False
+    )
+    assert RunConfig().round_robin_agents is False

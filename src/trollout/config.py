@@ -559,6 +559,7 @@ NULL_MEANS_DEFAULT: Final = frozenset(
         "environment_server_routes",
         "server_queue_metrics_urls",
         "agent_urls",
+        "dispatch_start_report_min_fraction",  # saved as null by runs made before it had one
     }
 )
 

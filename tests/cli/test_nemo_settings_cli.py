@@ -151,3 +151,36 @@ def test_batch_manifest_is_checked_then_status_is_written(fake: FakeUrls, tmp_pa
     assert aggregated.exit_code == 0, aggregated.output
     status = orjson.loads((batch.parent / "batch_status.json").read_bytes())["members"]
     assert status["agent_b"]["aggregation_status"] == "ok"
+
+
+def test_resume_reads_the_settings_a_run_saved_before_this_version(tmp_path: Path) -> None:
+    """A manifest saved by an earlier version (no judgement of the start window, no new
+    keys) still gives a config to resume with."""
+    from trollout.cli.resume import config_from_run
+
+    out = tmp_path / "r.jsonl"
+    settings = {
+        "input_jsonl_fpath": str(tmp_path / "in.jsonl"),
+        "output_jsonl_fpath": str(out),
+        "dispatch_start_report_within_s": 60.0,
+        "dispatch_start_report_min_fraction": None,
+        "round_robin_agents": False,
+        "num_repeats_add_seed": True,
+        "task_ids": [0, 2],
+    }
+    manifest = {
+        "run_id": "r",
+        "trollout_version": "0.1.0",
+        "created_at": 0.0,
+        "input_sha256": "",
+        "settings_sha256": "",
+        "deployment_sha256": "",
+        "expected_rollouts": 1,
+        "tasks": 1,
+        "settings": settings,
+    }
+    out.with_name("r_manifest.json").write_bytes(orjson.dumps(manifest))
+    config = config_from_run(str(out), {}, ())
+    assert config.dispatch_start_report_min_fraction == 0.9
+    assert config.round_robin_agents is False
+    assert config.resume_from_cache is True
