@@ -246,8 +246,9 @@ class Collection:
         """Return the earlier file this one copies, when its shard ran the same plan too."""
         if first is None:
             return None
-        owner = next(s for s in self.shards if first in (s.layout.rollouts, s.layout.failures))
-        return first if owner.plan == shard.plan else None
+        owners = (s for s in self.shards if first in (s.layout.rollouts, s.layout.failures))
+        owner = next(owners, None)  # None: it equals some other kind of file
+        return first if owner is not None and owner.plan == shard.plan else None
 
     def _rows(self, path: Path) -> Iterator[tuple[int, bytes, dict[str, Any], int, int]]:
         for number, raw, row in read_lines(path, self._torn):
