@@ -34,8 +34,9 @@ else it gets the next number above the largest taken: a single run keeps its num
 chunks merged in order are numbered like one run over the whole dataset. The merged files
 carry these numbers.
 
-Memory: one 16-byte digest (as an int) and one number per distinct task, and per shard one
-8-byte slot per task index (`LocalIds`); never a row.
+Memory: one 16-byte digest (as an int) and one number per distinct task, and per shard a bit
+per task that kept its number or 8 bytes per one renumbered (`LocalIds`); never a row. A single
+shard needs no digest at all: its tasks keep their numbers (`TaskIds(single=True)`).
 
 Design note: the rejected alternative keyed rollouts by ``(group, task, rollout)`` across
 shards (NeMo Gym's ``_identity_key``): shards of separate runs then silently lose every task
@@ -159,33 +160,46 @@ def _json_object(value: Any) -> dict[str, Any] | None:
 
 
 class LocalIds:
-    """One shard's task numbers in the merged numbering: (group, local task) -> merged task."""
+    """One shard's task numbers in the merged numbering: (group, local task) -> merged task.
 
-    __slots__ = ("_dense", "_sparse")
+    Most tasks keep their run's number, so those cost one bit (`_same`); a renumbered task
+    takes an 8-byte slot (`_moved`, made only for a group that has one); indices past
+    `_DENSE_LIMIT` (or negative) go to a dict.
+    """
+
+    __slots__ = ("_moved", "_same", "_sparse")
 
     def __init__(self) -> None:
-        self._dense: dict[GroupKey, array[int]] = {}
+        self._same: dict[GroupKey, bytearray] = {}
+        self._moved: dict[GroupKey, array[int]] = {}
         self._sparse: dict[tuple[GroupKey, int], int] = {}
 
     def get(self, group: GroupKey, task: int) -> int | None:
         """Return the merged number of a local task, or None when unknown."""
-        if 0 <= task < _DENSE_LIMIT:
-            slots = self._dense.get(group)
-            if slots is None or task >= len(slots):
-                return None
-            found = slots[task]
-            return found if found >= 0 else None
-        return self._sparse.get((group, task))
+        if not 0 <= task < _DENSE_LIMIT:
+            return self._sparse.get((group, task))
+        moved = self._moved.get(group)
+        if moved is not None and task < len(moved) and moved[task] >= 0:
+            return moved[task]
+        bits = self._same.get(group)
+        if bits is not None and task >> 3 < len(bits) and bits[task >> 3] >> (task & 7) & 1:
+            return task
+        return None
 
     def set(self, group: GroupKey, task: int, merged: int) -> None:
         """Record the merged number of a local task."""
-        if 0 <= task < _DENSE_LIMIT and merged < 1 << 62:
-            slots = self._dense.setdefault(group, array("q"))
-            if task >= len(slots):
-                slots.extend([-1] * (max(task + 1, 2 * len(slots)) - len(slots)))
-            slots[task] = merged
-        else:
+        if not 0 <= task < _DENSE_LIMIT or merged >= 1 << 62:
             self._sparse[(group, task)] = merged
+        elif merged == task:
+            bits = self._same.setdefault(group, bytearray())
+            if task >> 3 >= len(bits):
+                bits.extend(bytes(max((task >> 3) + 1, len(bits) * 3 // 2) - len(bits)))
+            bits[task >> 3] |= 1 << (task & 7)
+        else:
+            moved = self._moved.setdefault(group, array("q"))
+            if task >= len(moved):
+                moved.extend([-1] * (max(task + 1, len(moved) * 3 // 2) - len(moved)))
+            moved[task] = merged
 
 
 class _Numbers:
@@ -222,7 +236,8 @@ class _Numbers:
 class TaskIds:
     """The merged numbering of every task of every shard (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, single: bool = False) -> None:
+        self.single = single  # one shard: every task keeps its number, nothing is digested
         self._by_key: dict[int | tuple[int, int], int] = {}
         self._numbers: dict[GroupKey, _Numbers] = {}
         self.renumbered = 0  # tasks whose merged number differs from their run's

@@ -198,6 +198,7 @@ class Collection:
                 (``materialized_inputs_jsonl_fpath``).
         """
         layouts = [RunLayout.for_output(p) for p in shards]
+        self.task_ids.single = len(layouts) == 1  # one run's numbering is its own
         plans = [plan or lay.materialized_inputs for lay in layouts]
         files = {p: None for lay, pl in zip(layouts, plans, strict=True) for p in _files(lay, pl)}
         same = identical_files([p for p in files if p.is_file()])
@@ -262,8 +263,10 @@ class Collection:
             key = group_key(row)
             merged = ids.get(key, task)
             if merged is None:
-                digest = content_digest(row, key, shard.seeds)
-                merged = self.task_ids.assign(key, task, digest, seen)
+                merged = task
+                if not self.task_ids.single:
+                    digest = content_digest(row, key, shard.seeds)
+                    merged = self.task_ids.assign(key, task, digest, seen)
                 ids.set(key, task, merged)
             state = self.group(key, row).task(merged)
             bit = 1 << rollout
@@ -279,6 +282,8 @@ class Collection:
         merged = shard.ids.get(key, task) if shard.ids is not None else None
         if merged is None:
             merged = shard.extra.get(key, task)
+        if merged is None and self.task_ids.single:
+            merged = task
         if merged is None:
             digest = row_content_digest(row, key, shard.seeds)
             if digest is None:
