@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from trollout.collector.dispatch import DispatchPolicy
 from trollout.collector.retry import RetryPolicy
 from trollout.config import (
+    NULL_MEANS_DEFAULT,
     FsyncPolicy,
     NumberRange,
     RunConfig,
@@ -268,7 +269,8 @@ def test_build_config_keeps_validator_messages(values: dict[str, Any], message: 
     [
         ({"num_samples_in_parallel": "many"}, "num_samples_in_parallel must be an integer"),
         ({"seed_mode": "bogus"}, "$.seed_mode"),
-        ({"task_ids": ["a"]}, "task_ids[0] must be a task index"),
+        ({"task_ids": [True]}, "task_ids[0] must be a task id"),
+        ({"agent_map": {"agent_a": [1, 2]}}, "agent_map must be a mapping of names to agent"),
     ],
 )
 def test_build_config_names_the_key_of_a_bad_type(values: dict[str, Any], key: str) -> None:
@@ -478,6 +480,8 @@ def test_numeric_settings_take_null_only_where_optional(name: str) -> None:
     field = attrs.fields_dict(RunConfig)[name]
     if "None" in str(field.type):
         assert getattr(build_config({name: None}), name) is None
+    elif name in NULL_MEANS_DEFAULT:  # NeMo Gym's Optional settings: null is the default
+        assert getattr(build_config({name: None}), name) == getattr(RunConfig(), name)
     else:
         with pytest.raises(ConfigError, match=rf"^{name}(\.\w+)? must be .*\(got None\)"):
             build_config({name: None})
@@ -524,13 +528,14 @@ def test_flags_take_true_or_false_only(value: Any) -> None:
         build_config({"fail_fast": value})
 
 
-@pytest.mark.parametrize("task", [True, -1, 1.0, 2**63, "0"])
-def test_task_ids_must_be_task_indices(task: Any) -> None:
-    """task_ids entries are integers >= 0; the bad one is named by position."""
+@pytest.mark.parametrize("task", [True, 1.0, None, [1], ""])
+def test_task_ids_must_be_stored_ids(task: Any) -> None:
+    """task_ids entries are the ids stored in the rows (strings or integers); bad ones named."""
     with pytest.raises(
-        ConfigError, match=rf"^task_ids\[1\] must be a task index.*\(got {task!r}\)"
+        ConfigError, match=rf"^task_ids\[1\] must be a task id.*\(got {re.escape(repr(task))}\)"
     ):
-        build_config({"task_ids": [0, task]})
+        build_config({"task_ids": ["row-1", task]})
+    assert build_config({"task_ids": ["row-1", 7, "0"]}).task_ids == ["row-1", 7, "0"]
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, 1e300, True])

@@ -40,7 +40,7 @@ import enum
 import hashlib
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import SplitResult, urlsplit
@@ -56,10 +56,13 @@ from .errors import ConfigError
 __all__ = [
     "COUNT",
     "DEFAULT_MAX_INPUT_LINE_BYTES",
+    "DEFAULT_START_MIN_FRACTION",
     "FRACTION",
     "MAX_ATTEMPTS_ENV",
     "MAX_SECONDS",
     "MAX_VALUE_DEPTH",
+    "NULL_MEANS_DEFAULT",
+    "ORDER_KEYS",
     "POSITIVE_COUNT",
     "POSITIVE_SECONDS",
     "SECONDS",
@@ -73,6 +76,8 @@ __all__ = [
     "load_yaml",
     "parse_override",
     "parse_value",
+    "plan_differences",
+    "read_settings_file",
     "validate_url",
 ]
 
@@ -119,6 +124,9 @@ MAX_SECONDS: Final = 1e9  # about 31 years: any longer duration can only mean "n
 MAX_COUNT: Final = 2**63 - 1  # the widest signed integer a run folder's JSON holds
 MAX_SEED: Final = 2**64 - 1  # the widest unsigned one (seeds are hashed as decimal text)
 MAX_VALUE_DEPTH: Final = 100  # nesting of YAML documents and override values (module doc)
+# The healthy share of rollouts started within dispatch_start_report_within_s. NeMo Gym's API
+# reference gives the setting's type (a float, always judged) but not its default value.
+DEFAULT_START_MIN_FRACTION: Final = 0.9
 # A line holds one row; a 1M-token prompt is ~4 MB and rows with base64 images run to tens of
 # MB, while a line is parsed whole (a few times its size in memory), so 64 MiB is generous for
 # real data and still a bound; --max-line-bytes raises it.
@@ -198,11 +206,22 @@ def _flag(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
 
 def _task_ids(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     for index, task in enumerate(value or ()):
-        if not COUNT.accepts(task):
+        if isinstance(task, bool) or not isinstance(task, str | int) or task == "":
             raise ConfigError(
-                f"task_ids[{index}] must be a task index, {COUNT.what} (got {task!r}); "
-                "list task indices, e.g. [0, 3]"
+                f"task_ids[{index}] must be a task id stored in the rows, a string or an "
+                f"integer (got {task!r}); list the rows' ids, e.g. [row-000000, row-000003]"
             )
+
+
+def _seed_setting(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool):
+        return
+    bad = {k: v for k, v in value.items() if not isinstance(v, bool)}
+    if bad:
+        raise ConfigError(
+            f"num_repeats_add_seed must be true or false, or a mapping of agent names to true "
+            f"or false (got {value!r}); write e.g. {{_default: false, math_agent: true}}"
+        )
 
 
 @frozen(kw_only=True)
@@ -227,11 +246,15 @@ class RunConfig:
     agent_map: dict[str, str] = attrs.field(factory=dict)
     fan_out: dict[str, list[str]] = attrs.field(factory=dict)
     num_repeats: int | dict[str, int] = 1
-    num_repeats_add_seed: bool = attrs.field(default=False, validator=_flag)
+    # True, False, or {agent: bool, _default: bool}: which agents' rollouts get seeds
+    num_repeats_add_seed: bool | dict[str, bool] = attrs.field(
+        default=False, validator=_seed_setting
+    )
     seed: int = attrs.field(default=0, validator=SEED)
     seed_mode: SeedMode = SeedMode.HASH
     limit: int | None = attrs.field(default=None, validator=COUNT.or_none)
-    task_ids: list[int] | None = attrs.field(default=None, validator=_task_ids)
+    task_ids: list[str | int] | None = attrs.field(default=None, validator=_task_ids)
+    prompt_config: str | None = None  # a prompt YAML: builds responses_create_params.input
     interleave_repeats: bool = attrs.field(default=False, validator=_flag)
     round_robin_agents: bool = attrs.field(default=False, validator=_flag)
     responses_create_params: dict[str, Any] = attrs.field(factory=dict)
@@ -282,9 +305,12 @@ class RunConfig:
     timing_summary_interval_s: float | None = attrs.field(
         default=300.0, validator=POSITIVE_SECONDS.or_none
     )
-    dispatch_start_report_within_s: float = attrs.field(default=60.0, validator=SECONDS)
-    dispatch_start_report_min_fraction: float | None = attrs.field(
-        default=None, validator=FRACTION.or_none
+    # unset: the start row reports no window; the fraction is judged once a window is set
+    dispatch_start_report_within_s: float | None = attrs.field(
+        default=None, validator=SECONDS.or_none
+    )
+    dispatch_start_report_min_fraction: float = attrs.field(
+        default=DEFAULT_START_MIN_FRACTION, validator=FRACTION
     )
     dispatch_all_started_within_s: float | None = attrs.field(
         default=None, validator=POSITIVE_SECONDS.or_none
@@ -302,9 +328,13 @@ class RunConfig:
     disable_aggregation: bool = attrs.field(default=False, validator=_flag)
     count_failure_classes_as_zero: list[str] | None = None
     count_missing_rollouts_as_zero: bool = attrs.field(default=False, validator=_flag)
+    # a NeMo Gym batch manifest: members checked before dispatch, batch_status.json beside it
+    batch_manifest_fpath: str | None = None
     # resume and attempts (protocol.md section 8); none changes the materialized rows, so none
     # is fingerprinted: raising the cap or retrying terminal timeouts on resume is legitimate
     resume_from_cache: bool = attrs.field(default=False, validator=_flag)
+    # resume, and send again what is done without having landed (``trollout resubmit``)
+    resubmit: bool = attrs.field(default=False, validator=_flag)
     overwrite: bool = attrs.field(default=False, validator=_flag)  # a fresh run may replace one
     allow_unsafe_resume: bool = attrs.field(default=False, validator=_flag)
     max_attempts: int = attrs.field(factory=default_max_attempts, validator=POSITIVE_COUNT)
@@ -346,8 +376,16 @@ class RunConfig:
             validate_url(url, what="server_queue_metrics_urls entry")
 
     def plan_fingerprint(self) -> str:
-        """Return sha256 of the settings that change what is dispatched."""
-        plan = {name: converter.unstructure(getattr(self, name)) for name in PLAN_KEYS}
+        """Return sha256 of the settings that change what is dispatched.
+
+        A key added to `PLAN_KEYS` after runs were made is hashed only when it is not at its
+        default, so the fingerprint of a run that never used it stays what it was.
+        """
+        plan = {
+            name: converter.unstructure(getattr(self, name))
+            for name in PLAN_KEYS
+            if name not in _LATER_PLAN_KEYS or getattr(self, name) != _DEFAULTS[name]
+        }
         return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
@@ -373,7 +411,41 @@ PLAN_KEYS = (
     "environment_routing_mode",
     "environment_server_name",
     "environment_server_routes",
+    "prompt_config",
 )
+# Added to PLAN_KEYS after the first runs were made (hashed only when set; see above).
+_LATER_PLAN_KEYS: Final = frozenset({"prompt_config"})
+# Keys that order the materialized rows without changing one: a resume dispatches the rows
+# saved in the run folder, in their saved order, so a change of these never mixes two runs.
+ORDER_KEYS: Final = frozenset({"interleave_repeats", "round_robin_agents"})
+
+
+def _default_of(field: attrs.Attribute[Any]) -> Any:
+    factory = getattr(field.default, "factory", None)
+    return factory() if callable(factory) else field.default
+
+
+_DEFAULTS: Final = {a.name: _default_of(a) for a in attrs.fields(RunConfig) if a.name in PLAN_KEYS}
+
+
+def plan_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """Return ``key saved -> now`` for each plan setting that differs between two saved sets.
+
+    Both are `saved_settings`-shaped mappings (a manifest's, and the current run's); a key one
+    of them lacks (a setting added later) counts as its default, and `ORDER_KEYS` are not
+    compared. This, not the fingerprint's bytes, decides whether a run may be resumed, so a
+    fingerprint that gains a key never strands the runs made before.
+    """
+    diffs = []
+    for key in PLAN_KEYS:
+        if key in ORDER_KEYS:
+            continue
+        default = converter.unstructure(_DEFAULTS[key])
+        before, after = saved.get(key, default), now.get(key, default)
+        if before != after:
+            diffs.append(f"{key} {before!r} -> {after!r}")
+    return diffs
+
 
 FIELD_NAMES = frozenset(a.name for a in attrs.fields(RunConfig))
 
@@ -387,6 +459,8 @@ def _structure_repeats(value: Any, _: Any) -> Any:
 
 
 converter.register_structure_hook(int | dict[str, int], _structure_repeats)
+converter.register_structure_hook(bool | dict[str, bool], _structure_repeats)
+converter.register_structure_hook(str | int, lambda value, _: value)  # `_task_ids` checks
 
 
 def _as_given(value: Any, _: Any) -> Any:
@@ -433,15 +507,22 @@ def load_config(
     config_file: str | os.PathLike[str] | None = None,
     options: Mapping[str, Any] | None = None,
     overrides: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
 ) -> RunConfig:
     """Build a validated `RunConfig` from a YAML file, options and ``+key=value`` overrides.
+
+    Args:
+        config_file: a YAML file of settings.
+        options: settings from command-line options (None values are left out).
+        overrides: ``+key=value`` tokens.
+        defaults: settings below all of these (a command's own defaults).
 
     Raises:
         ConfigError: a file that cannot be read, an unknown key, or a bad value.
     """
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = dict(defaults or {})
     if config_file is not None:
-        values.update(_read_yaml(Path(config_file)))
+        values.update(read_settings_file(config_file))
     values.update({k: v for k, v in (options or {}).items() if v is not None})
     for token in overrides:
         key, value = parse_override(token)
@@ -455,6 +536,10 @@ def build_config(values: Mapping[str, Any]) -> RunConfig:
     unknown = sorted(set(values) - FIELD_NAMES)
     if unknown:
         raise ConfigError("; ".join(_unknown_key_message(k) for k in unknown))
+    for key in NULL_MEANS_DEFAULT & values.keys():
+        if values[key] is None:
+            del values[key]
+    _check_shapes(values)
     if isinstance(values.get("head_server"), Mapping):
         values["head_server"] = head_server_url(values["head_server"])
     try:
@@ -467,6 +552,124 @@ def build_config(values: Mapping[str, Any]) -> RunConfig:
         raise ConfigError(str(inner) if inner else _structure_message(exc)) from exc
     config.validate()
     return config
+
+
+# NeMo Gym's Optional settings whose null means "the default" where trollout's are required
+# (NeMo Gym coerces ``num_repeats: null`` to 1; ``num_samples_in_parallel: null`` is its "no
+# limit", trollout's default 64; an empty mapping or list is what null asks for).
+NULL_MEANS_DEFAULT: Final = frozenset(
+    {
+        "num_repeats",
+        "num_samples_in_parallel",
+        "agent_map",
+        "fan_out",
+        "responses_create_params",
+        "environment_server_routes",
+        "server_queue_metrics_urls",
+        "agent_urls",
+        "dispatch_start_report_min_fraction",  # saved as null by runs made before it had one
+    }
+)
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _optional_str(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _optional_list(value: Any) -> bool:
+    return value is None or isinstance(value, list)
+
+
+def _optional_str_list(value: Any) -> bool:
+    return value is None or _str_list(value)
+
+
+def _fan_out(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and _str_list(v) for k, v in value.items()
+    )
+
+
+def _repeats(value: Any) -> bool:
+    return not isinstance(value, dict) or all(isinstance(k, str) for k in value)
+
+
+def _seeds(value: Any) -> bool:
+    return isinstance(value, bool) or (
+        isinstance(value, dict)
+        and all(isinstance(k, str) and isinstance(v, bool) for k, v in value.items())
+    )
+
+
+def _object(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+
+
+def _head(value: Any) -> bool:
+    return value is None or isinstance(value, str | dict)
+
+
+# The expected shape of every setting that is not a number or a flag (those have validators),
+# with an example; checked before structuring, because cattrs would turn a list into its
+# text where a string is expected (``+agent_map={a:[1,2]}`` would route to agent "[1, 2]").
+_MAPPING_OF_AGENTS: Final = "a mapping of names to agent names"
+_SHAPES: Final[dict[str, tuple[str, Callable[[Any], bool], str]]] = {
+    "input_jsonl_fpath": ("a path", _optional_str, "data/in.jsonl"),
+    "output_jsonl_fpath": ("a path", _optional_str, "out/rollouts.jsonl"),
+    "head_server": ("a URL or {host, port}", _head, "{host:127.0.0.1,port:11000}"),
+    "agent_urls": ("a mapping of agent names to URLs", _str_map, "{math:'http://h:1'}"),
+    "agent_name": ("an agent name (a string)", _optional_str, "math_agent"),
+    "agent_map": (_MAPPING_OF_AGENTS, _str_map, "{old_agent:new_agent}"),
+    "fan_out": ("a mapping of names to lists of agent names", _fan_out, "{source:[a,b]}"),
+    "num_repeats": ("an integer, or a mapping of agent names to integers", _repeats, "4"),
+    "num_repeats_add_seed": (
+        "true or false, or a mapping of agent names to true or false",
+        _seeds,
+        "{_default:false,math_agent:true}",
+    ),
+    "task_ids": ("a list of task ids", _optional_list, "[row-000001,row-000007]"),
+    "prompt_config": ("a path to a prompt YAML file", _optional_str, "prompts/math.yaml"),
+    "responses_create_params": ("a mapping of parameters", _object, "{temperature:0.6}"),
+    "environment_routing_mode": ("one of agent, legacy, taskset", _is_str, "agent"),
+    "environment_server_name": ("a server name (a string)", _optional_str, "math_env"),
+    "environment_server_routes": ("a mapping of tasksets to servers", _str_map, "{ts:env}"),
+    "server_queue_metrics_urls": ("a list of URLs", _str_list, "['http://h:8000']"),
+    "count_failure_classes_as_zero": (
+        "a list of failure classes",
+        _optional_str_list,
+        "[agent_run_error]",
+    ),
+    "batch_manifest_fpath": ("a path to a batch manifest", _optional_str, "batch.json"),
+}
+
+
+def _check_shapes(values: Mapping[str, Any]) -> None:
+    """Refuse a setting whose value has the wrong shape, naming the key and the shape."""
+    for key, value in values.items():
+        shape = _SHAPES.get(key)
+        if shape is not None and not shape[1](value):
+            raise ConfigError(
+                f"{key} must be {shape[0]} (got {_shown(value)}); write e.g. +{key}={shape[2]}"
+            )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def _unknown_key_message(key: str) -> str:
@@ -499,17 +702,28 @@ def head_server_url(block: Mapping[str, Any]) -> str:
     return f"http://{host}:{port}"
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_settings_file(
+    path: str | os.PathLike[str], *, what: str = "config file"
+) -> dict[str, Any]:
+    """Read a YAML file of settings (a mapping; an empty file is no setting).
+
+    Raises:
+        ConfigError: the file cannot be read, is not YAML, or is not a mapping.
+    """
+    return _read_yaml(Path(path), what)
+
+
+def _read_yaml(path: Path, what: str = "config file") -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ConfigError(f"cannot read config file {str(path)!r}: {reason}") from exc
-    data = load_yaml(text, source=f"config file {str(path)!r}")
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {reason}") from exc
+    data = load_yaml(text, source=f"{what} {str(path)!r}")
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of settings")
+        raise ConfigError(f"{what} {str(path)!r} must hold a mapping of settings")
     return data
 
 

@@ -21,7 +21,7 @@ def shards(folder: Path) -> Path:
         for t in tasks:
             for r in range(2):
                 ident = Identity(t, r, agent_name="a")
-                plan.append({"responses_create_params": {"input": "q"}, **ident.stamps()})
+                plan.append({"responses_create_params": {"input": f"q{t}"}, **ident.stamps()})
                 if (t, r) != (3, 1) and (t, r) != (2, 0):
                     result = {"response": {"usage": {"input_tokens": 5}}, "reward": float(t % 2)}
                     rows.append(outcome_to_row(Landed(ident, 0, result, 0.5 + t)))

@@ -273,8 +273,8 @@ EMPTY_PLANS = {
     "limit 0": ([json.dumps(ROW)], ("--limit", "0"), "limit 0 keeps no task"),
     "task_ids []": ([json.dumps(ROW)], ("+task_ids=[]",), "task_ids [] keep no task"),
     "task_ids outside limit": (
-        [json.dumps(ROW), json.dumps({**ROW, "expected_answer": "3"})],
-        ("--limit", "1", "+task_ids=[1]"),
+        [json.dumps({**ROW, "task_id": "a"}), json.dumps({**ROW, "task_id": "b"})],
+        ("--limit", "1", "+task_ids=[b]"),
         "(limit 1 keeps the first 1)",
     ),
 }

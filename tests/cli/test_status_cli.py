@@ -42,6 +42,25 @@ def test_status_json_counts_every_rollout_once(tmp_path: Path) -> None:
     assert doc["collector_pid"] is None
 
 
+def test_status_json_exports_under_nemo_gym_names(tmp_path: Path) -> None:
+    """--json carries NeMo Gym's exporter names: failures by class, retries, masking view."""
+    folder = sample(tmp_path)
+    result = invoke("status", str(folder.layout.output), "--json", "--max-attempts", "2")
+    exports = json.loads(result.stdout)["export_metrics"]
+    assert exports == {
+        "coverage/failed/agent_run_error": 1,
+        "coverage/failed/skipped": 1,
+        "coverage/failed/transient": 1,
+        "retries/attempts": 4,
+        "retries/rollouts_retried": 1,
+        "retries/at_cap": 0,  # each rollout is held to the cap it recorded (3)
+        "retries/max_attempts": 3,
+        "progress/agent/reward_unmasked": 100.0,
+        "progress/agent/failed": 3,
+        "progress/agent/omitted": 1,
+    }
+
+
 def test_status_cap_from_environment(tmp_path: Path) -> None:
     """With no manifest and no option, the cap is NEMO_GYM_MAX_ROLLOUT_ATTEMPTS."""
     folder = sample(tmp_path)

@@ -101,7 +101,7 @@ def test_outcome_from_response_no_persist_goes_nowhere(
         terminal,
     )
     assert outcome.delivery is Delivery.DELIVERED
-    assert outcome.extra == {"response": {}}
+    assert outcome.extra == {}  # a placeholder response is no generation
 
 
 def test_outcome_from_response_no_persist_must_be_true() -> None:
@@ -131,22 +131,44 @@ def test_outcome_from_response_producer_failure_keeps_label(label: str, terminal
     assert outcome.extra == {"info": {"x": 1}}
 
 
-def test_outcome_from_response_judge_failed_keeps_producer_reward() -> None:
-    """judge_failed keeps its own reward 0.0 and judge error: the producer sent them."""
+def test_outcome_from_response_judge_failed_keeps_response_not_reward() -> None:
+    """judge_failed keeps its judge error and real response; its reward 0.0 is no score."""
+    response = {"output": [{"type": "message", "content": "42"}]}
     outcome = json_reply(
         {
             "_ng_failure_class": "judge_failed",
             "_ng_failure_message": "judge\nunreachable",
             "_ng_failure_judge_error": "timeout",
             "reward": 0.0,
+            "response": response,
         }
     )
     assert isinstance(outcome, Failed)
     assert not outcome.terminal
     assert outcome.message == "judge unreachable"
     row = outcome_to_row(outcome)
-    assert (row["reward"], row["_ng_failure_judge_error"]) == (0.0, "timeout")
+    assert "reward" not in row
+    assert (row["response"], row["_ng_failure_judge_error"]) == (response, "timeout")
     assert (row["_ng_failure_class"], row["_ng_failure_http_status"]) == ("judge_failed", 200)
+
+
+@pytest.mark.parametrize(
+    ("reply", "keeps_response"),
+    [
+        ({"_ng_failure_class": "incomplete"}, False),
+        ({"_ng_failure_class": "transient", "_ng_failure_legacy_class": "judge_failed"}, True),
+        ({"_ng_failure_class": "x", "_ng_failure_judge_error": "parse"}, True),
+    ],
+)
+def test_producer_failure_rows_keep_diagnostics_not_placeholders(
+    reply: dict[str, Any], keeps_response: bool
+) -> None:
+    """A failure row drops reward always and response unless the judge failed."""
+    outcome = json_reply({**reply, "reward": 0.0, "response": {"id": "r"}, "detail": "why"})
+    row = outcome_to_row(outcome)
+    assert "reward" not in row
+    assert ("response" in row) is keeps_response
+    assert row["detail"] == "why"
 
 
 @pytest.mark.parametrize(

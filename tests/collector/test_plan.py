@@ -18,6 +18,7 @@ from plan_router import EnvironmentServer, TableRouter, direct_router
 from trollout import jsonl
 from trollout.collector.deployment import Deployment
 from trollout.collector.plan import Plan, plan_rollouts, plan_rows, rollout_seed
+from trollout.collector.task_selection import STORED_ID_PLACES, stored_task_id
 from trollout.config import TASKSET_NEEDS_ROUTES, RunConfig, SeedMode
 from trollout.errors import ConfigError, DeploymentError, InputError
 from trollout.records import MaterializedRow
@@ -129,25 +130,43 @@ def test_plan_limit_counts_tasks_not_lines(tmp_path: Path) -> None:
 
 
 def test_plan_task_ids_keep_those_tasks_once_before_repetition(tmp_path: Path) -> None:
-    """`task_ids` keeps only the listed tasks, one line each, then applies num_repeats."""
-    lines = [row("a"), row("b"), row("b"), row("c"), row("a")]
-    p = plan(tmp_path, lines, task_ids=[1, 0], num_repeats=2)
+    """`task_ids` keeps only the tasks whose stored ids it lists, one line each, then repeats."""
+    lines = [row("a", task_id="A"), row("b", task_id="B"), row("b", task_id="B")]
+    lines += [row("c", task_id="C"), row("a", task_id="A")]
+    p = plan(tmp_path, lines, task_ids=["B", "A"], num_repeats=2)
     assert (p.tasks, p.expected) == (2, 4)
     assert keys(p) == [(0, 0, "alpha"), (0, 1, "alpha"), (1, 0, "alpha"), (1, 1, "alpha")]
 
 
+def test_plan_task_ids_select_by_the_id_each_row_stores(tmp_path: Path) -> None:
+    """Ids are read from task_id, metadata.task_id (NeMo Gym's examples), problem_id, ..."""
+    lines = [
+        {"responses_create_params": {"input": "a", "metadata": {"task_id": "row-000000"}}},
+        {"responses_create_params": {"input": "b", "metadata": {"task_id": "row-000001"}}},
+        row("c", problem_id=7),
+        row("d", instance_id="i-9"),
+        {"task_id": {"taskset": "ts", "task_id": "t-1"}, "task_input": {}},
+    ]
+    stored = [stored_task_id(line) for line in lines]
+    assert stored == ["row-000000", "row-000001", "7", "i-9", "t-1"]
+    p = plan(tmp_path, lines[:4], agent_name="alpha", task_ids=["row-000001", 7])
+    assert [t for t, _, _ in keys(p)] == [1, 2]
+
+
 def test_plan_task_ids_not_in_input_refused(tmp_path: Path) -> None:
-    """A task id the input does not have is refused, naming the key."""
+    """An id no row stores is refused, naming the key and where ids are read from."""
     with pytest.raises(InputError) as exc:
-        plan(tmp_path, [row("a"), row("b")], task_ids=[1, 5])
+        plan(tmp_path, [row("a", task_id="A"), row("b", task_id="B")], task_ids=["B", "Z"])
     assert problems_of(exc) == [
-        "task_ids: 5 is not a task of the input (it has 2 tasks); list existing task indices"
+        f"task_ids: 'Z' is the id of no row of the input (ids are read from "
+        f"{STORED_ID_PLACES}); list ids the rows store"
     ]
 
 
 def test_plan_limit_then_task_ids(tmp_path: Path) -> None:
     """With both, `limit` keeps the first N tasks, then `task_ids` picks among them."""
-    p = plan(tmp_path, [row("a"), row("b"), row("c")], limit=2, task_ids=[1, 2])
+    lines = [row("a", task_id="A"), row("b", task_id="B"), row("c", task_id="C")]
+    p = plan(tmp_path, lines, limit=2, task_ids=["B", "C"])
     assert keys(p) == [(1, 0, "alpha")]
 
 
@@ -965,13 +984,12 @@ def test_plan_line_problems_listed_up_to_a_cap(tmp_path: Path) -> None:
 
 def test_plan_task_ids_may_name_prestamped_tasks(tmp_path: Path) -> None:
     """task_ids finds stamped and unstamped tasks; a repeated missing id is reported once."""
-    p = plan(tmp_path, [row("a"), row("b", _ng_task_index=9)], task_ids=[9, 0])
+    lines = [row("a", task_id="A"), row("b", task_id="B", _ng_task_index=9)]
+    p = plan(tmp_path, lines, task_ids=["B", "A"])
     assert keys(p) == [(0, 0, "alpha"), (9, 0, "alpha")]
     with pytest.raises(InputError) as exc:
-        plan(tmp_path, [row("a"), row("b", _ng_task_index=9)], task_ids=[1, 1, 9])
-    assert problems_of(exc) == [
-        "task_ids: 1 is not a task of the input (it has 2 tasks); list existing task indices"
-    ]
+        plan(tmp_path, lines, task_ids=["X", "X", "B"])
+    assert len(problems_of(exc)) == 1
 
 
 def test_plan_agent_fronted_by_two_environment_servers_refused(tmp_path: Path) -> None:
@@ -1171,7 +1189,11 @@ def test_plan_refuses_special_files_without_opening_them(tmp_path: Path, kind: s
         (["", "  ", "\t"], {}, "holds no rows (it is empty or blank); nothing to collect"),
         ([row("a")], {"limit": 0}, "limit 0 keeps no task"),
         ([row("a")], {"task_ids": []}, "task_ids [] keep no task of the 1 in "),
-        ([row("a"), row("b")], {"limit": 1, "task_ids": [1]}, "(limit 1 keeps the first 1)"),
+        (
+            [row("a", task_id=0), row("b", task_id=1)],
+            {"limit": 1, "task_ids": [1]},
+            "(limit 1 keeps the first 1)",
+        ),
     ],
     ids=["empty", "blank", "limit-0", "task-ids-empty", "task-ids-outside-limit"],
 )

@@ -21,7 +21,7 @@ from trollout.collector.timing import (
     percentile,
     sample_queues,
 )
-from trollout.config import RunConfig
+from trollout.config import RunConfig, build_config
 from trollout.records import Failed, Landed, OmitReason, Omitted
 
 METRICS = """\
@@ -193,6 +193,32 @@ async def test_timer_timed_out_and_long_rows(autojump_clock: trio.testing.MockCl
     assert (long.check, long.value, long.ok) == ("longer than 5.0s", "50.0% (2 of 4)", True)
 
 
+async def test_timer_counts_a_producers_timeout_exceeded(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A producer's own limit (class timeout_exceeded) is an end by the limit, set or not."""
+    timer = RunTimer(TimingBounds(timed_out_max_fraction=0.25))
+    await run_tasks(timer, [1.0, 1.0])
+    timer.started(ident(9))
+    timer.finished(Failed(ident(9), 0, "timeout_exceeded", terminal=True))
+    timer.started(ident(10))
+    legacy = {"_ng_failure_legacy_class": "timeout_exceeded"}
+    timer.finished(Failed(ident(10), 0, "agent_run_error", extra=legacy))
+    row = timer.report().rows[2]
+    assert (row.check, row.value, row.ok) == ("ended by the rollout limit", "50.0% (2 of 4)", False)
+
+
+def test_timer_start_row_is_judged_by_default_once_a_window_is_set() -> None:
+    """dispatch_start_report_min_fraction has a default, so a window alone gives a verdict."""
+    timer = RunTimer(
+        TimingBounds(dispatch_start_report_within_s=5.0), expected=2, clock=lambda: 0.0
+    )
+    timer.started(ident(0))
+    row = timer.report().rows[0]
+    assert (row.value, row.bound, row.ok) == ("50.0% (1 of 2)", ">= 90.0%", False)
+    assert build_config({}).dispatch_start_report_min_fraction == 0.9
+
+
 def test_timer_rows_without_bounds_have_no_verdict() -> None:
     """With no limit, no long bound and no samples, rows say so and never warn."""
     report = RunTimer(clock=lambda: 0.0).report()
@@ -224,14 +250,16 @@ async def test_report_render_shows_rows_latency_and_retries(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """The rendered report has a header, one line per row, latency and the retry counters."""
-    timer = RunTimer(expected=2)
+    timer = RunTimer(TimingBounds(dispatch_start_report_within_s=60.0), expected=2)
     await run_tasks(timer, [2.0, 4.0])
     counters = RetryCounters()
     counters.retries["http_429"] = 2
     text = timer.report(retries=counters).render()
     lines = text.splitlines()
     assert lines[0] == "run timing report: 4.0s since dispatch began, 2 of 2 started, 0 running"
-    assert " ".join(lines[1].split()) == "- started within 60.0s of dispatch 100.0% (2 of 2)"
+    assert " ".join(lines[1].split()) == (
+        "ok started within 60.0s of dispatch 100.0% (2 of 2) (healthy: >= 90.0%)"
+    )
     assert lines[6] == (
         "  latency over 2 finished: median 3.0s | p90 3.8s | p99 4.0s | max 4.0s | "
         "task-hours 0.00 | drained 0"
@@ -310,7 +338,9 @@ def test_timer_uses_the_outcome_elapsed_when_start_was_not_seen() -> None:
 
 def test_timer_rows_before_anything_finished() -> None:
     """With bounds set but nothing finished, rows say so without a verdict."""
-    bounds = TimingBounds(rollout_timeout_s=5.0, long_rollout_s=5.0)
+    bounds = TimingBounds(
+        rollout_timeout_s=5.0, long_rollout_s=5.0, dispatch_start_report_within_s=60.0
+    )
     rows = RunTimer(bounds, expected=0, clock=lambda: 0.0).report().rows
     assert [(row.value, row.ok) for row in rows] == [
         ("no rollouts", None),

@@ -79,9 +79,9 @@ def omitted(
 
 
 def planned(task: int, rollout: int, *, agent: str | None = "agent_a", **fields: Any) -> Row:
-    """Return a materialized-inputs row."""
+    """Return a materialized-inputs row (each task its own question, as in a real dataset)."""
     body = {
-        "responses_create_params": {"input": "q"},
+        "responses_create_params": {"input": f"q{task}"},
         **fields,
         **identity(task, rollout, agent=agent).stamps(),
     }

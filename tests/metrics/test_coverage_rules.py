@@ -106,16 +106,40 @@ async def test_imputed_rows_take_task_fields_from_the_plan(tmp_path: Path) -> No
     assert [t["num_rollouts"] for t in entry["group_level_metrics"]] == [2, 1]
 
 
-async def test_counts_as_zero_marker_needs_the_option(tmp_path: Path) -> None:
-    """A row marked _ng_failure_counts_as_zero is kept when the option is set, even empty."""
+async def test_counts_as_zero_marker_counts_without_the_option(tmp_path: Path) -> None:
+    """A row its producer marked _ng_failure_counts_as_zero is a scored zero, option or not."""
     failures = [failed(0, 0, "legitimate", _ng_failure_counts_as_zero=True)]
-    off = await run(tmp_path / "a", [landed(1, 0)], failures)
-    assert off.groups[0].coverage.imputed == {}
-    on = await run(
-        tmp_path / "b", [landed(1, 0)], failures, count_failure_classes_as_zero=frozenset()
+    for folder, options in (("a", {}), ("b", {"count_failure_classes_as_zero": frozenset()})):
+        result = await run(tmp_path / folder, [landed(1, 0)], failures, **options)
+        assert result.groups[0].coverage.imputed == {"legitimate": 1}
+        assert result.groups[0].local_metrics["mean/reward"] == 0.5
+
+
+async def test_legacy_producer_class_matches_count_failure_classes(tmp_path: Path) -> None:
+    """count_failure_classes_as_zero matches the producer's original class too."""
+    failures = [failed(0, 0, "agent_run_error", _ng_failure_legacy_class="judge_failed")]
+    result = await run(
+        tmp_path,
+        [landed(1, 0)],
+        failures,
+        count_failure_classes_as_zero=frozenset({"judge_failed"}),
     )
-    assert on.groups[0].coverage.imputed == {"legitimate": 1}
-    assert on.groups[0].local_metrics["mean/reward"] == 0.5
+    assert result.groups[0].coverage.imputed == {"agent_run_error": 1}
+
+
+async def test_counted_failure_row_leaves_diagnostics_out(tmp_path: Path) -> None:
+    """A counted row enters unmasked, without failure_kind, failure_reason or _ng_failure_*."""
+    failures = [
+        failed(0, 0, "x", failure_reason="boom", mask_sample=True, status_code=500, level=2)
+    ]
+    result = await run(
+        tmp_path, [landed(1, 0, level=4)], failures, count_failure_classes_as_zero=frozenset({"x"})
+    )
+    metrics = result.groups[0].local_metrics
+    assert metrics["mean/reward"] == 0.5  # the masked row still counts: the row is unmasked
+    assert metrics["mean/level"] == 3.0
+    assert "mean/status_code" in metrics  # a producer's own number is data
+    assert not any("http_status" in key for key in metrics)
 
 
 async def test_missing_rollouts_as_zero(tmp_path: Path) -> None:

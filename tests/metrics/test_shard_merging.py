@@ -95,7 +95,7 @@ async def test_duplicate_keys_across_shards_first_shard_wins(tmp_path: Path) -> 
 async def test_failure_in_one_shard_landed_in_another_counts_as_landed(tmp_path: Path) -> None:
     """Whichever shard holds them, a landed row beats a failure of the same rollout."""
     write_run(tmp_path / "a.jsonl", [], failures=[failed(0, 0)], plan=plan_for(1, 1))
-    write_run(tmp_path / "b.jsonl", [landed(0, 0)])
+    write_run(tmp_path / "b.jsonl", [landed(0, 0)], plan=plan_for(1, 1))
     result = await aggregate_shards(
         resolve_inputs(f"{tmp_path}/*.jsonl"), output=tmp_path / "m" / "m.jsonl"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
 from trollout.collector.deployment import Deployment
@@ -95,6 +96,35 @@ def test_manifest_changes_are_named_and_refused(layout: RunLayout) -> None:
     assert "agents added: code_agent" in message
     assert message.endswith("--allow-unsafe-resume to resume anyway")
     assert len(check_manifest(layout, manifest, check, allow_unsafe=True)) == 3
+
+
+def test_manifest_of_an_earlier_version_stays_resumable(layout: RunLayout) -> None:
+    """A manifest written before prompt_config existed, with the old fingerprint and the
+    library's round-robin off, resumes under today's command line (round-robin on); a real
+    plan change is still refused."""
+    cfg = config(layout)
+    deployment = Deployment.from_agent_urls(URLS)
+    started(layout, cfg, deployment)
+    manifest = read_manifest(layout)
+    assert manifest is not None
+    old_settings = {k: v for k, v in manifest.settings.items() if k != "prompt_config"}
+    old = attrs.evolve(manifest, settings_sha256="0" * 64, settings=old_settings)
+    now = config(layout, round_robin_agents=True, interleave_repeats=True)
+    digest = sha256_file(now.input_jsonl_fpath or "")
+    check = ManifestCheck.of(now, deployment, input_sha256=digest)
+    assert check_manifest(layout, old, check, allow_unsafe=False) == []
+    changed = ManifestCheck.of(
+        config(layout, prompt_config="p.yaml"), deployment, input_sha256=digest
+    )
+    with pytest.raises(RunChangedError, match=r"prompt_config None -> 'p\.yaml'"):
+        check_manifest(layout, old, changed, allow_unsafe=False)
+
+
+def test_plan_fingerprint_of_unused_new_keys_is_unchanged(layout: RunLayout) -> None:
+    """A key added to the fingerprint later changes it only when set."""
+    plain = config(layout).plan_fingerprint()
+    assert config(layout, prompt_config=None).plan_fingerprint() == plain
+    assert config(layout, prompt_config="p.yaml").plan_fingerprint() != plain
 
 
 def test_manifest_unreadable_is_a_run_folder_error(layout: RunLayout) -> None:

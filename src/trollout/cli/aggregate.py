@@ -27,29 +27,54 @@ from ..errors import ConfigError, DeploymentError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_shards, print_report
 from ..metrics import resolve_inputs as resolve_globs
 from ..metrics.server import Target
+from ..nemo_keys import AGGREGATE, BY_NAME, merge_config_paths, translate
 from ..text import visible
 from .common import fail, http_client
 
 __all__ = ["aggregate"]
 
-_OVERRIDES = frozenset(
-    {
-        "input_glob",
-        "output_jsonl_fpath",
-        "count_failure_classes_as_zero",
-        "count_missing_rollouts_as_zero",
-        "head_server",
-        "seed",
-    }
+
+def _strs(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+# The settings `aggregate` takes as +key=value (NeMo Gym's RolloutAggregationConfig and more),
+# each with its expected type; NeMo Gym keys trollout handles its own way, or lacks, are
+# taken by `nemo_keys.translate` first.
+_SETTINGS: dict[str, tuple[str, Any]] = {
+    "input_glob": ("a glob, or a list of globs", lambda v: isinstance(v, str) or _strs(v)),
+    "output_jsonl_fpath": ("a path", lambda v: v is None or isinstance(v, str)),
+    "count_failure_classes_as_zero": (
+        "a list of failure classes",
+        lambda v: v is None or isinstance(v, str) or _strs(v),
+    ),
+    "count_missing_rollouts_as_zero": ("true or false", lambda v: v is None or _bool(v)),
+    "merge_shards": ("true or false", _bool),
+    "materialized_inputs_jsonl_fpath": ("a path", lambda v: v is None or isinstance(v, str)),
+    "retry_terminal_timeouts": ("true or false", _bool),
+    "batch_manifest_fpath": ("a path", lambda v: v is None or isinstance(v, str)),
+    "head_server": ("a URL or {host, port}", lambda v: v is None or isinstance(v, str | dict)),
+    "seed": ("an integer", lambda v: v is None or (type(v) is int and v >= 0)),
+}
+_PATH_KEYS = frozenset(
+    {"input_glob", "output_jsonl_fpath", "materialized_inputs_jsonl_fpath", "batch_manifest_fpath"}
 )
-_PATH_KEYS = frozenset({"input_glob", "output_jsonl_fpath"})
 _HELP = """Merge rollouts shards and compute metrics that say what they cover.
 
 INPUT is a rollouts file, a glob, or comma-separated globs (quote them); sidecars and
 materialized inputs are found beside each shard and never taken as shards. Shards are read in
-sorted order. A (task, rollout) of one agent lands once: the first landed row in shard order
-wins, later copies are reported as duplicates; a landed row beats any failure of the same
-rollout; a file identical to one already read is skipped.
+sorted order. Shards of separate runs (each numbering its tasks from 0, as NeMo Gym's
+--no-serve +disable_aggregation=true chunks do) merge without loss: a rollout is known by its
+task's content (its materialized row without the collector's stamps) and agent, plus its
+rollout index, so the same rollout in two shards (a copy, a re-run chunk) counts once, the
+first landed row in shard order winning, and tasks first seen in a later shard are renumbered
+in the merged files. A landed row beats any failure of the same rollout; a shard identical to
+one already read is skipped. Every NeMo Gym aggregation setting is taken as +key=value
+(+merge_shards=false, +materialized_inputs_jsonl_fpath=..., +batch_manifest_fpath=..., ...).
 
 Writes OUTPUT (the merged rollouts, with merged sidecars), <stem>_aggregate_metrics.json and
 <stem>_report.html beside it; without -o, one shard's metrics are written beside it.
@@ -120,7 +145,7 @@ def aggregate(args: tuple[str, ...], **opts: Any) -> None:
 
 
 def _settings(args: Sequence[str], opts: dict[str, Any]) -> dict[str, Any]:
-    """Merge positionals, options and ``+key=value`` tokens (tokens win)."""
+    """Merge positionals, options, config_paths files and ``+key=value`` tokens (tokens win)."""
     inputs = [a for a in args if not a.startswith("+")] + list(opts["inputs"])
     classes = [c.strip() for text in opts["zero_classes"] for c in text.split(",") if c.strip()]
     values: dict[str, Any] = {
@@ -129,18 +154,39 @@ def _settings(args: Sequence[str], opts: dict[str, Any]) -> dict[str, Any]:
         "output_jsonl_fpath": opts["output"],
         "head_server": opts["head_server"],
         "seed": opts["seed"],
+        "merge_shards": True,
+        "materialized_inputs_jsonl_fpath": None,
+        "retry_terminal_timeouts": False,
+        "batch_manifest_fpath": None,
     }
-    for token in (a for a in args if a.startswith("+")):
-        key, value = _override(token)
-        if key not in _OVERRIDES:
-            raise ConfigError(f"unknown aggregate setting {key!r}; known: {sorted(_OVERRIDES)}")
-        if key == "input_glob":
-            inputs.extend(value if isinstance(value, list) else [str(value)])
-        else:
-            values[key] = value
+    tokens = dict(_override(token) for token in args if token.startswith("+"))
+    if "config_paths" in tokens:
+        paths = tokens["config_paths"]
+        if not BY_NAME["config_paths"].accepts(paths):
+            _refuse("config_paths", paths, BY_NAME["config_paths"].expected)
+        found = merge_config_paths(paths, AGGREGATE)
+        values.update({k: v for k, v in found.items() if k in _SETTINGS or k in BY_NAME})
+    values.update(tokens)
+    values, notes = translate(values, AGGREGATE)
+    values.pop("config_paths", None)
+    for note in notes:
+        click.echo(f"trollout: note: {visible(note)}", err=True)
+    unknown = sorted(values.keys() - _SETTINGS.keys())
+    if unknown:
+        raise ConfigError(f"unknown aggregate setting {unknown[0]!r}; known: {sorted(_SETTINGS)}")
+    for key, (expected, accepts) in _SETTINGS.items():
+        if key in values and not accepts(values[key]):
+            _refuse(key, values[key], expected)
+    if "input_glob" in tokens:
+        glob = tokens["input_glob"]
+        inputs.extend(glob if isinstance(glob, list) else [glob])
     if not inputs:
         raise ConfigError("no INPUT given; pass a glob such as 'shards/*.jsonl' or +input_glob=...")
     return {**opts, **values, "inputs": inputs, "targets": _targets(opts)}
+
+
+def _refuse(key: str, value: Any, expected: str) -> None:
+    raise ConfigError(f"{key} must be {expected} (got {value!r}); fix the value or drop it")
 
 
 def _override(token: str) -> tuple[str, Any]:
@@ -166,12 +212,15 @@ def _options(settings: dict[str, Any]) -> AggregateOptions:
     classes = settings["count_failure_classes_as_zero"]
     if isinstance(classes, str):
         classes = [classes]
+    manifest = settings["batch_manifest_fpath"]
     return AggregateOptions(
         count_failure_classes_as_zero=frozenset(classes) if classes is not None else None,
         count_missing_rollouts_as_zero=bool(settings["count_missing_rollouts_as_zero"]),
         bootstrap_samples=settings["bootstrap_samples"],
         seed=int(settings["seed"] or 0),
         write_report=not settings["no_report"],
+        batch_manifest=Path(manifest) if manifest else None,
+        retry_terminal_timeouts=settings["retry_terminal_timeouts"],
     )
 
 
@@ -181,12 +230,15 @@ async def _run(shards: list[Path], settings: dict[str, Any]) -> AggregateResult:
     async with http_client(connect_timeout_s=10.0, read_timeout_s=600.0) as client:
         if settings["head_server"]:
             targets += await _discover(client, settings["head_server"])
+        plan = settings["materialized_inputs_jsonl_fpath"]
         return await aggregate_shards(
             shards,
             output=Path(output) if output else None,
             options=_options(settings),
             targets=targets,
             client=client,
+            merge_shards=settings["merge_shards"],
+            plan=Path(plan) if plan else None,
         )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import shutil
 import signal
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -40,6 +41,9 @@ from ..collector.transport import PostTransport
 from ..config import RunConfig
 from ..errors import ConfigError, IncompleteEvaluationError, RunFolderError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report
+from ..metrics.batch import check_members, read_batch_manifest, write_batch_status
+from ..metrics.reader import Collection
+from ..nemo_keys import differences
 from ..records import MaterializedRow
 from ..recovery.files import format_bytes
 from ..recovery.layout import RunLayout
@@ -92,6 +96,7 @@ class RunResult:
     signal: int | None = None
     deadline_reached: bool = False
     aggregate: AggregateResult | None = None
+    differences: tuple[str, ...] = ()
 
 
 async def load_deployment(config: RunConfig) -> Deployment:
@@ -151,6 +156,8 @@ async def collect_run(
     """
     if not config.output_jsonl_fpath:
         raise ConfigError("no output file: pass -o OUT.jsonl or +output_jsonl_fpath=<file.jsonl>")
+    if config.resubmit and resubmit is None:  # NeMo Gym's +resubmit=true resumes
+        resubmit = Resubmit()
     resuming = config.resume_from_cache or resubmit is not None
     if not config.input_jsonl_fpath and not resuming:
         raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
@@ -163,6 +170,7 @@ async def collect_run(
     if not resuming or folder_state(layout) is FolderState.NEW:
         plan = _plan(config, deployment)  # bad input is refused before a file is touched
         _check_free_space(layout, plan)
+        _check_batch_manifest(config, plan)
     started = trio.current_time()
     expected = plan.expected if plan is not None else 0
     async with open_run_store(layout, config, expected=expected, fresh=not resuming) as store:
@@ -192,6 +200,8 @@ async def collect_run(
     if not end.interrupted:
         await _check_complete(layout, config)
         aggregate = await _aggregate(layout, config, deployment)
+    if config.batch_manifest_fpath and aggregate is None:
+        await trio.to_thread.run_sync(_batch_status_not_aggregated, layout, config)
     return RunResult(
         layout=layout,
         expected=expected,
@@ -203,6 +213,7 @@ async def collect_run(
         signal=end.signal,
         deadline_reached=end.deadline_reached,
         aggregate=aggregate,
+        differences=tuple(differences(config)),
     )
 
 
@@ -210,6 +221,36 @@ def _plan(config: RunConfig, deployment: Deployment) -> Plan:
     if not config.input_jsonl_fpath:
         raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
     return plan_rollouts(config.input_jsonl_fpath, config, deployment)
+
+
+def _check_batch_manifest(config: RunConfig, plan: Plan) -> None:
+    """Refuse a plan that does not match its batch manifest's members (before any write)."""
+    if not config.batch_manifest_fpath:
+        return
+    members = read_batch_manifest(config.batch_manifest_fpath)
+    tasks: dict[str, set[int]] = {}
+    rollouts: Counter[str] = Counter()
+    for row in plan.rows():
+        agent = row.identity.agent_name or row.identity.environment_server or ""
+        tasks.setdefault(agent, set()).add(row.identity.task_index)
+        rollouts[agent] += 1
+    check_members(members, {agent: (len(t), rollouts[agent]) for agent, t in tasks.items()})
+
+
+def _batch_status_not_aggregated(layout: RunLayout, config: RunConfig) -> None:
+    """Write the batch status of a run whose metrics were not computed (blocking)."""
+    assert config.batch_manifest_fpath is not None
+    collection = Collection(None)
+    collection.read([layout.output])
+    collection.resolve(count_missing=False)
+    write_batch_status(
+        config.batch_manifest_fpath,
+        read_batch_manifest(config.batch_manifest_fpath),
+        collection,
+        aggregation="not_run",
+        cap=config.max_attempts,
+        retry_timeouts=config.retry_terminal_timeouts,
+    )
 
 
 def _check_free_space(layout: RunLayout, plan: Plan) -> None:
@@ -262,6 +303,7 @@ async def _aggregate(
     """Compute local and server metrics of the run (skipped with ``disable_aggregation``)."""
     if config.disable_aggregation:
         return None
+    manifest = config.batch_manifest_fpath
     options = AggregateOptions(
         count_failure_classes_as_zero=(
             None
@@ -270,6 +312,9 @@ async def _aggregate(
         ),
         count_missing_rollouts_as_zero=config.count_missing_rollouts_as_zero,
         seed=config.seed,
+        max_attempts=config.max_attempts,
+        batch_manifest=Path(manifest) if manifest else None,
+        retry_terminal_timeouts=config.retry_terminal_timeouts,
     )
     targets = deployment.aggregate_metrics_targets()
     timeouts = {"connect_timeout_s": config.connect_timeout_s, "read_timeout_s": 600.0}
@@ -364,6 +409,8 @@ def report_run(result: RunResult, *, title: str) -> None:
             f"({tally.fates['landed']} landed); dispatched {tally.to_dispatch}"
         )
     click.echo(result.timing)
+    for line in result.differences:
+        click.echo(f"differs from NeMo Gym: {line}")
     if result.aggregate is not None:
         print_report(result.aggregate, Console())
         click.echo(f"metrics: {visible(str(result.aggregate.metrics_path))}")

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..collector.transport import H11Transport
-from ..config import RunConfig, load_config
+from ..config import RunConfig
 from ..errors import (
     ConfigError,
     DeploymentError,
@@ -30,6 +30,7 @@ from ..errors import (
     RunStoppedError,
     TrolloutError,
 )
+from ..nemo_keys import load_run_config
 from ..text import visible
 from .progress import summary_table
 
@@ -353,14 +354,20 @@ collect_options = run_options(*_RUN_OPTIONS)
 """The options of a collection run (collect and demo take them all)."""
 
 
+# The command line is NeMo Gym's full evaluation path (`gym eval run`), which round-robins
+# dispatch by agent; an embedding driver's RunConfig keeps the order it supplied.
+RUN_DEFAULTS: dict[str, Any] = {"round_robin_agents": True}
+
+
 def build_run_config(
     args: Sequence[str], options: dict[str, Any], *, input_required: bool = True
 ) -> RunConfig:
     """Merge positionals, options and overrides into a `RunConfig` (ConfigError on bad input).
 
-    Beyond `RunConfig`'s own checks, a dispatch budget of 0 is refused here: for the engine
-    (and an embedding driver) it means "start nothing", which from the command line can only be
-    a mistake that would end in a run with no rollout.
+    Every NeMo Gym setting is taken (`nemo_keys`); a note is printed for each one trollout
+    already handles its own way. Beyond `RunConfig`'s own checks, a dispatch budget of 0 is
+    refused here: for the engine (and an embedding driver) it means "start nothing", which from
+    the command line can only be a mistake that would end in a run with no rollout.
     """
     positionals, overrides = split_args(args)
     if len(positionals) > 1:
@@ -376,7 +383,11 @@ def build_run_config(
         options["agent_urls"] = _parse_agent_urls(options["agent_urls"])
     else:
         options.pop("agent_urls", None)
-    config = load_config(config_file=config_file, options=options, overrides=overrides)
+    config, notes = load_run_config(
+        config_file=config_file, options=options, overrides=overrides, defaults=RUN_DEFAULTS
+    )
+    for note in notes:
+        click.echo(f"trollout: note: {visible(note)}", err=True)
     if config.dispatch_budget_s == 0:
         raise ConfigError(
             f"dispatch_budget_s (--budget) must be > 0 (got {config.dispatch_budget_s!r}): a "

@@ -17,6 +17,7 @@ import orjson
 
 from ..config import default_max_attempts
 from ..errors import TrolloutError
+from ..metrics.exports import run_exports
 from ..records import RunManifest
 from ..recovery.layout import RunLayout
 from ..recovery.lock import read_owner
@@ -47,7 +48,9 @@ def run_status(
         retry_timeouts = bool(saved.get("retry_terminal_timeouts", False))
     rules = ResumeRules(max_attempts=cap, retry_terminal_timeouts=retry_timeouts)
     tally = scan_run(layout, rules)
-    return _document(layout, manifest, cap, tally.tally)
+    doc = _document(layout, manifest, cap, tally.tally)
+    doc["export_metrics"] = run_exports(layout, cap)
+    return doc
 
 
 def _document(

@@ -18,8 +18,10 @@ The reply to an episode request (a 0.7.0 task row) is read by `episodes`, which 
 non-JSON replies back to this table.
 
 Failure rows never carry a reward or response the collector made up: an infrastructure failure
-is not a zero score. Bodies are decoded from at most `MAX_DECODED_BODY_BYTES` and kept to
-`MAX_TEXT_CHARS` characters, with ``…`` appended when cut.
+is not a zero score; a producer's failure keeps its diagnostics but not its ``reward``, nor its
+``response`` unless it is a judge failure (`failure_compatibility_fields`). Bodies are decoded
+from at most `MAX_DECODED_BODY_BYTES` and kept to `MAX_TEXT_CHARS` characters, with ``…``
+appended when cut.
 
 Design note (forged and foreign replies). HTTP/1.1 has no request ids: on a kept-alive
 connection, whatever complete response follows a request is taken as its reply. A server (or a
@@ -73,6 +75,7 @@ __all__ = [
     "echo_mismatches",
     "error_kind",
     "expected_echo",
+    "failure_compatibility_fields",
     "json_type",
     "one_line_message",
     "outcome_from_error",
@@ -93,6 +96,8 @@ ECHOED_IDENTITY_KEYS: Final = (
 )
 """The request keys a reply may echo back; an echo must carry the value that was sent."""
 _ELLIPSIS: Final = "…"
+_LEGACY_CLASS: Final = "_ng_failure_legacy_class"  # the original producer's class
+_JUDGE_ERROR: Final = "_ng_failure_judge_error"  # a judge failure's reason
 _MAX_VALUE_CHARS: Final = 60
 
 # Keys of the reply the collector owns: stamps it re-applies, failure fields it maps.
@@ -386,11 +391,7 @@ def _producer_failure(
     failure_class = str(label) if label is not None else FailureClass.KILL_SHAPED.value
     message = reply.get(records.FAILURE_MESSAGE)
     body = reply.get(records.FAILURE_BODY)
-    extra = {
-        key: value
-        for key, value in reply.items()
-        if key not in _STAMP_KEYS and key not in _FAILURE_FIELD_KEYS
-    }
+    extra = failure_compatibility_fields(reply)
     return Failed(
         identity=identity,
         attempt_index=attempt_index,
@@ -407,6 +408,30 @@ def _producer_failure(
         elapsed_seconds=elapsed_seconds,
         extra=extra,
     )
+
+
+def failure_compatibility_fields(reply: Mapping[str, Any]) -> dict[str, Any]:
+    """Return what a producer's failure row keeps of its reply (NeMo Gym's failure rows).
+
+    The producer's diagnostics stay; ``reward`` never does (a failure is no verifier's score,
+    ``_failure_compatibility_row``), and ``response`` only for a judge failure, whose response
+    is real generation that can be judged again (``_judge_failure_response``): any other
+    failure's response is a placeholder that readers would take for generation.
+    """
+    keep_response = _is_judge_failure(reply)
+    return {
+        key: value
+        for key, value in reply.items()
+        if key not in _STAMP_KEYS
+        and key not in _FAILURE_FIELD_KEYS
+        and key != "reward"
+        and (key != "response" or keep_response)
+    }
+
+
+def _is_judge_failure(reply: Mapping[str, Any]) -> bool:
+    classes = (reply.get(records.FAILURE_CLASS), reply.get(_LEGACY_CLASS))
+    return FailureClass.JUDGE_FAILED.value in classes or _JUDGE_ERROR in reply
 
 
 def _optional_str(value: object) -> str | None:

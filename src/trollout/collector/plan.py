@@ -252,7 +252,7 @@ def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
         )
     resolver = Resolver(config, router, problems)
     materializer = Materializer(config)
-    table = TaskTable(limit=config.limit)
+    table = TaskTable(limit=config.limit, task_ids=config.task_ids)
     _check_rows(source, resolver, materializer, table, problems)
     problems.raise_if_any()
     table.finish()
@@ -289,7 +289,7 @@ def _empty_reason(source: _Source, table: TaskTable, config: RunConfig) -> str:
     return (
         f"task_ids {config.task_ids!r} keep no task of the {table.count} in {source.name}"
         + (f" (limit {config.limit} keeps the first {config.limit})" if config.limit else "")
-        + "; list task indices that the input has"
+        + "; list ids that the input's rows store"
     )
 
 
@@ -307,15 +307,19 @@ def _check_rows(
         if row is None or problem is not None:
             problems.line(source.label(line.number), str(problem))
             continue
-        shape = check_row(row)
+        built, problem = materializer.prompted(row)  # checked as the prompt builds them
+        if problem is not None:
+            problems.line(source.label(line.number), problem)
+            continue
+        shape = check_row(built)
         for problem in shape:
             problems.line(source.label(line.number), problem)
         if shape:
             continue
         table.record(line)
-        for issue in resolver.resolve(row).issues:
+        for issue in resolver.resolve(built).issues:
             problems.group(issue.key, source.label(line.number), issue.what, issue.remedy)
-        seed_problem = materializer.check(row)
+        seed_problem = materializer.check(built)
         if seed_problem:
             problems.line(source.label(line.number), seed_problem)
 

@@ -15,7 +15,8 @@ stamped 0 and 2, the unstamped rows take 1, 3, 4, ... in order of first occurren
 
 Selection (`Selection`): ``limit N`` keeps every line of the first N distinct tasks in order of
 first appearance (duplicates included); ``task_ids`` then keeps the listed tasks among those, each
-on its first line only, so its repeats come from ``num_repeats`` alone. A listed id that no row
+on its first line only, so its repeats come from ``num_repeats`` alone. ``task_ids`` names tasks
+by the id each row stores (`task_selection`), as NeMo Gym selects them; a listed id that no row
 of the input has is refused.
 
 Design note: the rejected alternative numbered unstamped rows from ``max(stamped) + 1``, which
@@ -40,6 +41,7 @@ from .. import jsonl
 from ..config import DEFAULT_MAX_INPUT_LINE_BYTES
 from ..errors import InputError
 from ..records import ROLLOUT_ID_PATTERN
+from .task_selection import STORED_ID_PLACES, StoredIds
 
 __all__ = [
     "FileSource",
@@ -333,8 +335,11 @@ class Selection:
 class TaskTable:
     """Task indices of the input's rows: recorded in a first pass, fixed by `finish`."""
 
-    def __init__(self, *, limit: int | None = None) -> None:
+    def __init__(
+        self, *, limit: int | None = None, task_ids: Sequence[str | int] | None = None
+    ) -> None:
         self._by_digest: dict[bytes, int] = {}  # ordinals until finish(), then task indices
+        self._ids = StoredIds(task_ids)  # the tasks `task_ids` names, by the id rows store
         self._stamped: set[int] = set()
         self._stamped_sorted: list[int] = []
         self.repeated: set[int] = set()  # tasks on more than one line (keys, then indices)
@@ -362,6 +367,8 @@ class TaskTable:
             key = ~ordinal  # negative keys are ordinals until finish()
         if seen:
             self.repeated.add(key)
+        if line.row is not None:
+            self._ids.record(line.row, key)
         if self._limit is not None and len(self._first) < self._limit:
             self._first.setdefault(key, None)
 
@@ -373,6 +380,7 @@ class TaskTable:
             self._by_digest[digest] = finals[ordinal]
         self.repeated = {finals[~k] if k < 0 else k for k in self.repeated}
         self._first = {(finals[~k] if k < 0 else k): None for k in self._first}
+        self._ids.renumber(lambda k: finals[~k] if k < 0 else k)
         self._finished = True
 
     def _finals(self, n: int) -> list[int]:
@@ -401,18 +409,17 @@ class TaskTable:
         rank = task - bisect.bisect_left(self._stamped_sorted, task)
         return 0 <= rank < len(self._by_digest)
 
-    def selection(self, task_ids: Sequence[int] | None, problems: Problems) -> Selection:
+    def selection(self, task_ids: Sequence[str | int] | None, problems: Problems) -> Selection:
         """Return the tasks kept by `limit` (first N in order of appearance) then `task_ids`."""
         kept: set[int] | None = set(self._first) if self._limit is not None else None
         if task_ids is None:
             return Selection(None if kept is None else frozenset(kept))
-        for task in task_ids:
-            if type(task) is not int or not self.contains(task):
-                problems.config(
-                    f"task_ids: {task!r} is not a task of the input (it has {self.count} "
-                    f"tasks); list existing task indices"
-                )
-        wanted = {t for t in task_ids if type(t) is int}
+        for missing in self._ids.missing():
+            problems.config(
+                f"task_ids: {missing!r} is the id of no row of the input (ids are read from "
+                f"{STORED_ID_PLACES}); list ids the rows store"
+            )
+        wanted = self._ids.tasks()
         return Selection(frozenset(wanted if kept is None else wanted & kept), each_once=True)
 
 

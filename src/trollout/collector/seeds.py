@@ -1,6 +1,10 @@
 """Materializing one rollout of a row: stale keys out, overrides in, seed, identity stamps.
 
-Seeds (protocol.md section 5, item 6). With ``num_repeats_add_seed``, each rollout's
+Prompt (``prompt_config``, `prompts`): a template builds ``responses_create_params.input``
+first, from the row as given; everything below applies to the row it built.
+
+Seeds (protocol.md section 5, item 6). With ``num_repeats_add_seed`` (true, or per agent:
+``{agent: true, _default: false}``, the dispatched agent's entry else ``_default``), each rollout's
 ``responses_create_params.metadata.extra_body`` becomes a JSON *string* holding ``seed``; an
 existing extra_body (an object, or a string holding one) is kept and extended, its ``seed``
 replaced. The seed is, by `config.SeedMode`:
@@ -54,6 +58,7 @@ from ..records import (
     provenance_of,
 )
 from .plan_routing import Copy
+from .prompts import load_prompt
 
 __all__ = ["Materializer", "Prepared", "rollout_seed", "strip_stale_keys"]
 
@@ -106,24 +111,33 @@ class Materializer:
 
     def __init__(self, config: RunConfig) -> None:
         self._overrides = config.responses_create_params
-        self._add_seed = config.num_repeats_add_seed
+        self._add_seed = config.num_repeats_add_seed  # a bool, or {agent: bool, _default: bool}
+        self._any_seed = _any_true(self._add_seed)
         self._run_seed = config.seed
         self._by_index = config.seed_mode is SeedMode.ROLLOUT_INDEX
+        self._prompt = load_prompt(config.prompt_config) if config.prompt_config else None
+
+    def prompted(self, row: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:
+        """Return the row as ``prompt_config`` builds it, or the row and why it cannot."""
+        if self._prompt is None:
+            return row, None
+        problem = self._prompt.check(row)
+        return (row, problem) if problem else (self._prompt.apply(row), None)
 
     def check(self, row: Mapping[str, Any]) -> str | None:
-        """Return why seeds cannot be added to a row (valid shape), or None."""
+        """Return why seeds cannot be added to a (prompted) row, or None."""
         params = self._params(row)
-        if not self._add_seed or params is None:
+        if not self._any_seed or params is None:
             return None
         return _extra_body(params)[1]
 
     def prepare(self, row: Mapping[str, Any]) -> Prepared:
-        """Strip stale keys, merge overrides and parse extra_body, once per row."""
-        body = strip_stale_keys(row)
+        """Build the prompt, strip stale keys, merge overrides, parse extra_body, once per row."""
+        body = strip_stale_keys(self._prompt.apply(row) if self._prompt is not None else row)
         params = self._params(body)
         if params is not None:
             body[PARAMS] = params
-        extra = _extra_body(params)[0] if self._add_seed and params is not None else None
+        extra = _extra_body(params)[0] if self._any_seed and params is not None else None
         ref, source = body.get("agent_ref"), body.get("task_source")
         return Prepared(
             body=body,
@@ -139,7 +153,7 @@ class Materializer:
     def make(self, prepared: Prepared, task: int, rollout: int, copy: Copy) -> MaterializedRow:
         """Return rollout ``rollout`` of task ``task``, run by ``copy``'s agent and server."""
         body = dict(prepared.body)
-        if prepared.params is not None and prepared.extra is not None:
+        if prepared.params is not None and prepared.extra is not None and self.seeds(copy.agent):
             body[PARAMS] = self._seeded(prepared.params, prepared.extra, task, rollout)
         if copy.agent is None:
             body.pop("agent_ref", None)  # a task row names no agent
@@ -166,6 +180,15 @@ class Materializer:
         )
         return MaterializedRow(identity, body)
 
+    def seeds(self, agent: str | None) -> bool:
+        """Return whether an agent's rollouts get seeds (``num_repeats_add_seed`` per agent)."""
+        setting = self._add_seed
+        if isinstance(setting, bool):
+            return setting
+        if agent is not None and agent in setting:
+            return setting[agent]
+        return setting.get("_default", False)
+
     def seed_for(self, task: int, rollout: int) -> int:
         """Return the seed of one rollout under this run's seed mode."""
         return rollout if self._by_index else rollout_seed(self._run_seed, task, rollout)
@@ -180,6 +203,10 @@ class Materializer:
         metadata = dict(params.get("metadata") or {})
         metadata["extra_body"] = json.dumps({**extra, "seed": self.seed_for(task, rollout)})
         return {**params, "metadata": metadata}
+
+
+def _any_true(setting: bool | Mapping[str, bool]) -> bool:
+    return setting if isinstance(setting, bool) else any(setting.values())
 
 
 def _extra_body(params: Mapping[str, Any]) -> tuple[Row, str | None]:

@@ -29,7 +29,7 @@ import httpx
 import trio
 from attrs import frozen
 
-from ..config import RunConfig
+from ..config import DEFAULT_START_MIN_FRACTION, RunConfig
 from ..records import Failed, Identity, Landed, OmitReason, Omitted, Outcome
 from .queues import QueueSample, parse_vllm_queue, sample_queues
 from .retry import RetryCounters
@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 MIN_FINISHED_FOR_STRAGGLERS: Final = 5  # no p90 worth comparing against before this
+_PRODUCER_TIMEOUT: Final = "timeout_exceeded"  # a producer's own per-rollout limit (protocol.md 2)
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -66,8 +67,8 @@ class TimingBounds:
     """The healthy bounds a run is compared with (protocol.md section 9)."""
 
     rollout_timeout_s: float | None = None
-    dispatch_start_report_within_s: float = 60.0
-    dispatch_start_report_min_fraction: float | None = None
+    dispatch_start_report_within_s: float | None = None
+    dispatch_start_report_min_fraction: float = DEFAULT_START_MIN_FRACTION
     dispatch_all_started_within_s: float | None = None
     timed_out_max_fraction: float = 0.01
     long_rollout_s: float | None = None
@@ -131,7 +132,8 @@ class RunTimer:
         self.mark_dispatch_start()
         assert self.dispatch_start is not None
         self.started_count += 1
-        if now - self.dispatch_start <= self.bounds.dispatch_start_report_within_s:
+        within = self.bounds.dispatch_start_report_within_s
+        if within is not None and now - self.dispatch_start <= within:
             self.started_in_window += 1
         self.last_start = now
         self._running[identity.key] = (identity, now)
@@ -151,7 +153,7 @@ class RunTimer:
         self._durations.append(duration)
         if type(outcome) is Landed:
             self._landed_s += duration
-        elif type(outcome) is Failed and outcome.kind == "timeout":
+        elif type(outcome) is Failed and _ended_by_limit(outcome):
             self.timed_out += 1
 
     def add_queue_sample(self, sample: QueueSample) -> None:
@@ -276,6 +278,8 @@ class RunTimer:
 
     def _start_row(self) -> TimingRow:
         within = self.bounds.dispatch_start_report_within_s
+        if within is None:
+            return TimingRow("started within a window", "no window set (start_report_within_s)")
         check = f"started within {format_seconds(within)} of dispatch"
         total = self._denominator()
         if not total:
@@ -283,8 +287,6 @@ class RunTimer:
         fraction = self.started_in_window / total
         value = f"{_pct(fraction)} ({self.started_in_window} of {total})"
         least = self.bounds.dispatch_start_report_min_fraction
-        if least is None:
-            return TimingRow(check, value)
         return TimingRow(check, value, f">= {_pct(least)}", fraction >= least)
 
     def _all_started_row(self) -> TimingRow:
@@ -308,7 +310,7 @@ class RunTimer:
         check = "ended by the rollout limit" + (
             f" ({format_seconds(limit)})" if limit is not None else ""
         )
-        if limit is None:
+        if limit is None and not self.timed_out:  # a producer's own limit shows when it hits
             return TimingRow(check, "no limit set (rollout_timeout_s)")
         finished = len(self._durations)
         most = self.bounds.timed_out_max_fraction
@@ -348,6 +350,19 @@ class RunTimer:
             f"{running:.1f}; {len(answered)} samples)"
         )
         return TimingRow(check, value, f"<= {ratio:g}", measured <= ratio)
+
+
+def _ended_by_limit(outcome: Failed) -> bool:
+    """Whether a failure was ended by a per-rollout time limit.
+
+    Ours (kind ``timeout``) or a producer's own (class ``timeout_exceeded``, also as the
+    producer's original class), as NeMo Gym's ``RunTimingReport.record_result`` counts them.
+    """
+    return (
+        outcome.kind == "timeout"
+        or outcome.failure_class == _PRODUCER_TIMEOUT
+        or outcome.extra.get("_ng_failure_legacy_class") == _PRODUCER_TIMEOUT
+    )
 
 
 def _pct(fraction: float) -> str:

@@ -2,7 +2,9 @@
 
 The public pieces: `aggregate_run` (what ``collect`` calls at the end of a run) and
 `aggregate_shards` (``trollout aggregate``), their `AggregateOptions` and `AggregateResult`;
-`resolve_inputs` for globs; the estimators; and the reports.
+`resolve_inputs` for globs; the estimators; and the reports. Inside: `reader` (one streaming
+pass), `identity` (a rollout's identity across runs: its task's content), `coverage` (latest
+failures, imputed zeros), `exports` (NeMo Gym's exporter names), `batch` (batch manifests).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ of a run (unless ``disable_aggregation``). Both:
 3. summarize each group locally (`summary`): coverage, both views, NeMo Gym's default metrics;
 4. when targets are given, call ``/aggregate_metrics`` once per agent or environment server
    (`server`); a failed call is recorded, not raised;
-5. write ``<stem>_aggregate_metrics.json`` and ``<stem>_report.html`` beside the output.
+5. write ``<stem>_aggregate_metrics.json`` and ``<stem>_report.html`` beside the output;
+6. mark each shard's status file with the aggregation's outcome (`shards.refresh_shard_status`).
 
 Nothing is renamed into place before step 5, so a cancelled aggregation leaves no half-written
 file; an input file is never written (`shards.refuse_overwrite`).
@@ -22,6 +23,7 @@ read cannot be abandoned halfway, which is harmless because it writes only tempo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,14 +33,16 @@ import httpx
 import trio
 from attrs import frozen
 
+from ..config import default_max_attempts
 from ..errors import ConfigError
 from ..recovery.layout import RunLayout
+from .batch import read_batch_manifest, write_batch_status
 from .coverage import Coverage, GroupKey, coverage_lines
 from .output import metrics_entries, write_metrics_file
 from .reader import Collection, InputReport
 from .report_html import write_report
 from .server import Target, fetch_server_metrics, target_for
-from .shards import MergeWriter, refuse_overwrite
+from .shards import MergeWriter, refresh_shard_status, refuse_overwrite
 from .summary import GroupSummary, SummaryOptions, summarize
 
 __all__ = ["AggregateOptions", "AggregateResult", "aggregate_run", "aggregate_shards"]
@@ -49,9 +53,8 @@ class AggregateOptions:
     """What goes into the metric input, and how intervals are computed.
 
     Attributes:
-        count_failure_classes_as_zero: failure classes whose latest row counts as reward 0;
-            None (the default) imputes nothing, a list (even empty) also keeps rows marked
-            ``_ng_failure_counts_as_zero``.
+        count_failure_classes_as_zero: failure classes whose latest row counts as reward 0
+            (a row its producer marked ``_ng_failure_counts_as_zero`` always does).
         count_missing_rollouts_as_zero: planned rollouts with no row count as reward 0.
         bootstrap_samples: resamples per interval (0: normal approximation only).
         confidence: interval coverage.
@@ -59,6 +62,10 @@ class AggregateOptions:
         max_bootstrap_categories: above this many distinct task outcomes, intervals use the
             normal approximation (see `estimators`).
         write_report: write ``<stem>_report.html``.
+        max_attempts: the attempt cap rollouts without a recorded cap are held to (the
+            ``retries/*`` exports); default: env ``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS``, else 3.
+        batch_manifest: a NeMo Gym batch manifest: ``batch_status.json`` is written beside it.
+        retry_terminal_timeouts: judge terminal timeouts retryable in that batch status.
     """
 
     count_failure_classes_as_zero: frozenset[str] | None = None
@@ -68,6 +75,9 @@ class AggregateOptions:
     seed: int = 0
     max_bootstrap_categories: int = 2000
     write_report: bool = True
+    max_attempts: int = attrs.field(factory=default_max_attempts)
+    batch_manifest: Path | None = None
+    retry_terminal_timeouts: bool = False
 
     def summary_options(self) -> SummaryOptions:
         """Return the interval settings."""
@@ -76,6 +86,7 @@ class AggregateOptions:
             confidence=self.confidence,
             seed=self.seed,
             max_bootstrap_categories=self.max_bootstrap_categories,
+            max_attempts=self.max_attempts,
         )
 
 
@@ -152,6 +163,8 @@ async def aggregate_shards(
     options: AggregateOptions | None = None,
     targets: Sequence[Target] | None = None,
     client: httpx.AsyncClient | None = None,
+    merge_shards: bool = True,
+    plan: Path | None = None,
 ) -> AggregateResult:
     """Merge shards into ``output`` (when given) and write their metrics and report.
 
@@ -163,6 +176,10 @@ async def aggregate_shards(
         targets: ``(agent, environment server, base URL)`` for ``/aggregate_metrics``; None or
             empty aggregates locally only.
         client: the HTTP client for the calls (one is opened when targets need it).
+        merge_shards: write the merged run folder at ``output`` (False: only the metrics and
+            report go beside it, as NeMo Gym's ``merge_shards=false``).
+        plan: one materialized-inputs file standing for every shard's own (NeMo Gym's
+            ``materialized_inputs_jsonl_fpath``).
 
     Raises:
         ConfigError: several shards without ``output``, or an output that is an input file.
@@ -173,14 +190,16 @@ async def aggregate_shards(
     written until every step succeeded, so a retry is safe.
     """
     options = options or AggregateOptions()
-    layout = _output_layout(shards, output)
-    refuse_overwrite(
-        _written(layout, merged=output is not None, report=options.write_report), _inputs(shards)
-    )
-    merge = MergeWriter(layout) if output is not None else None
+    layout = _output_layout(shards, output if merge_shards else output or _single(shards))
+    merged = output is not None and merge_shards
+    refuse_overwrite(_written(layout, merged=merged, report=options.write_report), _inputs(shards))
+    members = None
+    if options.batch_manifest is not None:
+        members = await trio.to_thread.run_sync(read_batch_manifest, options.batch_manifest)
+    merge = MergeWriter(layout) if merged else None
     try:
         collection, summaries = await trio.to_thread.run_sync(
-            _compute, shards, merge, options, bool(targets)
+            _compute, shards, merge, options, bool(targets), plan
         )
         if targets:
             summaries = await _with_servers(summaries, collection, targets, client)
@@ -191,7 +210,26 @@ async def aggregate_shards(
         if merge is not None:
             merge.discard()
         raise
+    await trio.to_thread.run_sync(
+        refresh_shard_status, shards, result.metrics_path, result.server_errors
+    )
+    if members is not None and options.batch_manifest is not None:
+        await trio.to_thread.run_sync(
+            functools.partial(
+                write_batch_status,
+                options.batch_manifest,
+                members,
+                collection,
+                aggregation="ok" if result.ok else "error",
+                cap=options.max_attempts,
+                retry_timeouts=options.retry_terminal_timeouts,
+            )
+        )
     return result
+
+
+def _single(shards: Sequence[Path]) -> Path | None:
+    return shards[0] if len(shards) == 1 else None
 
 
 def _output_layout(shards: Sequence[Path], output: Path | None) -> RunLayout:
@@ -218,14 +256,20 @@ def _inputs(shards: Sequence[Path]) -> list[Path]:
 
 
 def _compute(
-    shards: Sequence[Path], merge: MergeWriter | None, options: AggregateOptions, keep_rows: bool
+    shards: Sequence[Path],
+    merge: MergeWriter | None,
+    options: AggregateOptions,
+    keep_rows: bool,
+    plan: Path | None,
 ) -> tuple[Collection, list[GroupSummary]]:
+    if plan is not None and not plan.is_file():
+        raise ConfigError(f"materialized inputs {str(plan)!r} is not a file; check the path")
     collection = Collection(options.count_failure_classes_as_zero, keep_rows=keep_rows)
     if merge is None:
-        collection.read(shards)
+        collection.read(shards, plan=plan)
     else:
         with merge:
-            collection.read(shards, merge)
+            collection.read(shards, merge, plan=plan)
     collection.resolve(count_missing=options.count_missing_rollouts_as_zero)
     return collection, summarize(collection, options.summary_options())
 
@@ -259,6 +303,7 @@ def _write(
 ) -> AggregateResult:
     if merge is not None:
         merge.commit()
+    layout.output.parent.mkdir(parents=True, exist_ok=True)  # merge_shards=false makes none
     write_metrics_file(layout.aggregate_metrics, metrics_entries(summaries, collection))
     result = AggregateResult(
         tuple(summaries),

@@ -7,9 +7,14 @@ Rules (protocol.md section 8):
   supersede anything; an interrupted ``_ng_omitted_rollout`` row does, and the rollout then
   counts as missing.
 - A rollout that also landed is landed: its failures are skipped (reported as recovered).
-- ``count_failure_classes_as_zero``: when set (even to an empty list), a latest row whose class
-  is listed, or which carries ``_ng_failure_counts_as_zero``, enters the metric input with its
-  ``_ng_failure_*`` keys dropped and ``reward`` 0.0 when it has none.
+- A latest row its producer marked ``_ng_failure_counts_as_zero`` settles its rollout as a scored
+  zero (resume never runs it again), so it always enters the metric input (NeMo Gym's
+  ``_final_zero_failure_rows``).
+- ``count_failure_classes_as_zero``: a latest row whose class is listed also enters it; the
+  class matches ``_ng_failure_class`` or the original producer's ``_ng_failure_legacy_class``
+  (``_matches_failure_class``). A counted row enters with its ``_ng_failure_*``,
+  ``failure_kind`` and ``failure_reason`` keys dropped, ``mask_sample`` false, and ``reward``
+  0.0 when it has none (``_counted_failure_row``).
 - ``count_missing_rollouts_as_zero``: a planned rollout with no row in either file (or whose
   latest row is an omitted one) enters as ``reward: 0.0``.
 - Imputed zeros live only in the metric input, never in files.
@@ -18,13 +23,23 @@ Rules (protocol.md section 8):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final, TypeAlias
 
 import attrs
 from attrs import frozen
 
-from ..records import FAILURE_CLASS, OmitReason, Omitted, outcome_from_row
+from ..records import (
+    FAILURE_CLASS,
+    FAILURE_DELIVERY,
+    FAILURE_KIND,
+    FAILURE_MAX_ATTEMPTS,
+    FAILURE_TERMINAL,
+    Delivery,
+    OmitReason,
+    Omitted,
+    outcome_from_row,
+)
 
 __all__ = [
     "MISSING",
@@ -34,11 +49,17 @@ __all__ = [
     "FailureMark",
     "GroupKey",
     "RolloutKey",
+    "counted_row",
+    "counts_as_zero",
     "coverage_lines",
     "imputed_row",
+    "matches_failure_class",
 ]
 
 COUNTS_AS_ZERO: Final = "_ng_failure_counts_as_zero"
+LEGACY_CLASS: Final = "_ng_failure_legacy_class"
+_DIAGNOSTIC_KEYS: Final = frozenset({"failure_kind", "failure_reason"})
+_NOT_SENT: Final = Delivery.NOT_SENT.value
 _FAILURE_PREFIX: Final = "_ng_failure_"
 MISSING: Final = "no row"  # the coverage label of a planned rollout with no row anywhere
 OMITTED: Final = "omitted"  # the label of a rollout whose latest row is an interrupted attempt
@@ -64,18 +85,31 @@ class FailureMark:
     drained: bool = False
     kept: bool = False
     row: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+    max_attempts: int | None = None
+    terminal: bool = False
+    timeout: bool = False  # a time limit ended it (retried under retry_terminal_timeouts)
+    marked: bool = False  # its producer marked it _ng_failure_counts_as_zero
 
 
 class FailureLedger:
-    """The latest sidecar row per rollout, across classes and shards."""
+    """The latest sidecar row per rollout, across classes and shards.
+
+    Attributes:
+        marks: the latest row of each rollout.
+        attempts: failed attempts per rollout: rows of attempts that reached a server (not an
+            omitted attempt, nor one never sent), as resume counts them against the cap.
+    """
 
     def __init__(self, keep_classes: frozenset[str] | None) -> None:
         self.keep_classes = keep_classes
         self.marks: dict[RolloutKey, FailureMark] = {}
+        self.attempts: Counter[RolloutKey] = Counter()
 
     def add(self, key: RolloutKey, row: Mapping[str, Any], position: tuple[int, int]) -> None:
         """Record one sidecar row read at ``position`` (file order, line)."""
         mark = self._mark(row, position)
+        if mark.failure_class != OMITTED and row.get(FAILURE_DELIVERY) != _NOT_SENT:
+            self.attempts[key] += 1
         current = self.marks.get(key)
         if current is None or (
             not mark.drained and (current.drained or mark.order > current.order)
@@ -88,13 +122,52 @@ class FailureLedger:
         if isinstance(outcome, Omitted):
             return FailureMark(order, OMITTED, drained=outcome.reason is OmitReason.DRAINED)
         failure_class = str(row.get(FAILURE_CLASS) or "unknown")
-        keep = self.keep_classes is not None and (
-            failure_class in self.keep_classes or bool(row.get(COUNTS_AS_ZERO))
+        keep = counts_as_zero(row, self.keep_classes or frozenset())
+        cap = row.get(FAILURE_MAX_ATTEMPTS)
+        return FailureMark(
+            order,
+            failure_class,
+            kept=keep,
+            row=counted_row(row) if keep else {},
+            max_attempts=cap if type(cap) is int else None,
+            terminal=row.get(FAILURE_TERMINAL) is True,
+            timeout=failure_class == "timeout_exceeded" or row.get(FAILURE_KIND) == "timeout",
+            marked=row.get(COUNTS_AS_ZERO) is True,
         )
-        kept_row = (
-            {k: v for k, v in row.items() if not k.startswith(_FAILURE_PREFIX)} if keep else {}
-        )
-        return FailureMark(order, failure_class, kept=keep, row=kept_row)
+
+    def settled(
+        self, mark: FailureMark, key: RolloutKey, cap: int, *, retry_timeouts: bool
+    ) -> bool:
+        """Whether a rollout whose latest row is ``mark`` is done without landing.
+
+        As resume decides (protocol.md section 8): terminal (a timeout is retried under
+        ``retry_timeouts``), marked ``_ng_failure_counts_as_zero``, or ``cap`` attempts spent.
+        """
+        if mark.failure_class == OMITTED:
+            return False
+        terminal = mark.terminal and not (retry_timeouts and mark.timeout)
+        return terminal or mark.marked or self.attempts[key] >= cap
+
+
+def matches_failure_class(row: Mapping[str, Any], classes: Collection[str]) -> bool:
+    """Whether a row's class, or its producer's original (legacy) class, is one of ``classes``."""
+    return row.get(FAILURE_CLASS) in classes or row.get(LEGACY_CLASS) in classes
+
+
+def counts_as_zero(row: Mapping[str, Any], wanted: Collection[str]) -> bool:
+    """Whether a rollout's latest sidecar row enters the metrics as a zero (wanted or marked)."""
+    return row.get(COUNTS_AS_ZERO) is True or matches_failure_class(row, wanted)
+
+
+def counted_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the metric-input copy of a sidecar row counted as zero (diagnostics left out)."""
+    out = {
+        k: v
+        for k, v in row.items()
+        if not k.startswith(_FAILURE_PREFIX) and k not in _DIAGNOSTIC_KEYS
+    }
+    out["mask_sample"] = False
+    return out
 
 
 def imputed_row(identity: Mapping[str, Any], *rows: Mapping[str, Any]) -> dict[str, Any]:

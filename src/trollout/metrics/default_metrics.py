@@ -15,8 +15,9 @@ zeros), following NeMo Gym 0.7.0's defaults so the numbers match a default serve
 - ``group_level_metrics``: one entry per task (sorted) with the same statistics, plus
   ``num_rollouts`` (rows measured), ``expected_num_rollouts`` (rollouts planned),
   ``missing_num_rollouts`` (planned without a row in the metric input) and
-  ``reward_profile_completion_pct``. NeMo Gym's per-rollout ``rollout_infos`` and ``sample``
-  are not written: they copy every row into the file, and memory must follow tasks.
+  ``reward_profile_completion_pct``, then ``rollout_infos`` (each rollout's numbers, as NeMo
+  Gym lists them, every number as a float). NeMo Gym's ``sample`` is not written:
+  it copies a row's payload into the file, and memory must follow tasks.
 
 Entries are generated one task at a time, so a writer can stream them.
 """
@@ -185,4 +186,22 @@ def _task_entry(
     entry["expected_num_rollouts"] = expected
     entry["missing_num_rollouts"] = missing
     entry["reward_profile_completion_pct"] = 100.0 * (expected - missing) / expected
+    entry["rollout_infos"] = _rollout_infos(task, states)
     return entry
+
+
+def _rollout_infos(task: int, states: Sequence[TaskStats]) -> list[dict[str, Any]]:
+    """Return NeMo Gym's per-rollout numbers of a task, by rollout index."""
+    rows = sorted(
+        ((rollout, columns) for state in states for rollout, columns in state.rollouts()),
+        key=lambda item: item[0],
+    )
+    return [
+        {
+            "rollout_id": f"{task}:{rollout}",
+            "_ng_task_index": task,
+            "_ng_rollout_index": rollout,
+            **columns,
+        }
+        for rollout, columns in rows
+    ]

@@ -6,6 +6,7 @@ One entry per group (protocol.md section 4)::
      "agent_metrics": {...}, "key_metrics": {...}, "group_level_metrics": [...],
      ...                                  # other keys of a server's reply, as it sent them
      "aggregation_error": "...",          # only when the server call failed
+     "export_metrics": {...},             # NeMo Gym's exporter names (`exports`)
      "trollout": {...}}                   # ours: coverage, both views, local metrics
 
 The collections come from the server's reply when a server answered, from the local default
@@ -49,6 +50,7 @@ def metrics_entries(
         entry.update(_collections(summary, collection))
         if summary.aggregation_error is not None:
             entry["aggregation_error"] = summary.aggregation_error
+        entry["export_metrics"] = summary.exports
         entry["trollout"] = _ours(summary)
         yield entry
 

@@ -5,17 +5,23 @@ failures sidecar, keeping only the per-task state of `stats` and the latest fail
 row payloads are never held (except the reduced rows a server call needs, and only when one is
 asked for). The rules, documented where the user sees them (``trollout aggregate --help``):
 
-- Shards are read in sorted order; a file identical to one already read is skipped.
-- A (group, task, rollout) key lands once: the first landed row in shard order, then line
-  order, wins; later landed rows with the same key are duplicates, reported per shard and not
-  counted. A landed row beats any failure of the same rollout, whichever shard holds it.
+- A rollout's identity across shards is its task's content (`identity`): a digest of the
+  materialized row without the collector's stamps, plus its metrics group, and its rollout
+  index. Shards of separate runs (each numbering its tasks from 0) are merged without losing a
+  task; tasks first seen in a later shard are renumbered in the merged files.
+- Shards are read in sorted order; a shard whose rollouts (or failures) file and plan are
+  identical to an earlier shard's is skipped.
+- A rollout lands once: the first landed row in shard order, then line order, wins; later
+  landed rows of the same rollout are duplicates, reported per shard and not counted. A landed
+  row beats any failure of the same rollout, whichever shard holds it.
 - The group of a row is its agent (``agent_ref.name``), or, for a row routed by taskset without
   an agent, its environment server.
 
 Design note: the rejected alternative loads every row of every shard, concatenates them and
 de-duplicates in memory (NeMo Gym's way); it needs memory for every payload, and a second
 reading of the rows for each statistic. Here a rollout's fate is a bit in its task's masks, so
-duplicate detection, coverage and the imputed zeros cost a few bytes per rollout.
+duplicate detection, coverage and the imputed zeros cost a few bytes per rollout, plus the
+identity tables (`identity`): a digest and a number per task.
 """
 
 from __future__ import annotations
@@ -29,10 +35,19 @@ import attrs
 import orjson
 from attrs import frozen
 
-from ..errors import InputError
+from ..errors import InputError, RunFolderError
 from ..records import AGENT_REF, ENVIRONMENT_SERVER, ROLLOUT_INDEX, TASK_INDEX
 from ..recovery.layout import RunLayout
+from ..recovery.manifest import read_manifest
 from .coverage import MISSING, OMITTED, Coverage, FailureLedger, GroupKey, RolloutKey, imputed_row
+from .identity import (
+    LocalIds,
+    SeedRule,
+    TaskIds,
+    content_digest,
+    local_digest,
+    row_content_digest,
+)
 from .shards import MergeWriter, identical_files, read_lines
 from .stats import GroupStats, is_masked, metric_columns, popcount
 
@@ -51,6 +66,8 @@ class InputReport:
         duplicates: per shard, landed rows whose rollout was already read (counted once).
         torn: ``file:line`` of torn last lines skipped.
         outside_plan: landed rows of rollouts absent from the materialized inputs that were read.
+        renumbered: tasks whose merged number differs from their run's (a later shard's task
+            whose index an earlier shard's other task already had).
     """
 
     shards: tuple[Path, ...]
@@ -58,6 +75,7 @@ class InputReport:
     duplicates: dict[str, int] = attrs.field(factory=dict)
     torn: tuple[str, ...] = ()
     outside_plan: int = 0
+    renumbered: int = 0
 
     def lines(self) -> list[str]:
         """Return one line per finding worth telling the user."""
@@ -70,6 +88,12 @@ class InputReport:
         out += [f"skipped torn last line {where}" for where in self.torn]
         if self.outside_plan:
             out.append(f"{self.outside_plan} landed rows are not in the materialized inputs")
+        if self.renumbered:
+            out.append(
+                f"{self.renumbered} tasks of later shards took new task numbers: each run numbers "
+                "its tasks from 0, so a rollout is known by its task's content (differs from "
+                "NeMo Gym, whose aggregate keys rollouts by task index and merges them)"
+            )
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -80,6 +104,7 @@ class InputReport:
             "duplicates": dict(self.duplicates),
             "torn": list(self.torn),
             "outside_plan": self.outside_plan,
+            "renumbered": self.renumbered,
         }
 
 
@@ -116,6 +141,19 @@ def _identity(path: Path, number: int, row: Mapping[str, Any]) -> tuple[int, int
     return task, rollout
 
 
+class _Shard:
+    """One shard as it is read: its files, its plan's numbering and its own."""
+
+    def __init__(self, order: int, layout: RunLayout, plan: Path | None, seeds: SeedRule) -> None:
+        self.order = order
+        self.layout = layout
+        self.plan = plan  # the plan file read for it (the first of identical ones), or None
+        self.seeds = seeds
+        self.ids: LocalIds | None = None  # the plan's numbering (shared by identical plans)
+        self.extra = LocalIds()  # tasks numbered from rows outside the plan
+        self.seen = Counter[int]()  # occurrences of the tasks numbered from rows
+
+
 class Collection:
     """The state of one aggregation: groups, failures, and what was read."""
 
@@ -125,11 +163,13 @@ class Collection:
         self.ledger = FailureLedger(keep_classes)
         self.server_rows: ServerRows | None = defaultdict(list) if keep_rows else None
         self.coverage: dict[GroupKey, Coverage] = {}
+        self.task_ids = TaskIds()
         self._torn: list[str] = []
         self._duplicates: Counter[str] = Counter()
         self._outside_plan = 0
         self._planned = False
-        self._plans: list[Path] = []
+        self._plans: dict[Path, LocalIds] = {}
+        self.shards: list[_Shard] = []
         self.report = InputReport(())
 
     def group(self, key: GroupKey, row: Mapping[str, Any] | None = None) -> GroupStats:
@@ -142,51 +182,122 @@ class Collection:
             group.environment_servers[env] = None
         return group
 
-    def read(self, shards: Sequence[Path], merge: MergeWriter | None = None) -> None:
-        """Read every shard folder: plans first, then rollouts, then failures."""
+    def read(
+        self,
+        shards: Sequence[Path],
+        merge: MergeWriter | None = None,
+        *,
+        plan: Path | None = None,
+    ) -> None:
+        """Read every shard folder: plans first, then each shard's rollouts and failures.
+
+        Args:
+            shards: the rollouts files, in order.
+            merge: the merged run folder being written, if any.
+            plan: one materialized-inputs file standing for every shard's own
+                (``materialized_inputs_jsonl_fpath``).
+        """
         layouts = [RunLayout.for_output(p) for p in shards]
-        files = [
-            p for lay in layouts for p in (lay.materialized_inputs, lay.rollouts, lay.failures)
-        ]
+        self.task_ids.single = len(layouts) == 1  # one run's numbering is its own
+        plans = [plan or lay.materialized_inputs for lay in layouts]
+        files = {p: None for lay, pl in zip(layouts, plans, strict=True) for p in _files(lay, pl)}
         same = identical_files([p for p in files if p.is_file()])
-        plans = [lay.materialized_inputs for lay in layouts]
-        self._plans = [p for p in plans if p.is_file() and p not in same]
-        for path in self._plans:
-            self._read_plan(path, merge)
+        for order, (lay, pl) in enumerate(zip(layouts, plans, strict=True)):
+            first = same.get(pl, pl) if pl.is_file() else None
+            self.shards.append(_Shard(order, lay, first, _seed_rule(lay, explicit=plan)))
+        for shard in self.shards:
+            if shard.plan is not None and shard.plan not in self._plans:
+                self._plans[shard.plan] = self._read_plan(shard, merge)
+            shard.ids = self._plans.get(shard.plan) if shard.plan is not None else None
         self._planned = bool(self._plans)
-        for order, lay in enumerate(layouts):
-            if lay.rollouts.is_file() and lay.rollouts not in same:  # absent: nothing landed
-                self._read_rollouts(lay.rollouts, merge)
-            if lay.failures.is_file() and lay.failures not in same:
-                self._read_failures(lay.failures, order, merge)
+        skipped: list[tuple[Path, Path]] = []
+        for shard, own_plan in zip(self.shards, plans, strict=True):
+            if shard.plan is not None and shard.plan != own_plan:
+                skipped.append((own_plan, shard.plan))
+            skipped += self._read_outcomes(shard, same, merge)
         self.report = InputReport(
             shards=tuple(shards),
-            skipped=tuple(same.items()),
+            skipped=tuple(skipped),
             duplicates={str(p): n for p, n in self._duplicates.items()},
             torn=tuple(self._torn),
             outside_plan=self._outside_plan,
+            renumbered=self.task_ids.renumbered,
         )
+
+    def _read_outcomes(
+        self, shard: _Shard, same: Mapping[Path, Path], merge: MergeWriter | None
+    ) -> list[tuple[Path, Path]]:
+        """Read a shard's rollouts, then its failures; return the files skipped as copies."""
+        skipped = []
+        layout = shard.layout
+        for path, read in (
+            (layout.rollouts, self._read_rollouts),
+            (layout.failures, self._read_failures),
+        ):
+            if not path.is_file():  # absent: nothing landed (or failed)
+                continue
+            copy_of = self._copy_of(shard, same.get(path))
+            if copy_of is not None:
+                skipped.append((path, copy_of))
+            else:
+                read(shard, path, merge)
+        return skipped
+
+    def _copy_of(self, shard: _Shard, first: Path | None) -> Path | None:
+        """Return the earlier file this one copies, when its shard ran the same plan too."""
+        if first is None:
+            return None
+        owners = (s for s in self.shards if first in (s.layout.rollouts, s.layout.failures))
+        owner = next(owners, None)  # None: it equals some other kind of file
+        return first if owner is not None and owner.plan == shard.plan else None
 
     def _rows(self, path: Path) -> Iterator[tuple[int, bytes, dict[str, Any], int, int]]:
         for number, raw, row in read_lines(path, self._torn):
             task, rollout = _identity(path, number, row)
             yield number, raw, row, task, rollout
 
-    def _read_plan(self, path: Path, merge: MergeWriter | None) -> None:
-        for _, raw, row, task, rollout in self._rows(path):
-            state = self.group(group_key(row), row).task(task)
+    def _read_plan(self, shard: _Shard, merge: MergeWriter | None) -> LocalIds:
+        assert shard.plan is not None
+        ids, seen = LocalIds(), self.task_ids.occurrences()
+        for _, raw, row, task, rollout in self._rows(shard.plan):
+            key = group_key(row)
+            merged = ids.get(key, task)
+            if merged is None:
+                merged = task
+                if not self.task_ids.single:
+                    digest = content_digest(row, key, shard.seeds)
+                    merged = self.task_ids.assign(key, task, digest, seen)
+                ids.set(key, task, merged)
+            state = self.group(key, row).task(merged)
             bit = 1 << rollout
             if state.known & bit:
                 continue
             state.known |= bit
             if merge is not None:
-                merge.materialized.write(raw)
+                merge.materialized.write(_renumbered(raw, row, task, merged))
+        return ids
 
-    def _read_rollouts(self, path: Path, merge: MergeWriter | None) -> None:
+    def _merged_task(self, shard: _Shard, key: GroupKey, task: int, row: Mapping[str, Any]) -> int:
+        """Return the merged number of a row's task (numbering it from the row if unplanned)."""
+        merged = shard.ids.get(key, task) if shard.ids is not None else None
+        if merged is None:
+            merged = shard.extra.get(key, task)
+        if merged is None and self.task_ids.single:
+            merged = task
+        if merged is None:
+            digest = row_content_digest(row, key, shard.seeds)
+            if digest is None:
+                digest = local_digest(shard.order, key)
+            merged = self.task_ids.assign(key, task, digest, shard.seen)
+            shard.extra.set(key, task, merged)
+        return merged
+
+    def _read_rollouts(self, shard: _Shard, path: Path, merge: MergeWriter | None) -> None:
         server_rows = self.server_rows
-        for _, raw, row, task, rollout in self._rows(path):
+        for _, raw, row, local, rollout in self._rows(path):
             key = group_key(row)
             group = self.group(key, row)
+            task = self._merged_task(shard, key, local, row)
             state = group.task(task)
             bit = 1 << rollout
             if state.landed & bit:
@@ -196,17 +307,20 @@ class Collection:
                 self._outside_plan += 1
             group.add_row(task, rollout, metric_columns(row), masked=is_masked(row))
             if merge is not None:
-                merge.rollouts.write(raw)
+                merge.rollouts.write(_renumbered(raw, row, local, task))
             if server_rows is not None:
-                server_rows[key].append((task, rollout, orjson.dumps(reduce_row(row))))
+                reduced = reduce_row(row)
+                reduced[TASK_INDEX] = task
+                server_rows[key].append((task, rollout, orjson.dumps(reduced)))
 
-    def _read_failures(self, path: Path, order: int, merge: MergeWriter | None) -> None:
-        for number, raw, row, task, rollout in self._rows(path):
+    def _read_failures(self, shard: _Shard, path: Path, merge: MergeWriter | None) -> None:
+        for number, raw, row, local, rollout in self._rows(path):
             key = group_key(row)
             self.group(key, row)
-            self.ledger.add((key, task, rollout), row, (order, number))
+            task = self._merged_task(shard, key, local, row)
+            self.ledger.add((key, task, rollout), row, (shard.order, number))
             if merge is not None:
-                merge.failures.write(raw)
+                merge.failures.write(_renumbered(raw, row, local, task))
 
     def resolve(self, *, count_missing: bool) -> None:
         """Settle every rollout (landed, failed, omitted, missing) and add the imputed zeros."""
@@ -243,11 +357,13 @@ class Collection:
         if not pending:
             return
         todo = dict(pending)
-        for path in self._plans:
-            for _, _, row, task, rollout in self._rows(path):
-                item = todo.pop((group_key(row), task, rollout), None)
-                if item is not None:
-                    self._add_imputed(group_key(row), task, rollout, row, item[1])
+        for path, ids in self._plans.items():
+            for _, _, row, local, rollout in self._rows(path):
+                key = group_key(row)
+                task = ids.get(key, local)
+                item = todo.pop((key, task, rollout), None) if task is not None else None
+                if item is not None and task is not None:
+                    self._add_imputed(key, task, rollout, row, item[1])
         for (key, task, rollout), (_, failure_row) in todo.items():
             self._add_imputed(key, task, rollout, {}, failure_row)
 
@@ -267,6 +383,31 @@ class Collection:
         group.add_row(task, rollout, metric_columns(row), masked=is_masked(row))
         if self.server_rows is not None:
             self.server_rows[key].append((task, rollout, orjson.dumps(reduce_row(row))))
+
+
+def _files(layout: RunLayout, plan: Path) -> tuple[Path, Path, Path]:
+    return (plan, layout.rollouts, layout.failures)
+
+
+def _seed_rule(layout: RunLayout, *, explicit: Path | None) -> SeedRule:
+    """Return which seeds of a shard's rows its collector added (from the shard's manifest)."""
+    if explicit is not None:
+        return SeedRule(None)
+    try:
+        manifest = read_manifest(layout)
+    except RunFolderError:
+        manifest = None
+    if manifest is None:
+        return SeedRule(None)
+    setting = manifest.settings.get("num_repeats_add_seed", False)
+    return SeedRule(setting if isinstance(setting, bool | Mapping) else False)
+
+
+def _renumbered(raw: bytes, row: dict[str, Any], local: int, task: int) -> bytes:
+    """Return a row's line for the merged files, with its merged task number."""
+    if task == local:
+        return raw
+    return orjson.dumps({**row, TASK_INDEX: task}) + b"\n"
 
 
 def _bits(mask: int) -> Iterator[int]:

@@ -11,23 +11,38 @@
   reported instead of repaired in place; a bad line anywhere else is an `InputError`.
 - `MergeWriter`: the merged files are written beside their final names and renamed into place
   only when everything succeeded, so an interrupted aggregation leaves no half-written file.
+- `refresh_shard_status`: after an aggregation, each shard's ``<stem>_batch_status.json`` says
+  how the aggregation that merged it went (``aggregation_status`` ``ok`` or ``error``, the
+  metrics file, the errors), its counts kept (NeMo Gym's ``_refresh_shard_status_aggregation``:
+  a reader that sums the shards' status files needs no status file of the merged output).
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
 from ..errors import ConfigError
 from ..jsonl import read_appended
+from ..recovery.files import replace_atomically
 from ..recovery.layout import RunLayout, is_auxiliary
 from ..recovery.manifest import sha256_file
 
-__all__ = ["MergeWriter", "identical_files", "read_lines", "refuse_overwrite", "resolve_inputs"]
+__all__ = [
+    "MergeWriter",
+    "identical_files",
+    "read_lines",
+    "refresh_shard_status",
+    "refuse_overwrite",
+    "resolve_inputs",
+]
 
 _GLOB_CHARS = frozenset("*?[")
 _BLANK_START = (b"\n", b"\r", b" ", b"\t", b"")
@@ -170,3 +185,26 @@ class MergeWriter:
         """Remove the temporary files."""
         for path in self._targets:
             self._temp(path).unlink(missing_ok=True)
+
+
+def refresh_shard_status(shards: Iterable[Path], metrics: Path, errors: Sequence[str]) -> None:
+    """Record in each shard's status file how the aggregation that merged it went.
+
+    A shard without a status file, or with one that is not a JSON object, is left alone.
+    """
+    aggregation = {
+        "aggregation_status": "error" if errors else "ok",
+        "aggregate_metrics_fpath": str(metrics),
+        "aggregation_errors": list(errors),
+        "aggregated_at": time.time(),
+    }
+    for shard in shards:
+        path = RunLayout.for_output(shard).batch_status
+        try:
+            status = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if isinstance(status, dict):
+            status.update(aggregation)
+            data = orjson.dumps(status, option=orjson.OPT_INDENT_2)
+            replace_atomically(path, [data, b"\n"])

@@ -74,7 +74,8 @@ class TaskStats:
         masked: rows left out of the statistics by ``mask_sample``.
         rows: rows whose columns are kept (not masked).
         schema: column names of `data`, one interned tuple.
-        data: the kept rows' values, row by row under `schema`; NaN where a row lacks a column.
+        data: the kept rows' values, row by row: the columns under `schema` (NaN where a row
+            lacks one), then the row's rollout index (-1: not known), for ``rollout_infos``.
     """
 
     __slots__ = ("data", "known", "landed", "masked", "ragged", "rows", "schema")
@@ -88,66 +89,73 @@ class TaskStats:
         self.schema: tuple[str, ...] = ()
         self.data = array("d")
 
-    def add(self, columns: Mapping[str, float], schema: tuple[str, ...]) -> None:
+    def add(self, columns: Mapping[str, float], schema: tuple[str, ...], rollout: int = -1) -> None:
         """Add one kept row; ``schema`` is ``tuple(columns)``, interned by the group."""
         self.rows += 1
         if schema is self.schema or schema == self.schema:
             self.data.extend(columns.values())
-            return
-        self._widen(schema)
-        if len(columns) < len(self.schema):
-            self.ragged = True
-        self.data.extend(columns.get(name, _NAN) for name in self.schema)
+        else:
+            self._widen(schema)
+            if len(columns) < len(self.schema):
+                self.ragged = True
+            self.data.extend(columns.get(name, _NAN) for name in self.schema)
+        self.data.append(rollout)
 
     def _widen(self, schema: tuple[str, ...]) -> None:
         """Extend the schema with new column names, padding earlier rows with NaN."""
         new = tuple(name for name in schema if name not in self.schema)
         if not new:
             return
-        width, old = len(self.schema), self.data
+        stride, old = len(self.schema) + 1, self.data
         self.ragged = self.ragged or self.rows > 1
         widened = self.schema + new
         self.schema = schema if widened == schema else widened  # keep the interned tuple
-        if width == 0:
-            self.data = array("d", [_NAN] * (len(new) * (self.rows - 1)))
-            return
+        padding = array("d", [_NAN] * len(new))
         self.data = array("d")
-        for start in range(0, len(old), width):
-            self.data.extend(old[start : start + width])
-            self.data.extend([_NAN] * len(new))
+        for start in range(0, len(old), stride):
+            self.data.extend(old[start : start + stride - 1])
+            self.data.extend(padding)
+            self.data.append(old[start + stride - 1])
 
-    def values(self, name: str) -> list[float]:
-        """Return the values of one column over the kept rows (rows lacking it left out)."""
+    def _column(self, name: str) -> array[float] | None:
         try:
             index = self.schema.index(name)
         except ValueError:
+            return None
+        return self.data[index :: len(self.schema) + 1]
+
+    def values(self, name: str) -> list[float]:
+        """Return the values of one column over the kept rows (rows lacking it left out)."""
+        column = self._column(name)
+        if column is None:
             return []
-        column = self.data[index :: len(self.schema)]
         return [v for v in column if v == v] if self.ragged else column.tolist()
 
     def extend_column(self, name: str, out: array[float]) -> None:
         """Append one column's values to ``out`` (compact, no Python float per value)."""
-        if name not in self.schema:
-            return
-        column = self.data[self.schema.index(name) :: len(self.schema)]
-        out.extend(array("d", (v for v in column if v == v)) if self.ragged else column)
+        column = self._column(name)
+        if column is not None:
+            out.extend(array("d", (v for v in column if v == v)) if self.ragged else column)
+
+    def rollouts(self) -> Iterator[tuple[int, dict[str, float]]]:
+        """Yield ``(rollout index, columns)`` of the kept rows, in the order they were added."""
+        stride = len(self.schema) + 1
+        for start in range(0, len(self.data), stride):
+            row = self.data[start : start + stride]
+            columns = {n: v for n, v in zip(self.schema, row, strict=False) if v == v}
+            yield int(row[-1]), columns
 
     def iter_rows(self) -> Iterator[dict[str, float]]:
-        """Yield the kept rows' columns (rows without any column yield nothing)."""
-        width = len(self.schema)
-        for start in range(0, len(self.data), width or 1):
-            row = self.data[start : start + width]
-            yield {n: v for n, v in zip(self.schema, row, strict=True) if v == v}
+        """Yield the kept rows' columns (a row without any column yields ``{}``)."""
+        return (columns for _, columns in self.rollouts())
 
     def merge(self, other: TaskStats) -> None:
         """Add another state of the same task (multiset union; bitmasks OR-ed)."""
         self.landed |= other.landed
         self.known |= other.known
         self.masked += other.masked
-        for row in other.iter_rows():
-            self.add(row, tuple(row))
-        for _ in range(other.rows if not other.schema else 0):  # rows without any column
-            self.add({}, ())
+        for rollout, row in other.rollouts():
+            self.add(row, tuple(row), rollout)
 
 
 class GroupStats:
@@ -189,7 +197,7 @@ class GroupStats:
             state.masked += 1
             return
         schema = self._intern(tuple(columns), (task_index, rollout_index))
-        state.add(columns, schema)
+        state.add(columns, schema, rollout_index)
 
     def _intern(self, schema: tuple[str, ...], at: tuple[int, int]) -> tuple[str, ...]:
         interned = self._interned.setdefault(schema, schema)

@@ -17,6 +17,7 @@ from attrs import frozen
 
 from .coverage import Coverage, GroupKey
 from .default_metrics import agent_metrics, column_chunks
+from .exports import group_exports
 from .reader import Collection
 from .server import ServerOutcome
 from .stats import GroupStats, popcount
@@ -77,6 +78,7 @@ class SummaryOptions:
     confidence: float = 0.95
     seed: int = 0
     max_bootstrap_categories: int = 2000
+    max_attempts: int = 3
 
 
 @frozen
@@ -93,6 +95,8 @@ class GroupSummary:
         reward_histogram: landed rewards.
         latency_histogram: landed ``elapsed_seconds``.
         server: the ``/aggregate_metrics`` call for this group, when one was made.
+        exports: NeMo Gym's exporter counts of the group (`exports`): failures by class,
+            retries, and the masking view.
     """
 
     agent: str | None
@@ -104,6 +108,7 @@ class GroupSummary:
     reward_histogram: Histogram | None = attrs.field(default=None, repr=False)
     latency_histogram: Histogram | None = attrs.field(default=None, repr=False)
     server: ServerOutcome | None = None
+    exports: dict[str, Any] = attrs.field(factory=dict, repr=False)
 
     @property
     def label(self) -> str:
@@ -136,6 +141,7 @@ class GroupSummary:
             EXCLUDED: self.excluded.to_json(),
             AS_ZERO: self.as_zero.to_json(),
             "local_agent_metrics": self.local_metrics,
+            "export_metrics": self.exports,
         }
 
 
@@ -167,6 +173,7 @@ def _summarize_group(
         local_metrics=agent_metrics(group, collection.imputed.get(key)),
         reward_histogram=histogram(column_chunks([group], "reward")),
         latency_histogram=histogram(column_chunks([group], "elapsed_seconds")),
+        exports=group_exports(collection, key, label or "(no agent)", options.max_attempts),
     )
 
 

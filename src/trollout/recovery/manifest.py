@@ -6,7 +6,9 @@ the resolved settings:
 
 - ``input_sha256``: sha256 of the input file's bytes;
 - ``settings_sha256``: `RunConfig.plan_fingerprint`, the settings that change the
-  materialized rows (`config.PLAN_KEYS`);
+  materialized rows (`config.PLAN_KEYS`); when it differs, the saved settings are compared key
+  by key (`config.plan_differences`), so a fingerprint that gained a key, or a setting that
+  only orders the rows, does not make an earlier run unresumable;
 - ``deployment_sha256``: `Deployment.fingerprint`, the agent set and routes (names, not ports).
 
 Resume recomputes the three and refuses a mismatch with `RunChangedError`, naming each change
@@ -36,7 +38,7 @@ from attrs import frozen
 
 from .._version import __version__
 from ..collector.deployment import ENVIRONMENTS, Deployment
-from ..config import PLAN_KEYS, RunConfig
+from ..config import RunConfig, plan_differences
 from ..config import converter as config_converter
 from ..errors import ConfigError, RunChangedError, RunFolderError
 from ..records import RunManifest, converter
@@ -57,7 +59,7 @@ __all__ = [
 ]
 
 # Settings that belong to one invocation, not to the run: never saved, never reused.
-_PER_INVOCATION = ("resume_from_cache", "allow_unsafe_resume")
+_PER_INVOCATION = ("resume_from_cache", "allow_unsafe_resume", "resubmit")
 _PATH_KEYS = ("input_jsonl_fpath", "output_jsonl_fpath")
 _HASH_CHUNK = 1 << 20
 
@@ -264,19 +266,23 @@ def _changes(manifest: RunManifest, current: ManifestCheck) -> list[str]:
             f"the input file {path!r} changed since the run began (sha256 "
             f"{manifest.input_sha256[:12]}… now {current.input_sha256[:12]}…)"
         )
-    if current.settings_sha256 != manifest.settings_sha256:
+    if current.settings_sha256 != manifest.settings_sha256 and _plan_changed(manifest, current):
         changes.append(_settings_change(manifest.settings, current.settings))
     if current.deployment_sha256 != manifest.deployment_sha256:
         changes.append(_deployment_change(manifest.deployment, current.deployment))
     return changes
 
 
+def _plan_changed(manifest: RunManifest, current: ManifestCheck) -> bool:
+    """Whether the plan settings differ, compared key by key (`config.plan_differences`).
+
+    A manifest without saved settings can only be judged by its fingerprint.
+    """
+    return not manifest.settings or bool(plan_differences(manifest.settings, current.settings))
+
+
 def _settings_change(saved: dict[str, Any], now: dict[str, Any]) -> str:
-    diffs = [
-        f"{key} {saved.get(key)!r} -> {now.get(key)!r}"
-        for key in PLAN_KEYS
-        if saved.get(key) != now.get(key)
-    ]
+    diffs = plan_differences(saved, now)
     if not diffs:
         return "the settings that shape the materialized rows changed (a different version?)"
     return "settings changed: " + ", ".join(diffs)

@@ -1,0 +1,273 @@
+"""A rollout's identity across runs: chunks, copies and re-runs of separate collections.
+
+Each run numbers its tasks from 0 (protocol.md section 8), so shards of separate runs are
+written here the way a collector writes them: a run over questions ``qs`` has tasks 0, 1, ...
+and its materialized inputs hold each question with those stamps.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from run_folders import read_metrics
+
+from builders import read_jsonl, write_jsonl
+from trollout.metrics import AggregateOptions, aggregate_shards, resolve_inputs
+from trollout.metrics.identity import SeedRule, content_digest
+from trollout.records import Failed, Identity, Landed, outcome_to_row
+from trollout.recovery.layout import RunLayout
+
+AGENT = "agent_a"
+Row = dict[str, Any]
+
+
+def question_row(question: int, seed: int | None = None) -> Row:
+    """Return the dataset row of question ``question`` (a seed in extra_body when given)."""
+    params: Row = {"input": [{"role": "user", "content": f"question {question}"}]}
+    if seed is not None:
+        params["metadata"] = {"extra_body": json.dumps({"seed": seed})}
+    return {"responses_create_params": params, "expected_answer": str(question)}
+
+
+def write_chunk_run(
+    output: Path,
+    questions: Sequence[int],
+    *,
+    repeats: int = 1,
+    landed: frozenset[tuple[int, int]] | None = None,
+    failed: frozenset[tuple[int, int]] = frozenset(),
+    seeds: str | None = None,
+    agent: str = AGENT,
+) -> RunLayout:
+    """Write one run's folder over ``questions``, numbered from 0 as every run numbers them.
+
+    Args:
+        output: the run's rollouts file.
+        questions: the chunk, in the run's order (task i asks ``questions[i]``).
+        repeats: rollouts per task.
+        landed: the (question, rollout) pairs that landed (default: all not failed).
+        failed: the (question, rollout) pairs whose latest attempt failed.
+        seeds: ``"nemo"`` (seed = rollout index, no manifest), ``"trollout"`` (a different
+            seed every run, and a manifest saying seeds were added), or None.
+        agent: the agent the run routed to.
+    """
+    layout = RunLayout.for_output(output)
+    plan, rows, failures = [], [], []
+    salt = int.from_bytes(output.name.encode()[:4].ljust(4, b"\0"), "big")
+    for task, question in enumerate(questions):
+        for rollout in range(repeats):
+            seed = {"nemo": rollout, "trollout": salt * 1000 + task * 10 + rollout}.get(seeds or "")
+            ident = Identity(task, rollout, agent_name=agent)
+            plan.append({**question_row(question, seed), **ident.stamps()})
+            if (question, rollout) in failed:
+                failures.append(outcome_to_row(Failed(ident, 0, "agent_run_error")))
+            elif landed is None or (question, rollout) in landed:
+                reply = {"reward": float(question % 2), "question": question}
+                rows.append(outcome_to_row(Landed(ident, 0, reply, 1.0)))
+    write_jsonl(layout.materialized_inputs, plan)
+    write_jsonl(layout.rollouts, rows)
+    if failures:
+        write_jsonl(layout.failures, failures)
+    if seeds == "trollout":
+        manifest = {"settings": {"num_repeats_add_seed": True}, "run_id": output.stem}
+        layout.manifest.write_bytes(orjson.dumps(_manifest(manifest)))
+    return layout
+
+
+def _manifest(extra: Row) -> Row:
+    base: Row = {
+        "run_id": "r",
+        "trollout_version": "0",
+        "created_at": 0.0,
+        "input_sha256": "",
+        "settings_sha256": "",
+        "deployment_sha256": "",
+        "expected_rollouts": 0,
+        "tasks": 0,
+    }
+    return base | extra
+
+
+async def merge(folder: Path, **options: Any) -> Any:
+    """Aggregate every shard of ``folder`` into ``folder/merged/merged.jsonl``."""
+    shards = resolve_inputs(f"{folder}/shards/*.jsonl")
+    out = folder / "merged" / "merged.jsonl"
+    return await aggregate_shards(shards, output=out, options=AggregateOptions(**options))
+
+
+def merged_questions(folder: Path) -> list[int]:
+    """Return the question of every landed row of the merged file, in file order."""
+    return [row["question"] for row in read_jsonl(folder / "merged" / "merged.jsonl")]
+
+
+async def test_chunks_of_separate_runs_count_exactly_their_sum(tmp_path: Path) -> None:
+    """Two runs over q0-q4 and q5-q9, each numbered from 0, merge into all ten rollouts."""
+    write_chunk_run(tmp_path / "shards" / "rollouts-chunk0.jsonl", range(5))
+    write_chunk_run(tmp_path / "shards" / "rollouts-chunk1.jsonl", range(5, 10))
+    result = await merge(tmp_path)
+    assert (result.coverage.expected, result.coverage.landed) == (10, 10)
+    assert result.inputs.duplicates == {}
+    assert sorted(merged_questions(tmp_path)) == list(range(10))
+    (entry,) = read_metrics(RunLayout.for_output(tmp_path / "merged" / "merged.jsonl"))
+    assert [g["_ng_task_index"] for g in entry["group_level_metrics"]] == list(range(10))
+    assert entry["agent_metrics"]["mean/reward"] == 0.5
+    assert "took new task numbers" in " ".join(result.inputs.lines())
+
+
+async def test_merged_files_are_renumbered_and_aggregate_the_same(tmp_path: Path) -> None:
+    """The merged folder numbers later chunks' tasks anew, so it re-aggregates the same."""
+    write_chunk_run(tmp_path / "shards" / "a.jsonl", range(3), repeats=2)
+    write_chunk_run(
+        tmp_path / "shards" / "b.jsonl", range(3, 6), repeats=2, failed=frozenset({(4, 1)})
+    )
+    first = await merge(tmp_path, count_failure_classes_as_zero=frozenset({"agent_run_error"}))
+    merged = RunLayout.for_output(tmp_path / "merged" / "merged.jsonl")
+    plan = read_jsonl(merged.materialized_inputs)
+    assert sorted({(r["_ng_task_index"], r["expected_answer"]) for r in plan}) == [
+        (t, str(t)) for t in range(6)
+    ]
+    assert [r["_ng_task_index"] for r in read_jsonl(merged.failures)] == [4]
+    again = await aggregate_shards(
+        [merged.output],
+        output=tmp_path / "again" / "again.jsonl",
+        options=AggregateOptions(count_failure_classes_as_zero=frozenset({"agent_run_error"})),
+    )
+    assert first.coverage == again.coverage
+    assert first.coverage.expected == 12
+    assert [g.local_metrics for g in first.groups] == [g.local_metrics for g in again.groups]
+
+
+async def test_same_shard_twice_counts_once(tmp_path: Path) -> None:
+    """A whole shard folder copied under another name is read once."""
+    layout = write_chunk_run(tmp_path / "shards" / "chunk0.jsonl", range(4), repeats=2)
+    for path in (layout.rollouts, layout.materialized_inputs):
+        shutil.copy(path, path.with_name(path.name.replace("chunk0", "chunk0-copy")))
+    result = await merge(tmp_path)
+    assert (result.coverage.expected, result.coverage.landed) == (8, 8)
+    assert len(result.inputs.skipped) == 2
+
+
+async def test_rerun_chunk_overlapping_another_counts_once(tmp_path: Path) -> None:
+    """A re-run of q3-q7 beside runs of q0-q4 and q5-q9 adds no rollout; overlaps are reported."""
+    write_chunk_run(tmp_path / "shards" / "c0.jsonl", range(5))
+    write_chunk_run(tmp_path / "shards" / "c1.jsonl", range(5, 10))
+    write_chunk_run(tmp_path / "shards" / "c2-rerun.jsonl", range(3, 8))
+    result = await merge(tmp_path)
+    assert (result.coverage.expected, result.coverage.landed) == (10, 10)
+    assert result.inputs.duplicates == {str(tmp_path / "shards" / "c2-rerun.jsonl"): 5}
+    assert sorted(merged_questions(tmp_path)) == list(range(10))
+
+
+async def test_rerun_lands_what_the_first_run_missed(tmp_path: Path) -> None:
+    """A rollout failed in one run and landed in a re-run counts once, as landed."""
+    write_chunk_run(tmp_path / "shards" / "a.jsonl", range(3), failed=frozenset({(1, 0)}))
+    write_chunk_run(tmp_path / "shards" / "b.jsonl", [1])
+    result = await merge(tmp_path)
+    cov = result.coverage
+    assert (cov.expected, cov.landed, cov.failed, cov.recovered) == (3, 3, {}, 1)
+
+
+async def test_collector_seeds_do_not_split_a_task(tmp_path: Path) -> None:
+    """Seeds NeMo Gym or trollout added are not task content; a re-run still counts once."""
+    for seeds in ("nemo", "trollout"):
+        folder = tmp_path / seeds
+        write_chunk_run(folder / "shards" / "a.jsonl", range(4), repeats=2, seeds=seeds)
+        write_chunk_run(folder / "shards" / "b.jsonl", range(2, 6), repeats=2, seeds=seeds)
+        result = await merge(folder)
+        assert (result.coverage.expected, result.coverage.landed) == (12, 12), seeds
+        assert [len(g.excluded.pass_at_k) for g in result.groups] == [2]  # 2 repeats a task
+
+
+def test_dataset_seeds_are_task_content() -> None:
+    """A seed the dataset carries (no collector seeding) tells two tasks apart."""
+    group = (AGENT, None)
+    rows = [{**question_row(1, seed=s), "_ng_rollout_index": 0} for s in (7, 8)]
+    no_seeding, nemo = SeedRule(False), SeedRule(None)
+    assert content_digest(rows[0], group, no_seeding) != content_digest(rows[1], group, no_seeding)
+    assert content_digest(rows[0], group, nemo) != content_digest(rows[1], group, nemo)
+    seeded = SeedRule({"_default": False, AGENT: True})
+    assert content_digest(rows[0], group, seeded) == content_digest(rows[1], group, seeded)
+    assert content_digest(rows[0], group, seeded) == content_digest(
+        {**question_row(1), "_ng_rollout_index": 3}, group, no_seeding
+    )
+
+
+async def test_tasks_of_one_shard_with_equal_content_stay_apart(tmp_path: Path) -> None:
+    """Two tasks of one run whose rows differ only in a stale stamp are two tasks."""
+    layout = RunLayout.for_output(tmp_path / "shards" / "a.jsonl")
+    plan, rows = [], []
+    for task in range(2):
+        ident = Identity(task, 0, agent_name=AGENT)
+        plan.append({**question_row(1), "_ng_failure_class": f"stale{task}", **ident.stamps()})
+        rows.append(outcome_to_row(Landed(ident, 0, {"reward": 1.0, "question": 1}, 1.0)))
+    write_jsonl(layout.materialized_inputs, plan)
+    write_jsonl(layout.rollouts, rows)
+    result = await merge(tmp_path)
+    assert (result.coverage.expected, result.coverage.landed) == (2, 2)
+
+
+async def test_same_index_in_two_groups_is_two_tasks(tmp_path: Path) -> None:
+    """The same question run by two agents is two tasks (the group is part of the identity)."""
+    write_chunk_run(tmp_path / "shards" / "a.jsonl", range(2), agent="agent_a")
+    write_chunk_run(tmp_path / "shards" / "b.jsonl", range(2), agent="agent_b")
+    result = await merge(tmp_path)
+    assert [g.coverage.landed for g in result.groups] == [2, 2]
+
+
+# --- the property: random chunkings, copies and re-runs ------------------------------------------
+
+
+@st.composite
+def run_sets(
+    draw: st.DrawFn,
+) -> tuple[int, list[tuple[list[int], int, frozenset[tuple[int, int]]]]]:
+    """Draw a dataset size and runs over it: chunks, re-runs of overlapping ranges, sample sets.
+
+    Each run is (its questions in order, repeats, the (question, rollout) pairs that landed).
+    """
+    size = draw(st.integers(1, 12))
+    runs = []
+    for _ in range(draw(st.integers(1, 5))):
+        questions = draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=size, unique=True))
+        repeats = draw(st.integers(1, 3))
+        pairs = [(q, r) for q in questions for r in range(repeats)]
+        landed = draw(st.sets(st.sampled_from(pairs)))
+        runs.append((questions, repeats, frozenset(landed)))
+    return size, runs
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(drawn=run_sets(), copies=st.lists(st.integers(0, 4), max_size=3))
+async def test_merged_count_is_the_number_of_distinct_rollouts(
+    tmp_path_factory: Any, drawn: tuple[int, list[Any]], copies: list[int]
+) -> None:
+    """Any chunking, copying and re-running: merged counts equal the distinct rollouts."""
+    folder = tmp_path_factory.mktemp("runs")
+    _, runs = drawn
+    layouts = [
+        write_chunk_run(folder / "shards" / f"run{i}.jsonl", qs, repeats=k, landed=landed)
+        for i, (qs, k, landed) in enumerate(runs)
+    ]
+    for n, index in enumerate(copies):
+        source = layouts[index % len(layouts)]
+        for path in (source.rollouts, source.materialized_inputs):
+            shutil.copy(
+                path, path.with_name(path.name.replace(source.stem, f"{source.stem}-copy{n}"))
+            )
+    planned = {(q, r) for qs, k, _ in runs for q in qs for r in range(k)}
+    landed = {pair for _, _, pairs in runs for pair in pairs}
+    result = await merge(folder)
+    assert result.coverage.expected == len(planned)
+    assert result.coverage.landed == len(landed)
+    assert sorted(merged_questions(folder)) == sorted(q for q, _ in landed)
+    merged = RunLayout.for_output(folder / "merged" / "merged.jsonl")
+    assert len(read_jsonl(merged.materialized_inputs)) == len(planned)
