@@ -40,6 +40,7 @@ import enum
 import hashlib
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -75,6 +76,7 @@ __all__ = [
     "load_config",
     "load_yaml",
     "parse_override",
+    "parse_shard",
     "parse_value",
     "plan_differences",
     "read_settings_file",
@@ -213,6 +215,40 @@ def _task_ids(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> Non
             )
 
 
+_SHARD: Final = re.compile(r"([0-9]{1,9})/([0-9]{1,9})")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """Return ``(index, count)`` of a shard written ``I/N`` (0 <= I < N).
+
+    Raises:
+        ConfigError: naming the value, what is expected and the remedy.
+    """
+    match = _SHARD.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise ConfigError(
+            f"shard must be I/N, two integers such as 0/4 for the first of 4 shards "
+            f"(got {text!r}); write --shard 0/4"
+        )
+    i, n = int(match[1]), int(match[2])
+    if n < 1:
+        raise ConfigError(
+            f"shard {text!r} has a count of {n}; the count N of I/N must be at least 1, "
+            "e.g. --shard 0/4 for the first of 4 shards"
+        )
+    if i >= n:
+        raise ConfigError(
+            f"shard {text!r} has no shard {i} of {n}: shards are numbered from 0, so I of "
+            f"I/N runs from 0 to {n - 1}; write e.g. --shard {n - 1}/{n}"
+        )
+    return i, n
+
+
+def _shard(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None:
+        parse_shard(value)
+
+
 def _seed_setting(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool):
         return
@@ -254,6 +290,8 @@ class RunConfig:
     seed_mode: SeedMode = SeedMode.HASH
     limit: int | None = attrs.field(default=None, validator=COUNT.or_none)
     task_ids: list[str | int] | None = attrs.field(default=None, validator=_task_ids)
+    # "I/N": keep the tasks whose identity hashes to shard I of N (task_selection.py)
+    shard: str | None = attrs.field(default=None, validator=_shard)
     prompt_config: str | None = None  # a prompt YAML: builds responses_create_params.input
     interleave_repeats: bool = attrs.field(default=False, validator=_flag)
     round_robin_agents: bool = attrs.field(default=False, validator=_flag)
@@ -319,6 +357,12 @@ class RunConfig:
     long_rollout_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
     long_rollout_max_fraction: float = attrs.field(default=0.05, validator=FRACTION)
     straggler_p90_multiple: float = attrs.field(default=3.0, validator=POSITIVE_RATIO)
+    # a run on a Ray cluster (trollout.scaleout): its address ("local": a cluster of this
+    # machine's own), the blocks in flight at once, and the blocks the plan is cut into (fixed
+    # when the run starts, so a resume with another worker count finds the same block folders)
+    ray_address: str | None = None
+    ray_workers: int | None = attrs.field(default=None, validator=POSITIVE_COUNT.or_none)
+    ray_blocks: int | None = attrs.field(default=None, validator=POSITIVE_COUNT.or_none)
     # durability and reporting
     fsync: FsyncPolicy = FsyncPolicy.BATCH
     fsync_every_rows: int = attrs.field(default=256, validator=POSITIVE_COUNT)
@@ -412,9 +456,10 @@ PLAN_KEYS = (
     "environment_server_name",
     "environment_server_routes",
     "prompt_config",
+    "shard",
 )
 # Added to PLAN_KEYS after the first runs were made (hashed only when set; see above).
-_LATER_PLAN_KEYS: Final = frozenset({"prompt_config"})
+_LATER_PLAN_KEYS: Final = frozenset({"prompt_config", "shard"})
 # Keys that order the materialized rows without changing one: a resume dispatches the rows
 # saved in the run folder, in their saved order, so a change of these never mixes two runs.
 ORDER_KEYS: Final = frozenset({"interleave_repeats", "round_robin_agents"})

@@ -68,7 +68,8 @@ from .common import (
     run_trio,
 )
 from .resumption import prepare_resume
-from .session import run_session, timing_report
+from .scaleout import collect_any, scaleout_options
+from .session import StopWhen, run_session, timing_report
 
 __all__ = [
     "RunResult",
@@ -97,6 +98,7 @@ class RunResult:
     deadline_reached: bool = False
     aggregate: AggregateResult | None = None
     differences: tuple[str, ...] = ()
+    stopped: str | None = None
 
 
 async def load_deployment(config: RunConfig) -> Deployment:
@@ -127,6 +129,7 @@ async def collect_run(
     live: bool | None = None,
     transport: PostTransport | None = None,
     resubmit: Resubmit | None = None,
+    stop_when: StopWhen | None = None,
 ) -> RunResult:
     """Collect a run into ``config.output_jsonl_fpath``: fresh, or resumed.
 
@@ -143,6 +146,8 @@ async def collect_run(
         live: force the live display on or off (None: decide by terminal).
         transport: the ``/run`` transport (tests); one is opened when None.
         resubmit: also dispatch rollouts that are done but did not land (``trollout resubmit``).
+        stop_when: given the collector, returns a reason to wind the run down as a signal
+            would (`session`); the result's ``stopped`` says it did.
 
     Raises:
         ConfigError: no input or output path given.
@@ -194,6 +199,7 @@ async def collect_run(
             live=live,
             transport=transport,
             policy_model_servers=deployment.policy_model_servers(),
+            stop_when=stop_when,
         )
     collector = end.collector
     aggregate = None
@@ -214,6 +220,7 @@ async def collect_run(
         deadline_reached=end.deadline_reached,
         aggregate=aggregate,
         differences=tuple(differences(config)),
+        stopped=end.stopped,
     )
 
 
@@ -376,6 +383,7 @@ def resume_options(f: F) -> F:
     "only what is not done; a folder with no outcomes starts afresh.",
 )
 @resume_options
+@scaleout_options
 def collect(args: tuple[str, ...], live: str, **options: Any) -> None:
     """Collect rollouts for every task row of INPUT (a JSONL file).
 
@@ -429,4 +437,4 @@ def report_run(result: RunResult, *, title: str) -> None:
 
 
 async def _collect(config: RunConfig, live: bool | None) -> RunResult:
-    return await collect_run(config, live=live)
+    return await collect_any(config, live)  # --ray goes to Ray, the rest to collect_run

@@ -15,6 +15,7 @@ from .aggregate import aggregate
 from .collect import collect
 from .demo import demo
 from .resume import resubmit, resume
+from .scaleout import sbatch
 from .status import status
 
 __all__ = ["cli", "main"]
@@ -35,6 +36,7 @@ cli.add_command(resume)
 cli.add_command(resubmit)
 cli.add_command(status)
 cli.add_command(aggregate)
+cli.add_command(sbatch)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -24,8 +24,9 @@ from ..config import FIELD_NAMES, RunConfig
 from ..errors import ConfigError, TrolloutError
 from ..recovery.manifest import locate_run, read_manifest
 from ..recovery.resume import Resubmit
-from .collect import RunResult, collect_run, report_run, resume_options
+from .collect import RunResult, report_run, resume_options
 from .common import build_run_config, fail, live_mode, run_options, run_trio
+from .scaleout import collect_any, ray_options
 
 __all__ = ["config_from_run", "resubmit", "resume"]
 
@@ -54,7 +55,7 @@ def _session_options(f: Any) -> Any:
     )(f)
     f = click.argument("overrides", nargs=-1, type=click.UNPROCESSED, metavar="[+key=value ...]")(f)
     f = click.argument("run", type=click.Path(exists=True))(f)
-    return resume_options(f)
+    return ray_options(resume_options(f))
 
 
 def config_from_run(run: str, options: dict[str, Any], overrides: tuple[str, ...]) -> RunConfig:
@@ -102,7 +103,7 @@ def _run(
 
 
 async def _collect(config: RunConfig, live: bool | None, resubmit_: Resubmit | None) -> RunResult:
-    return await collect_run(config, live=live, resubmit=resubmit_)
+    return await collect_any(config, live, resubmit_)  # a Ray run resumes on Ray
 
 
 @click.command(context_settings=_CONTEXT)

@@ -11,14 +11,16 @@ deadline, stops admission at once, gives rollouts in flight ``grace_s`` seconds,
 rest, which settle as omitted; the store flushes everything settled, so the folder is resumable.
 A second SIGINT cancels at once. On SIGTERM the timing report is printed before winding down
 (a job scheduler's kill may follow soon). Signals are only watched on the main thread (Trio's
-rule); an embedding driver that calls `collect_run` elsewhere handles its own.
+rule); an embedding driver that calls `collect_run` elsewhere handles its own. A driver may
+also pass ``stop_when``, an async function given the collector that returns a reason when the
+run should wind down the same way (a distributed run's coordinator asking its workers to stop).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import IO
 
@@ -33,7 +35,10 @@ from ..recovery.store import RunStore
 from .common import http_client
 from .progress import ProgressReporter
 
-__all__ = ["SessionEnd", "run_session"]
+__all__ = ["SessionEnd", "StopWhen", "run_session"]
+
+# Given the collector (to read its progress), returns why the run should wind down.
+StopWhen = Callable[[Collector], Awaitable[str]]
 
 
 @attrs.define
@@ -44,16 +49,18 @@ class SessionEnd:
         collector: the engine (its progress, timer and retry counters).
         signal: the first signal received (SIGINT or SIGTERM), or None.
         deadline_reached: ``--max-run-time`` ended admission.
+        stopped: the reason ``stop_when`` gave for winding the run down, or None.
     """
 
     collector: Collector
     signal: int | None = None
     deadline_reached: bool = False
+    stopped: str | None = None
 
     @property
     def interrupted(self) -> bool:
         """Whether something other than the end of the rows ended the session."""
-        return self.signal is not None or self.deadline_reached
+        return self.signal is not None or self.deadline_reached or self.stopped is not None
 
 
 async def run_session(
@@ -67,6 +74,7 @@ async def run_session(
     live: bool | None,
     transport: PostTransport | None = None,
     policy_model_servers: Mapping[str, str] | None = None,
+    stop_when: StopWhen | None = None,
 ) -> SessionEnd:
     """Dispatch ``rows`` into ``store`` with the watchers beside the engine.
 
@@ -89,6 +97,8 @@ async def run_session(
         nursery.start_soon(reporter.run, collector)
         await nursery.start(store.run_housekeeping)
         _start_watchers(nursery, end, config, stream)
+        if stop_when is not None:
+            nursery.start_soon(_watch_stop, end, stop_when, config.grace_s)
         await collector.collect(rows)
         nursery.cancel_scope.cancel(reason="every row settled")
     return end
@@ -153,6 +163,12 @@ async def _watch_deadline(end: SessionEnd, max_run_time_s: float, grace_s: float
     await end.collector.wind_down(
         f"--max-run-time of {max_run_time_s:g} s reached", grace_s=grace_s
     )
+
+
+async def _watch_stop(end: SessionEnd, stop_when: StopWhen, grace_s: float) -> None:
+    reason = await stop_when(end.collector)
+    end.stopped = reason
+    await end.collector.wind_down(reason, grace_s=grace_s)
 
 
 async def _sample_queues(collector: Collector, config: RunConfig) -> None:

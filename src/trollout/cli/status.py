@@ -4,29 +4,55 @@ It applies resume's rules (`recovery.resume.scan_run`) without the lock and with
 so it may run beside a collector that is writing the folder: a torn last line is skipped.
 The attempt cap is ``--max-attempts``, else the one saved in the manifest, else the
 environment's (``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS``, default 3).
+
+A distributed run (`trollout.scaleout`: a Ray run, or the shards of a Slurm array) is shown as
+the sum of its shard folders (`sharded_status`), with one line per shard that is not complete.
+RUN is then the run's output file, manifest or folder (a Ray run), or its ``<stem>_shards``
+folder (a Slurm array, whose merged output does not exist until ``trollout aggregate``).
+Shards not started yet count as missing; when no manifest says how many rollouts they hold
+(a Slurm array), ``expected`` counts only the shards that started.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import click
 import orjson
 
 from ..config import default_max_attempts
-from ..errors import TrolloutError
+from ..errors import ConfigError, TrolloutError
 from ..metrics.exports import run_exports
 from ..records import RunManifest
 from ..recovery.layout import RunLayout
 from ..recovery.lock import read_owner
 from ..recovery.manifest import locate_run, read_manifest
 from ..recovery.resume import Fate, ResumeRules, RunTally, scan_run
+from ..scaleout.layout import ShardFolder, shard_folders
 from ..text import visible
 from .common import fail
 
-__all__ = ["run_status", "status"]
+__all__ = ["locate_sharded", "run_status", "sharded_status", "status"]
+
+# Counts a sharded run's document sums over its shards.
+_SUMMED = (
+    "expected",
+    "landed",
+    "failed",
+    "missing",
+    "at_cap",
+    "terminal",
+    "counts_as_zero",
+    "to_dispatch",
+    "failure_rows",
+    "reserved_attempts",
+    "duplicate_landed",
+    "foreign_rows",
+)
 
 
 def run_status(
@@ -51,6 +77,94 @@ def run_status(
     doc = _document(layout, manifest, cap, tally.tally)
     doc["export_metrics"] = run_exports(layout, cap)
     return doc
+
+
+def locate_sharded(path: str | os.PathLike[str]) -> RunLayout | None:
+    """Return the run a RUN argument names when it is a distributed run, else None.
+
+    Raises:
+        ConfigError: RUN is a folder that holds no run or several.
+    """
+    p = Path(path)
+    if p.is_dir() and p.name.endswith("_shards"):
+        return RunLayout.for_output(p.with_name(p.name.removesuffix("_shards") + ".jsonl"))
+    layout = locate_run(path)
+    manifest = read_manifest(layout)
+    if manifest is not None:
+        return layout if isinstance(manifest.settings.get("ray_blocks"), int) else None
+    return layout if shard_folders(layout.output) else None
+
+
+def sharded_status(
+    layout: RunLayout,
+    *,
+    max_attempts: int | None = None,
+    retry_terminal_timeouts: bool | None = None,
+) -> dict[str, Any]:
+    """Return the status document of a distributed run: its shards' documents summed.
+
+    Raises:
+        ConfigError: the shards folder holds shards of several splits (``-of-4`` and ``-of-8``).
+        RunFolderError: a shard's files are damaged mid-way.
+    """
+    manifest = read_manifest(layout)
+    count = manifest.settings.get("ray_blocks") if manifest is not None else None
+    folders = shard_folders(layout.output, count if isinstance(count, int) else None)
+    counts = sorted({f.count for f in folders})
+    if len(counts) > 1:
+        raise ConfigError(
+            f"the shards of {str(layout.output)!r} come from splits into {counts} shards; "
+            "keep the folders of one split (name them in trollout aggregate)"
+        )
+    count = count if isinstance(count, int) else (counts[0] if counts else 0)
+    started = {f.index: f for f in folders if f.layout.materialized_inputs.exists()}
+    docs = {
+        i: run_status(
+            f.layout, max_attempts=max_attempts, retry_terminal_timeouts=retry_terminal_timeouts
+        )
+        for i, f in sorted(started.items())
+    }
+    return _sum_documents(layout, manifest, count, started, docs)
+
+
+def _sum_documents(
+    layout: RunLayout,
+    manifest: RunManifest | None,
+    count: int,
+    started: dict[int, ShardFolder],
+    docs: dict[int, dict[str, Any]],
+) -> dict[str, Any]:
+    total = {key: sum(doc[key] for doc in docs.values()) for key in _SUMMED}
+    by_class: Counter[str] = Counter()
+    for doc in docs.values():
+        by_class.update(doc["failures_by_class"])
+    unstarted = manifest.expected_rollouts - total["expected"] if manifest is not None else 0
+    total["expected"] += unstarted
+    total["missing"] += unstarted
+    total["to_dispatch"] += unstarted
+    not_started = [i for i in range(count) if i not in started]
+    pids = [doc["collector_pid"] for doc in docs.values() if doc["collector_pid"] is not None]
+    first = next(iter(docs.values()), None)
+    return {
+        "run": str(layout.output),
+        "run_id": manifest.run_id if manifest else None,
+        "has_manifest": manifest is not None,
+        "max_attempts": first["max_attempts"] if first else default_max_attempts(),
+        **total,
+        "failures_by_class": dict(by_class),
+        "retryable_remains": bool(not_started)
+        or any(d["retryable_remains"] for d in docs.values()),
+        "complete": not not_started and total["landed"] == total["expected"],
+        "collector_pid": pids[0] if pids else None,
+        "shards": {
+            "count": count,
+            "started": len(started),
+            "not_started": not_started,
+            "complete": [i for i, d in docs.items() if d["complete"]],
+            "folders": {str(i): str(f.output) for i, f in started.items()},
+            "collector_pids": pids,
+        },
+    }
 
 
 def _document(
@@ -120,6 +234,14 @@ def _human_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(f"  foreign rows        {doc['foreign_rows']}")
     if doc["collector_pid"] is not None:
         lines.append(f"  in use by pid {doc['collector_pid']}")
+    shards = doc.get("shards")
+    if shards is not None:
+        done = len(shards["complete"])
+        started = f"{shards['started']} of {shards['count']} started"
+        lines.append(f"  shards              {started}, {done} complete")
+        if shards["not_started"]:
+            listed = ", ".join(map(str, shards["not_started"][:20]))
+            lines.append(f"    not started       {listed}")
     if doc["complete"]:
         verdict = "complete: every rollout landed"
     elif doc["retryable_remains"]:
@@ -149,8 +271,9 @@ def status(
     remains. Read from the run's files alone; no server is needed, and a collector may be running.
     """
     try:
-        doc = run_status(
-            locate_run(run),
+        sharded = locate_sharded(run)
+        doc = (sharded_status if sharded is not None else run_status)(
+            sharded or locate_run(run),
             max_attempts=max_attempts,
             retry_terminal_timeouts=retry_terminal_timeouts,
         )

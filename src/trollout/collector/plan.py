@@ -3,8 +3,8 @@
 `plan_rollouts` (a JSONL file) and `plan_rows` (in-memory rows, for embedding drivers) check the
 whole input and return a `Plan`: ``tasks``, ``expected`` rollouts, and ``rows()``, a re-iterable
 stream of `MaterializedRow` records in dispatch order. The rules live in three helpers:
-`plan_input` (reading, row checks, task identity, `limit`/`task_ids`), `plan_routing` (agents,
-fan-out, environment servers, repeats; the `Router` protocol) and `seeds` (stale keys,
+`plan_input` (reading, row checks, task identity, `limit`/`task_ids`/`shard`), `plan_routing`
+(agents, fan-out, environment servers, repeats; the `Router` protocol) and `seeds` (stale keys,
 overrides, seeds, stamps).
 
 Passes. Planning reads the input twice: pass 1 checks every row (rows that `limit` or
@@ -13,8 +13,10 @@ every problem (bad lines, rows nested deeper than a run can write, unknown or re
 missing routes, bad settings) is raised together as one `InputError` before anything can be
 dispatched; pass 2 walks the kept rows to count rollouts and find the round-robin groups. A plan
 with no rollout (an empty input, ``limit`` 0, a ``task_ids`` that keeps nothing) is an
-`InputError` too: a run that would do nothing is a mistake, not a success. Each ``rows()`` call
-reads the input again:
+`InputError` too: a run that would do nothing is a mistake, not a success. The exception is a
+``shard`` that keeps none of the tasks the rest of the plan keeps (more shards than tasks, or an
+unlucky hash): that shard of the plan is empty, and its run is empty and complete. Each
+``rows()`` call reads the input again:
 
 - default ("aabbcc": every rollout of a row, then the next row): one pass;
 - ``interleave_repeats`` ("abcabc": repeat 0 of every row, then repeat 1, ...): one pass per
@@ -51,7 +53,7 @@ import attrs
 from attrs import frozen
 
 from .. import jsonl
-from ..config import RunConfig
+from ..config import RunConfig, parse_shard
 from ..errors import ConfigError, InputError
 from ..records import MaterializedRow
 from .plan_input import (
@@ -252,7 +254,8 @@ def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
         )
     resolver = Resolver(config, router, problems)
     materializer = Materializer(config)
-    table = TaskTable(limit=config.limit, task_ids=config.task_ids)
+    shard = parse_shard(config.shard) if config.shard is not None else None
+    table = TaskTable(limit=config.limit, task_ids=config.task_ids, shard=shard)
     _check_rows(source, resolver, materializer, table, problems)
     problems.raise_if_any()
     table.finish()
@@ -275,7 +278,7 @@ def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
         round_robin=config.round_robin_agents,
     )
     tasks = table.count if selection.tasks is None else len(selection.tasks)
-    if expected == 0:
+    if expected == 0 and not selection.sharded_out:
         raise InputError([_empty_reason(source, table, config)])
     return Plan(tasks=tasks, expected=expected, materialized_bytes=size, orders=orders)
 

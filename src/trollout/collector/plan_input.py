@@ -17,7 +17,9 @@ Selection (`Selection`): ``limit N`` keeps every line of the first N distinct ta
 first appearance (duplicates included); ``task_ids`` then keeps the listed tasks among those, each
 on its first line only, so its repeats come from ``num_repeats`` alone. ``task_ids`` names tasks
 by the id each row stores (`task_selection`), as NeMo Gym selects them; a listed id that no row
-of the input has is refused.
+of the input has is refused. ``shard I/N`` then keeps the tasks of shard I among those
+(`task_selection.task_shard`, by the content of each task's first row): a selection on the
+whole plan, so every shard numbers and seeds its tasks as one machine would.
 
 Design note: the rejected alternative numbered unstamped rows from ``max(stamped) + 1``, which
 needs no second step but leaves holes, and a single stamped row with a large index (a shard of
@@ -41,7 +43,7 @@ from .. import jsonl
 from ..config import DEFAULT_MAX_INPUT_LINE_BYTES
 from ..errors import InputError
 from ..records import ROLLOUT_ID_PATTERN
-from .task_selection import STORED_ID_PLACES, StoredIds
+from .task_selection import STORED_ID_PLACES, StoredIds, task_shard
 
 __all__ = [
     "FileSource",
@@ -322,10 +324,13 @@ class Selection:
     Attributes:
         tasks: the kept task indices, or None for all.
         each_once: keep only the first line of each task (`task_ids`).
+        sharded_out: the shard kept none of the tasks `limit` and `task_ids` kept (a small
+            input split into many shards: an empty shard, not a mistake).
     """
 
     tasks: frozenset[int] | None = None
     each_once: bool = False
+    sharded_out: bool = False
 
     def includes(self, task: int) -> bool:
         """Return whether rows of ``task`` are kept."""
@@ -336,7 +341,11 @@ class TaskTable:
     """Task indices of the input's rows: recorded in a first pass, fixed by `finish`."""
 
     def __init__(
-        self, *, limit: int | None = None, task_ids: Sequence[str | int] | None = None
+        self,
+        *,
+        limit: int | None = None,
+        task_ids: Sequence[str | int] | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> None:
         self._by_digest: dict[bytes, int] = {}  # ordinals until finish(), then task indices
         self._ids = StoredIds(task_ids)  # the tasks `task_ids` names, by the id rows store
@@ -345,6 +354,8 @@ class TaskTable:
         self.repeated: set[int] = set()  # tasks on more than one line (keys, then indices)
         self._limit = limit
         self._first: dict[int, None] = {}  # the first `limit` distinct task keys, in order
+        self._shard = shard
+        self._in_shard: set[int] = set()  # task keys whose first row hashes to `shard`
         self._finished = False
 
     @property
@@ -367,6 +378,10 @@ class TaskTable:
             key = ~ordinal  # negative keys are ordinals until finish()
         if seen:
             self.repeated.add(key)
+        elif self._shard is not None and line.row is not None:
+            index, count = self._shard
+            if task_shard(line.row, count) == index:
+                self._in_shard.add(key)
         if line.row is not None:
             self._ids.record(line.row, key)
         if self._limit is not None and len(self._first) < self._limit:
@@ -380,6 +395,7 @@ class TaskTable:
             self._by_digest[digest] = finals[ordinal]
         self.repeated = {finals[~k] if k < 0 else k for k in self.repeated}
         self._first = {(finals[~k] if k < 0 else k): None for k in self._first}
+        self._in_shard = {finals[~k] if k < 0 else k for k in self._in_shard}
         self._ids.renumber(lambda k: finals[~k] if k < 0 else k)
         self._finished = True
 
@@ -410,17 +426,23 @@ class TaskTable:
         return 0 <= rank < len(self._by_digest)
 
     def selection(self, task_ids: Sequence[str | int] | None, problems: Problems) -> Selection:
-        """Return the tasks kept by `limit` (first N in order of appearance) then `task_ids`."""
+        """Return the tasks kept by `limit` (the first N), then `task_ids`, then `shard`."""
         kept: set[int] | None = set(self._first) if self._limit is not None else None
-        if task_ids is None:
-            return Selection(None if kept is None else frozenset(kept))
-        for missing in self._ids.missing():
-            problems.config(
-                f"task_ids: {missing!r} is the id of no row of the input (ids are read from "
-                f"{STORED_ID_PLACES}); list ids the rows store"
-            )
-        wanted = self._ids.tasks()
-        return Selection(frozenset(wanted if kept is None else wanted & kept), each_once=True)
+        if task_ids is not None:
+            for missing in self._ids.missing():
+                problems.config(
+                    f"task_ids: {missing!r} is the id of no row of the input (ids are read "
+                    f"from {STORED_ID_PLACES}); list ids the rows store"
+                )
+            wanted = self._ids.tasks()
+            kept = wanted if kept is None else wanted & kept
+        each_once = task_ids is not None
+        if self._shard is None:
+            return Selection(None if kept is None else frozenset(kept), each_once=each_once)
+        before = self.count if kept is None else len(kept)
+        kept = self._in_shard if kept is None else kept & self._in_shard
+        emptied = before > 0 and not kept
+        return Selection(frozenset(kept), each_once=each_once, sharded_out=emptied)
 
 
 def _digest(text: bytes) -> bytes:

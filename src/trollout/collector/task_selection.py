@@ -1,4 +1,4 @@
-"""``task_ids``: select tasks by the id each row stores, as NeMo Gym does.
+"""Selecting tasks: ``task_ids`` by the id each row stores, and ``shard`` by task identity.
 
 NeMo Gym's ``task_ids`` keeps "only those tasks, selected by the id stored in each row"
 (``preprocess_examples``). A row's stored id is read, first found, from: its ``task_id`` (for a
@@ -7,14 +7,29 @@ Gym's own example datasets keep it, ``row-000000``), ``problem_id``, ``instance_
 as text, so ``+task_ids=[7]`` selects a row whose id is ``"7"`` or ``7``.
 
 Memory: only the listed ids are kept, each with the first task that stores it.
+
+``shard I/N`` (`task_shard`) keeps the tasks whose identity hashes to shard I: every shard plans
+the whole input, so task indices and seeds are the ones a single machine gives, and then keeps
+its part, all repeats and agents of a task together (they share the task). A task's identity
+here is its first row's content without the collector's ``_ng_*`` keys (an explicit
+``_ng_rollout_id`` is the dataset's and stays), as sorted-key JSON, so the shard of a task
+depends on nothing but that content and N: not on the file's order, on other tasks being added
+or removed, or on what N was before. The union of the N shards is the one-machine plan.
+
+Rejected alternatives: shards of consecutive task indices (``task // ceil(tasks / N)``), which
+move every task when one is added to the input; and hashing the task index, which changes when
+a task is inserted before it.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ["STORED_ID_PLACES", "StoredIds", "stored_task_id"]
+import orjson
+
+__all__ = ["STORED_ID_PLACES", "StoredIds", "stored_task_id", "task_shard"]
 
 STORED_ID_PLACES: Final = (
     "task_id, responses_create_params.metadata.task_id, problem_id or instance_id"
@@ -35,6 +50,18 @@ def stored_task_id(row: Mapping[str, Any]) -> str | None:
         if task_id is None:
             task_id = row.get(key)
     return _text(task_id)
+
+
+def task_shard(row: Mapping[str, Any], count: int) -> int:
+    """Return the shard, 0 to ``count - 1``, of the task whose first row is ``row``."""
+    content = {
+        key: value
+        for key, value in row.items()
+        if not (key.startswith("_ng_") and key != "_ng_rollout_id")
+    }
+    data = orjson.dumps(content, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    digest = hashlib.blake2b(data, digest_size=8, person=b"trollout-shard").digest()
+    return int.from_bytes(digest, "big") % count
 
 
 def _text(value: Any) -> str | None:

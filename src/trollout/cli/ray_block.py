@@ -1,0 +1,162 @@
+"""What runs on a Ray worker: one block of a distributed run, and the run's control actor.
+
+A block is shard ``b`` of ``B`` of the run's plan (``--shard b/B``), collected by `collect_run`
+into its own run folder under the run's shards folder, always with ``resume_from_cache``: a
+block handed out for the first time starts afresh, and one handed out again after its worker
+died resumes what the dead worker left, with new attempt numbers from the folder's ledger.
+
+`Control` is one small actor per run. Each block reports its progress to it every
+`_REPORT_S` seconds and gets back the driver's stop level in the same call: 0 go on, 1 wind
+down as on a signal (no new rollout; those in flight get ``grace_s``), 2 cancel what is in
+flight at once. A block never raises a trollout error to the driver: it returns it in its
+`BlockReport`, so the driver can say which block failed and why without unpickling our errors.
+
+Only this module and `ray_run` import Ray; the plain command line never imports either.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import ray
+import trio
+
+from ..collector.deployment import Deployment
+from ..collector.engine import Collector
+from ..collector.progress import Progress
+from ..collector.served_config import Server
+from ..config import RunConfig
+from ..errors import ConfigError, DeploymentError, RunFolderError, RunStoppedError, TrolloutError
+from .collect import collect_run
+
+__all__ = ["BlockReport", "Control", "run_block"]
+
+_REPORT_S = 0.5  # how often a block reports progress and learns whether to stop
+GO, WIND_DOWN, CANCEL = 0, 1, 2  # the driver's stop levels
+
+
+@attrs.frozen
+class BlockReport:
+    """How one hand-out of a block ended (returned by `run_block`).
+
+    Attributes:
+        block: the block's index.
+        progress: what this hand-out settled.
+        interrupted: the driver's stop (or a cancel) ended it before its rows ran out.
+        pid: the worker process that ran it.
+        error: the trollout error that ended it, as text, or None.
+        usage_error: that error is a usage error (exit 2) rather than a failed run.
+    """
+
+    block: int
+    progress: Progress
+    interrupted: bool
+    pid: int
+    error: str | None = None
+    usage_error: bool = False
+
+
+@ray.remote(num_cpus=0)
+class Control:
+    """The driver's stop level and the blocks' latest progress (module docstring)."""
+
+    def __init__(self) -> None:
+        self.level = GO
+        self.reason = ""
+        self.snapshots: dict[tuple[int, int], tuple[Progress, int, int]] = {}
+
+    def report(self, key: tuple[int, int], progress: Progress, in_flight: int) -> tuple[int, str]:
+        """Record a block hand-out's progress; return the stop level and its reason."""
+        self.snapshots[key] = (progress, in_flight, os.getpid())
+        return self.level, self.reason
+
+    def stop(self, level: int, reason: str) -> None:
+        """Raise the stop level (it never goes down)."""
+        if level > self.level:
+            self.level, self.reason = level, reason
+
+    def progress(self) -> dict[tuple[int, int], tuple[Progress, int, int]]:
+        """Return every hand-out's latest progress, in flight count and reporter pid."""
+        return self.snapshots
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def run_block(
+    config: RunConfig,
+    servers: Sequence[Server],
+    head_url: str | None,
+    key: tuple[int, int],
+    control: Any,
+) -> BlockReport:
+    """Collect one block (``config`` is the block's own: output, shard) and report."""
+    deployment = Deployment(tuple(servers), head_url=head_url)
+    return trio.run(_run_block, config, deployment, key, control)
+
+
+async def _run_block(
+    config: RunConfig, deployment: Deployment, key: tuple[int, int], control: Any
+) -> BlockReport:
+    watcher = _Watcher(key, control)
+    progress = Progress()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watcher.poll, nursery.cancel_scope)
+            with watcher.hard_stop:
+                result = await collect_run(
+                    config,
+                    deployment=deployment,
+                    progress_stream=io.StringIO(),
+                    live=False,
+                    stop_when=watcher.stop_when,
+                )
+                progress = result.progress
+            nursery.cancel_scope.cancel(reason="the block ended")
+    except TrolloutError as exc:
+        usage = isinstance(exc, ConfigError | DeploymentError | RunFolderError)
+        usage = usage and not isinstance(exc, RunStoppedError)
+        return BlockReport(key[0], watcher.last_progress(), True, os.getpid(), str(exc), usage)
+    interrupted = watcher.level > GO or watcher.hard_stop.cancelled_caught
+    if watcher.hard_stop.cancelled_caught:
+        progress = watcher.last_progress()
+    return BlockReport(key[0], progress, interrupted, os.getpid())
+
+
+class _Watcher:
+    """Reports a block's progress to the control actor and turns its stop levels into stops."""
+
+    def __init__(self, key: tuple[int, int], control: Any) -> None:
+        self.key = key
+        self.control = control
+        self.level = GO
+        self.hard_stop = trio.CancelScope()
+        self._collector: Collector | None = None
+        self._wind_down = trio.Event()
+        self._reason = ""
+
+    def last_progress(self) -> Progress:
+        """Return the collector's progress (empty before the session began)."""
+        return self._collector.progress if self._collector is not None else Progress()
+
+    async def stop_when(self, collector: Collector) -> str:
+        """The session's ``stop_when``: note the collector, wait for a stop level of 1."""
+        self._collector = collector
+        await self._wind_down.wait()
+        return self._reason
+
+    async def poll(self, scope: trio.CancelScope) -> None:
+        """Report every `_REPORT_S` seconds until cancelled, acting on the stop level."""
+        while True:
+            collector = self._collector
+            in_flight = collector.in_flight if collector is not None else 0
+            call = self.control.report.remote(self.key, self.last_progress(), in_flight)
+            level, reason = await trio.to_thread.run_sync(ray.get, call)
+            if level > self.level:
+                self.level, self._reason = level, reason
+                self._wind_down.set()
+                if level >= CANCEL:
+                    self.hard_stop.cancel(reason=f"the driver: {reason}")
+            await trio.sleep(_REPORT_S)

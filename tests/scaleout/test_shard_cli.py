@@ -1,0 +1,35 @@
+"""``collect --shard I/N`` end to end: N shard runs aggregate to exactly the one-machine run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builders import invoke, read_jsonl, write_tasks_input
+from shard_runs import collect, metrics, rollout_set
+from trollout.scaleout import shard_output
+from trollout.testing import FakeUrls
+
+
+def test_four_shards_aggregate_to_the_one_machine_run(tmp_path: Path, fake: FakeUrls) -> None:
+    """4 shards + aggregate: same metrics (timing aside), same rollouts, one-machine numbering."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 30, seed=5)
+    one = tmp_path / "one" / "run.jsonl"
+    collect(source, one, fake.head_url)
+    out = tmp_path / "dist" / "run.jsonl"
+    for i in range(4):
+        collect(
+            source, shard_output(out, i, 4), fake.head_url, "--shard", f"{i}/4", "--no-aggregate"
+        )
+    sizes = [len(read_jsonl(shard_output(out, i, 4))) for i in range(4)]
+    assert sum(sizes) == 60 and all(sizes), sizes  # every shard got tasks, none twice
+    glob = str(out.parent / "run_shards" / "*-of-00004" / "run.jsonl")
+    result = invoke(
+        "aggregate", glob, "-o", str(out), "--no-report", "--head-server", fake.head_url
+    )
+    assert result.exit_code == 0, result.output
+    assert metrics(out) == metrics(one)
+    assert rollout_set(out) == rollout_set(one)
+    merged = out.with_name("run_materialized_inputs.jsonl")
+    assert sorted(map(str, read_jsonl(merged))) == sorted(
+        map(str, read_jsonl(one.with_name("run_materialized_inputs.jsonl")))
+    )
