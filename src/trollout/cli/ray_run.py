@@ -33,6 +33,7 @@ is why there are only a few per worker (`_BLOCKS_PER_WORKER`).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -89,6 +90,8 @@ __all__ = ["collect_on_ray"]
 _BLOCKS_PER_WORKER: Final = 4
 _MAX_CRASHES: Final = 3  # hand-outs of one block that may die before the run gives up
 _WAIT_S: Final = 0.25  # how long one ray.wait blocks a worker thread
+# Workers' output stays in Ray's logs; Ray's own notes (start-up, token) are not ours to print.
+_QUIET: Final[dict[str, Any]] = {"log_to_driver": False, "logging_level": logging.ERROR}
 
 
 @attrs.frozen
@@ -146,7 +149,7 @@ async def collect_on_ray(
     layout = RunLayout.for_output(config.output_jsonl_fpath)
     check_run_folder(layout, config, fresh=not config.resume_from_cache)
     check_shards_root(layout.output)
-    started = await trio.to_thread.run_sync(_connect, config)
+    started = _connect(config)  # on this thread: Ray sets its signal handlers only there
     try:
         deployment = await load_deployment(config)
         begun = trio.current_time()
@@ -167,17 +170,17 @@ async def collect_on_ray(
 
 def _connect(config: RunConfig) -> bool:
     """Join (or start) the Ray cluster; return whether this call started a local one."""
+    address = config.ray_address
+    if address not in (None, "local", "auto"):
+        check_reachable(address)
     if ray.is_initialized():  # an embedding driver's, or a test's, cluster
         return False
-    address = config.ray_address
     try:
         if address in (None, "local"):
             cpus = max(config.ray_workers or 0, os.cpu_count() or 1)
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+            ray.init(**_QUIET, num_cpus=cpus, include_dashboard=False)
             return True
-        if address != "auto":
-            check_reachable(address)
-        ray.init(address=address, log_to_driver=False)
+        ray.init(**_QUIET, address=address)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise DeploymentError(
             f"cannot join the Ray cluster at {address!r} ({exc}); check the address, or "
