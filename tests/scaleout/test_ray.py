@@ -1,0 +1,200 @@
+"""``collect --ray``: a Ray cluster the tests start on loopback, blocks handed out to workers.
+
+The cluster is this module's own (``ray.init`` with 4 logical CPUs, no dashboard), shut down at
+the end; Ray's processes are ended by ``ray.shutdown``, and the one worker a test kills is one
+this cluster started, found by the pid in its block's lock. Drivers run in process (so the
+driver is measured) or as subprocesses joining the cluster by its address (to be signalled).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from builders import (  # noqa: E402
+    HANG_GUARD_S,
+    cli_command,
+    count_lines,
+    invoke,
+    read_jsonl,
+    wait_for,
+    write_tasks_input,
+)
+from shard_runs import collect, collect_args, metrics, rollout_set  # noqa: E402
+from trollout.cli.ray_block import WIND_DOWN, Control, _run_block  # noqa: E402
+from trollout.collector.deployment import Deployment  # noqa: E402
+from trollout.config import RunConfig  # noqa: E402
+from trollout.recovery.lock import RunLock, read_owner  # noqa: E402
+from trollout.scaleout import shard_folders, shard_output  # noqa: E402
+from trollout.testing import FakeUrls  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A local Ray cluster on loopback (4 logical CPUs); yields its address."""
+    temp = tempfile.mkdtemp(prefix="tr-ray-")  # short: Ray's socket paths must fit 107 bytes
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        _temp_dir=temp,
+    )
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def ray_driver(source: Path, output: Path, head: str, address: str, *extra: str) -> list[str]:
+    """Return the command line of a Ray run's driver joining the test's cluster."""
+    args = collect_args(source, output, head, "--ray", address, *extra)
+    return cli_command(*args)
+
+
+def status(output: Path) -> dict[str, Any]:
+    """Return ``trollout status OUT --json``."""
+    result = invoke("status", str(output), "--json")
+    assert result.exit_code == 0, result.output
+    doc: dict[str, Any] = json.loads(result.output)
+    return doc
+
+
+def test_ray_four_workers_give_the_one_machine_run(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """4 workers over 8 blocks: the merged metrics and rollouts are one machine's."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 40, seed=7)
+    one = tmp_path / "one" / "run.jsonl"
+    collect(source, one, fake.head_url)
+    out = tmp_path / "ray" / "run.jsonl"
+    text = collect(source, out, fake.head_url, "--ray", "--workers", "4", "+ray_blocks=8")
+    assert "8 blocks over 4 workers" in text
+    assert metrics(out) == metrics(one)
+    assert rollout_set(out) == rollout_set(one)
+    assert len(shard_folders(out, 8)) == 8
+    doc = status(out)
+    assert doc["complete"] and doc["shards"]["count"] == 8 and doc["landed"] == 80
+
+
+def test_ray_worker_killed_mid_run_still_lands_every_rollout_once(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """SIGKILL a worker mid-block: its block is resumed elsewhere, every rollout lands once."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 60, seed=8)
+    out = tmp_path / "ray" / "run.jsonl"
+    command = ray_driver(
+        source, out, fake.head_url, cluster, "--workers", "2", "--concurrency", "2"
+    )
+    log = tmp_path / "driver.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = wait_for_busy_block(out, proc)
+        os.kill(victim, signal.SIGKILL)  # a worker of the test's own cluster
+        proc.wait(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert "worker died" in text
+    rows = read_jsonl(out)
+    keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 120
+    doc = status(out)
+    assert doc["complete"]
+    # the killed attempts kept their numbers: the resumed block reserved new ones
+    assert doc["reserved_attempts"] > doc["expected"]
+    assert any(r.get("_ng_attempt_index", 0) > 0 for r in rows)
+
+
+def wait_for_busy_block(out: Path, proc: subprocess.Popen[str]) -> int:
+    """Wait until some block folder is locked with rows landed; return its owner's pid."""
+    found: list[int] = []
+
+    def busy() -> bool:
+        for folder in shard_folders(out):
+            owner = read_owner(folder.layout.lock)
+            if owner is None or count_lines(folder.layout.rollouts) < 2:
+                continue
+            lock = RunLock.for_layout(folder.layout)
+            try:
+                lock.check_free()
+            except Exception:  # held: the block is running
+                found.append(owner.pid)
+                return True
+        return False
+
+    wait_for(busy, "a block under way", proc=proc)
+    return found[0]
+
+
+def test_ray_sigint_stops_then_resume_finishes(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """SIGINT: running blocks wind down, exit 130, status shows the rest; resume completes it."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 60, seed=9)
+    out = tmp_path / "ray" / "run.jsonl"
+    command = ray_driver(
+        source, out, fake.head_url, cluster, "--workers", "2", "--concurrency", "2"
+    )
+    log = tmp_path / "driver.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_busy_block(out, proc)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert proc.returncode == 130, text
+    assert "handing out no new block" in text
+    doc = status(out)
+    assert not doc["complete"] and doc["retryable_remains"]
+    assert doc["expected"] == 120 and doc["landed"] + doc["to_dispatch"] == 120
+    result = invoke("resume", str(out), "--progress", "plain")
+    assert result.exit_code == 0, result.output
+    assert status(out)["complete"]
+    assert len(read_jsonl(out)) == 120
+
+
+async def test_ray_block_obeys_the_drivers_stop(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """A block told to wind down says so; handed out again, it resumes its folder to the end."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 8, seed=3)
+    out = shard_output(tmp_path / "run.jsonl", 0, 1)
+    config = RunConfig(
+        input_jsonl_fpath=str(source),
+        output_jsonl_fpath=str(out),
+        head_server=fake.head_url,
+        agent_name="math_agent",
+        shard="0/1",
+        resume_from_cache=True,
+        disable_aggregation=True,
+        grace_s=0.0,
+    )
+    deployment = Deployment.from_agent_urls(fake.run_urls)
+    control = Control.remote()
+    ray.get(control.stop.remote(WIND_DOWN, "test"))
+    report = await _run_block(config, deployment, (0, 1), control)
+    assert report.interrupted and report.error is None
+    again = await _run_block(config, deployment, (0, 2), Control.remote())
+    assert not again.interrupted
+    assert report.progress.landed + again.progress.landed == 8
+    assert len(read_jsonl(out)) == 8

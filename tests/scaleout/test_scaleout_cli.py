@@ -1,0 +1,112 @@
+"""The distributed options on the command line: refusals, the plain path without Ray, sbatch."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builders import invoke, write_tasks_input
+
+BAD = [
+    (["--shard", "5/4"], "has no shard 5 of 4"),
+    (["--shard", "0/0"], "must be at least 1"),
+    (["--shard", "two"], "two integers such as 0/4"),
+    (["--ray", "--workers", "0"], "ray_workers must be an integer from 1"),
+    (["--workers", "4"], "needs --ray"),
+    (["--ray", "--shard", "0/2"], "do not go together"),
+    (["--ray", "not-an-address"], "is not a Ray address"),
+]
+
+
+def closed_port() -> int:
+    """Return a loopback port where nothing listens (bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize(("extra", "needle"), BAD)
+def test_collect_refuses_bad_distributed_options_in_one_line(
+    tmp_path: Path, extra: list[str], needle: str
+) -> None:
+    """--shard 5/4, 0/0, --workers 0, ...: one line, exit 2, nothing written."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 3)
+    out = tmp_path / "out" / "run.jsonl"
+    result = invoke(
+        "collect", str(source), "-o", str(out), "--agent-url", "a=http://127.0.0.1:1", *extra
+    )
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trollout: error:"), result.output
+    assert needle in lines[0]
+    assert not out.parent.exists()
+
+
+def test_collect_refuses_an_unreachable_ray_address(tmp_path: Path) -> None:
+    """--ray 127.0.0.1:<nothing listening>: one line naming the address, exit 2, nothing written."""
+    pytest.importorskip("ray")
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 3)
+    out = tmp_path / "out" / "run.jsonl"
+    address = f"127.0.0.1:{closed_port()}"
+    result = invoke(
+        "collect",
+        str(source),
+        "-o",
+        str(out),
+        "--agent-url",
+        "a=http://127.0.0.1:1",
+        "--ray",
+        address,
+    )
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and f"cannot reach the Ray cluster at {address!r}" in lines[0]
+    assert not out.parent.exists()
+
+
+def test_plain_command_line_never_imports_ray() -> None:
+    """Importing the CLI (and so every plain command) leaves Ray unimported."""
+    code = "import sys, trollout, trollout.cli.main; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_sbatch_writes_an_array_script_with_the_shard_count_baked_in(tmp_path: Path) -> None:
+    """The script: array 0..N-1, SIGTERM before the limit, --shard $ID/N --resume, aggregate."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 3)
+    script = tmp_path / "job.sh"
+    out = tmp_path / "runs" / "eval.jsonl"
+    result = invoke(
+        "sbatch", "--shards", "8", "--time", "4:00:00", "--script", str(script),
+        str(source), "-o", str(out), "--agent", "math_agent", "+num_repeats=4",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    text = script.read_text()
+    assert "#SBATCH --array=0-7" in text and "#SBATCH --time=4:00:00" in text
+    assert "#SBATCH --signal=B:TERM@120" in text
+    assert '--shard "$ID/$SHARDS" --resume' in text and "SHARDS=8" in text
+    assert f"trollout aggregate '{out.parent}/eval_shards/*-of-00008/eval.jsonl'" in text
+    assert "+num_repeats=4" in text and " -o " not in text.split("exec", 1)[1].split("\\")[0]
+    assert not out.parent.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--shards", "0"], "--shards must be at least 1"),
+        (["--shards", "2", "--shard", "0/2"], "drop --shard"),
+        (["--shards", "2", "--overwrite"], "drop --overwrite"),
+        (["--shards", "2", "--num-repeats", "x"], "in the collect arguments"),
+    ],
+)
+def test_sbatch_refuses_what_a_job_cannot_do(tmp_path: Path, args: list[str], needle: str) -> None:
+    """Bad shard counts, per-job settings and bad collect options: one line, exit 2."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 3)
+    result = invoke("sbatch", *args, str(source), "-o", str(tmp_path / "o.jsonl"))
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and len(result.output.strip().splitlines()) == 1
