@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The ray extra (collect --ray): tests, lint and bench need it; `make run` stays light.
+RAY_STAMP := $(VENV)/.installed-ray
 
 .PHONY: run test test-fast lint bench clean
 
@@ -12,21 +14,25 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+$(RAY_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,ray]'
+	touch $(RAY_STAMP)
+
 run: $(STAMP)  ## start the bundled fake deployment, collect the example dataset, print the summary
 	$(BIN)/trollout demo
 
-test: $(STAMP)  ## the whole suite, slow tests included, with the coverage gate
+test: $(RAY_STAMP)  ## the whole suite, slow tests included, with the coverage gate
 	$(BIN)/pytest -q -p no:cacheprovider --cov --cov-report=term
 
 test-fast: $(STAMP)  ## skip the suites marked slow
 	$(BIN)/pytest -q -p no:cacheprovider -m 'not slow'
 
-lint: $(STAMP)
+lint: $(RAY_STAMP)
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 
-bench: $(STAMP)  ## print the benchmark figures (never part of make test); slow, noisy machine
+bench: $(RAY_STAMP)  ## print the benchmark figures (never part of make test); slow, noisy machine
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/fake_server_ceiling.py
 	$(BIN)/python bench/transport_cpu.py
@@ -34,6 +40,7 @@ bench: $(STAMP)  ## print the benchmark figures (never part of make test); slow,
 	$(BIN)/python bench/aggregate.py
 	$(BIN)/python bench/resume.py
 	$(BIN)/python bench/reply_memory.py
+	$(BIN)/python bench/scaleout.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
