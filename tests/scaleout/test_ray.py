@@ -21,6 +21,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from shard_runs import collect, collect_args, metrics, rollout_set  # noqa: E402
+
 from builders import (  # noqa: E402
     HANG_GUARD_S,
     cli_command,
@@ -28,15 +30,15 @@ from builders import (  # noqa: E402
     invoke,
     read_jsonl,
     wait_for,
+    write_jsonl,
     write_tasks_input,
 )
-from shard_runs import collect, collect_args, metrics, rollout_set  # noqa: E402
 from trollout.cli.ray_block import WIND_DOWN, Control, _run_block  # noqa: E402
 from trollout.collector.deployment import Deployment  # noqa: E402
 from trollout.config import RunConfig  # noqa: E402
 from trollout.recovery.lock import RunLock, read_owner  # noqa: E402
 from trollout.scaleout import shard_folders, shard_output  # noqa: E402
-from trollout.testing import FakeUrls  # noqa: E402
+from trollout.testing import FakeUrls, task_rows  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +88,9 @@ def test_ray_four_workers_give_the_one_machine_run(
     assert rollout_set(out) == rollout_set(one)
     assert len(shard_folders(out, 8)) == 8
     doc = status(out)
-    assert doc["complete"] and doc["shards"]["count"] == 8 and doc["landed"] == 80
+    assert doc["complete"]
+    assert doc["shards"]["count"] == 8
+    assert doc["landed"] == 80
 
 
 def test_ray_worker_killed_mid_run_still_lands_every_rollout_once(
@@ -165,8 +169,10 @@ def test_ray_sigint_stops_then_resume_finishes(
     assert proc.returncode == 130, text
     assert "handing out no new block" in text
     doc = status(out)
-    assert not doc["complete"] and doc["retryable_remains"]
-    assert doc["expected"] == 120 and doc["landed"] + doc["to_dispatch"] == 120
+    assert not doc["complete"]
+    assert doc["retryable_remains"]
+    assert doc["expected"] == 120
+    assert doc["landed"] + doc["to_dispatch"] == 120
     result = invoke("resume", str(out), "--progress", "plain")
     assert result.exit_code == 0, result.output
     assert status(out)["complete"]
@@ -193,8 +199,48 @@ async def test_ray_block_obeys_the_drivers_stop(
     control = Control.remote()
     ray.get(control.stop.remote(WIND_DOWN, "test"))
     report = await _run_block(config, deployment, (0, 1), control)
-    assert report.interrupted and report.error is None
+    assert report.interrupted
+    assert report.error is None
     again = await _run_block(config, deployment, (0, 2), Control.remote())
     assert not again.interrupted
     assert report.progress.landed + again.progress.landed == 8
     assert len(read_jsonl(out)) == 8
+
+
+def test_ray_max_run_time_stops_the_blocks_and_resume_finishes(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """--max-run-time on Ray: blocks wind down, exit 1, resumable; resume lands the rest."""
+    rows = [dict(r) for r in task_rows(12, seed=4)]
+    rows[3]["fake_fault"] = {"kind": "hang", "attempts": [0]}  # the run cannot end by itself
+    source = write_jsonl(tmp_path / "tasks.jsonl", rows)
+    out = tmp_path / "ray" / "run.jsonl"
+    args = collect_args(source, out, fake.head_url, "--ray", "--workers", "2")
+    result = invoke(*args, "--max-run-time", "3", "--grace", "0")
+    assert result.exit_code == 1, result.output
+    assert "--max-run-time reached before every rollout ran" in result.output
+    assert not status(out)["complete"]
+    again = invoke("resume", str(out), "--progress", "plain", "--max-run-time", "600")
+    assert again.exit_code == 0, again.output
+    assert status(out)["complete"]
+    assert len(read_jsonl(out)) == 24
+
+
+def test_ray_run_over_a_run_needs_overwrite_and_then_replaces_it(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """A fresh Ray run over one is refused; --overwrite replaces it, blocks included."""
+    out = tmp_path / "ray" / "run.jsonl"
+    first = write_tasks_input(tmp_path / "a.jsonl", 10, seed=1)
+    collect(first, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=4")
+    second = write_tasks_input(tmp_path / "b.jsonl", 6, seed=2)
+    refused = invoke(*collect_args(second, out, fake.head_url, "--ray", "--workers", "2"))
+    assert refused.exit_code == 2
+    assert "already holds a run" in refused.output
+    collect(second, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=3", "--overwrite")
+    doc = status(out)
+    assert doc["complete"]
+    assert doc["expected"] == 12
+    assert doc["shards"]["count"] == 3
+    assert not list(out.parent.glob("run_shards/*-of-00004/run_manifest.json"))
+    assert len(read_jsonl(out)) == 12

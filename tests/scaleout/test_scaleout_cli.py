@@ -42,7 +42,8 @@ def test_collect_refuses_bad_distributed_options_in_one_line(
     )
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("trollout: error:"), result.output
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("trollout: error:")
     assert needle in lines[0]
     assert not out.parent.exists()
 
@@ -65,7 +66,8 @@ def test_collect_refuses_an_unreachable_ray_address(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and f"cannot reach the Ray cluster at {address!r}" in lines[0]
+    assert len(lines) == 1
+    assert f"cannot reach the Ray cluster at {address!r}" in lines[0]
     assert not out.parent.exists()
 
 
@@ -87,11 +89,14 @@ def test_sbatch_writes_an_array_script_with_the_shard_count_baked_in(tmp_path: P
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     text = script.read_text()
-    assert "#SBATCH --array=0-7" in text and "#SBATCH --time=4:00:00" in text
+    assert "#SBATCH --array=0-7" in text
+    assert "#SBATCH --time=4:00:00" in text
     assert "#SBATCH --signal=B:TERM@120" in text
-    assert '--shard "$ID/$SHARDS" --resume' in text and "SHARDS=8" in text
+    assert '--shard "$ID/$SHARDS" --resume' in text
+    assert "SHARDS=8" in text
     assert f"trollout aggregate '{out.parent}/eval_shards/*-of-00008/eval.jsonl'" in text
-    assert "+num_repeats=4" in text and " -o " not in text.split("exec", 1)[1].split("\\")[0]
+    assert "+num_repeats=4" in text
+    assert " -o " not in text.split("exec", 1)[1].split("\\")[0]
     assert not out.parent.exists()
 
 
@@ -109,4 +114,23 @@ def test_sbatch_refuses_what_a_job_cannot_do(tmp_path: Path, args: list[str], ne
     source = write_tasks_input(tmp_path / "tasks.jsonl", 3)
     result = invoke("sbatch", *args, str(source), "-o", str(tmp_path / "o.jsonl"))
     assert result.exit_code == 2, result.output
-    assert needle in result.output and len(result.output.strip().splitlines()) == 1
+    assert needle in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_ray_run_refuses_a_shards_folder_that_is_a_link(tmp_path: Path) -> None:
+    """<stem>_shards as a symlink: refused in one line before any cluster starts or file is made."""
+    pytest.importorskip("ray")
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 3)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out" / "run.jsonl"
+    out.parent.mkdir()
+    (out.parent / "run_shards").symlink_to(elsewhere)
+    result = invoke(
+        "collect", str(source), "-o", str(out), "--agent-url", "a=http://127.0.0.1:1", "--ray"
+    )
+    assert result.exit_code == 2, result.output
+    assert "is a symlink; trollout never writes through links" in result.output
+    assert sorted(p.name for p in out.parent.iterdir()) == ["run_shards"]
+    assert not any(elsewhere.iterdir())

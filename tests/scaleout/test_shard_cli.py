@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builders import invoke, read_jsonl, write_tasks_input
 from shard_runs import collect, metrics, rollout_set
+
+from builders import invoke, read_jsonl, write_tasks_input
 from trollout.scaleout import shard_output
 from trollout.testing import FakeUrls
 
@@ -21,7 +22,8 @@ def test_four_shards_aggregate_to_the_one_machine_run(tmp_path: Path, fake: Fake
             source, shard_output(out, i, 4), fake.head_url, "--shard", f"{i}/4", "--no-aggregate"
         )
     sizes = [len(read_jsonl(shard_output(out, i, 4))) for i in range(4)]
-    assert sum(sizes) == 60 and all(sizes), sizes  # every shard got tasks, none twice
+    assert sum(sizes) == 60  # every rollout in one shard, none twice
+    assert all(sizes), sizes  # and every shard got tasks
     glob = str(out.parent / "run_shards" / "*-of-00004" / "run.jsonl")
     result = invoke(
         "aggregate", glob, "-o", str(out), "--no-report", "--head-server", fake.head_url

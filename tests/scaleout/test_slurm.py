@@ -79,7 +79,9 @@ def test_slurm_array_job_stopped_by_sigterm_resubmitted_and_aggregated(
     assert again.wait(timeout=HANG_GUARD_S) == 0, logs[victim].read_text()
     shards = out.with_name("eval_shards")
     doc = json.loads(invoke("status", str(shards), "--json").output)
-    assert doc["complete"] and doc["shards"]["count"] == 4 and doc["landed"] == 80
+    assert doc["complete"]
+    assert doc["shards"]["count"] == 4
+    assert doc["landed"] == 80
     merged = invoke("aggregate", f"{shards}/*-of-00004/eval.jsonl", "-o", str(out), "--json")
     assert merged.exit_code == 0, merged.output
     report = json.loads(merged.output)
