@@ -36,6 +36,7 @@ from builders import (  # noqa: E402
 from trollout.cli.ray_block import WIND_DOWN, Control, _run_block  # noqa: E402
 from trollout.collector.deployment import Deployment  # noqa: E402
 from trollout.config import RunConfig  # noqa: E402
+from trollout.recovery.layout import RunLayout  # noqa: E402
 from trollout.recovery.lock import RunLock, read_owner  # noqa: E402
 from trollout.scaleout import shard_folders, shard_output  # noqa: E402
 from trollout.testing import FakeUrls, task_rows  # noqa: E402
@@ -244,3 +245,22 @@ def test_ray_run_over_a_run_needs_overwrite_and_then_replaces_it(
     assert doc["shards"]["count"] == 3
     assert not list(out.parent.glob("run_shards/*-of-00004/run_manifest.json"))
     assert len(read_jsonl(out)) == 12
+
+
+def test_ray_block_that_fails_ends_the_run_naming_the_block(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """A block folder in use by another process: the run stops, one line names the block."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 8, seed=6)
+    out = tmp_path / "ray" / "run.jsonl"
+    busy = shard_output(out, 1, 2)
+    busy.parent.mkdir(parents=True)
+    with RunLock.for_layout(RunLayout.for_output(busy)):
+        args = collect_args(source, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=2")
+        result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert "trollout: error: block 1: " in result.output
+    assert f"another trollout (pid {os.getpid()}) is collecting into" in result.output
+    plain = invoke(*collect_args(source, out, fake.head_url, "--resume"))
+    assert plain.exit_code == 2
+    assert "is a run collected on Ray; resume it there" in plain.output

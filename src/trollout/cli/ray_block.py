@@ -115,14 +115,30 @@ async def _run_block(
                 )
                 progress = result.progress
             nursery.cancel_scope.cancel(reason="the block ended")
-    except TrolloutError as exc:
-        usage = isinstance(exc, ConfigError | DeploymentError | RunFolderError)
-        usage = usage and not isinstance(exc, RunStoppedError)
-        return BlockReport(key[0], watcher.last_progress(), True, os.getpid(), str(exc), usage)
+    except (TrolloutError, BaseExceptionGroup) as exc:
+        errors = list(_leaves(exc))
+        if not all(isinstance(error, TrolloutError) for error in errors):
+            raise
+        usage = all(_is_usage(error) for error in errors)
+        message = "; ".join(str(error) for error in errors)
+        return BlockReport(key[0], watcher.last_progress(), True, os.getpid(), message, usage)
     interrupted = watcher.level > GO or watcher.hard_stop.cancelled_caught
     if watcher.hard_stop.cancelled_caught:
         progress = watcher.last_progress()
     return BlockReport(key[0], progress, interrupted, os.getpid())
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """Return the errors inside (possibly nested) exception groups, or the error itself."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _is_usage(error: BaseException) -> bool:
+    """Whether the command line would exit 2 for this error (else 1: a failed run)."""
+    usage = isinstance(error, ConfigError | DeploymentError | RunFolderError)
+    return usage and not isinstance(error, RunStoppedError)
 
 
 class _Watcher:
