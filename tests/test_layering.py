@@ -132,3 +132,23 @@ def test_layering_metrics_imports_neither_cli_nor_the_engine() -> None:
     """Aggregation reads run folders; it reaches neither cli nor collector.engine."""
     forbidden = ("trollout.cli", "trollout.collector.engine")
     assert reaching(modules_in("trollout.metrics"), forbidden) == []
+
+
+RAY_MODULES = frozenset({"trollout.cli.ray_run", "trollout.cli.ray_block"})
+
+
+def test_layering_only_the_ray_modules_import_ray() -> None:
+    """Only cli.ray_run and cli.ray_block import Ray; only cli.scaleout reaches them (lazily)."""
+    importers = set()
+    for path in (SRC / ROOT).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            if any(name == "ray" or name.startswith("ray.") for name in names):
+                importers.add(module_name(path))
+    assert importers == RAY_MODULES
+    reaching_ray = {m for m in graph() if graph()[m] & RAY_MODULES} - RAY_MODULES
+    assert reaching_ray == {"trollout.cli.scaleout"}
