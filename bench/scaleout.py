@@ -1,6 +1,6 @@
 """One process against 4 Ray workers, with 200 ms of latency per rollout.
 
-    .venv/bin/python bench/scaleout.py [--tasks 800] [--repeats 2] [--concurrency 32]
+    .venv/bin/python bench/scaleout.py [--tasks 2000] [--repeats 2] [--concurrency 32]
         [--workers 4] [--latency 0.2]
 
 The fake deployment runs in its own process and answers every ``/run`` after ``--latency``
@@ -8,14 +8,17 @@ seconds (its `Latency`). Both runs collect the same input with the same per-proc
 and no aggregation, one after the other in this invocation:
 
 - ``1 process``: `collect_run` in this process, as ``trollout collect`` runs it.
-- ``ray N``: `collect_on_ray` in this process, driving a local Ray cluster this script starts
-  on loopback (``--workers`` blocks in flight, 4 blocks per worker).
+- ``ray N cold``: `collect_on_ray` in this process, driving a local Ray cluster this script
+  starts on loopback (``--workers`` blocks in flight, 4 blocks per worker): the first run on
+  the cluster, so its workers start (and import trollout) during it;
+- ``ray N warm``: the same run again into a new folder, on the same cluster's started workers.
 
-Reported: rollouts per second (rollouts over the run's own elapsed time, planning included),
-and CPU seconds per 1,000 rollouts: this process's for ``1 process``; for Ray, this process's
-plus every Ray process's (GCS, raylet, workers; read from /proc before and after the run),
-worker start-up included. Ray's added CPU per rollout is the difference. The machine is shared
-and noisy: compare within one run.
+Reported: rollouts per second (rollouts over the run's own elapsed time: planning, every
+block's planning and hand-outs included; aggregation excluded for all), and CPU seconds per
+1,000 rollouts: this process's for ``1 process``; for Ray, this process's plus every Ray
+process's (GCS, raylet, workers; read from /proc before and after the run). Ray's added CPU
+per rollout is the difference with ``1 process``. The machine is shared and noisy: compare
+within one run.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def run_ray(config: RunConfig, fake_pid: int) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tasks", type=int, default=800)
+    parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--workers", type=int, default=4)
@@ -140,26 +143,26 @@ def main() -> None:
         )
         try:
             time.sleep(2.0)  # let the cluster's own start-up settle before measuring
-            distributed = attrs.evolve(
-                base,
-                output_jsonl_fpath=str(folder / "ray" / "run.jsonl"),
-                ray_address="local",
-                ray_workers=args.workers,
-            )
-            elapsedr, cpur = run_ray(distributed, urls.pid or -1)
+            distributed = attrs.evolve(base, ray_address="local", ray_workers=args.workers)
+            runs = []
+            for name in ("cold", "warm"):
+                out = str(folder / name / "run.jsonl")
+                runs.append(
+                    run_ray(attrs.evolve(distributed, output_jsonl_fpath=out), urls.pid or -1)
+                )
         finally:
             ray.shutdown()
     print(
         f"{rollouts} rollouts, {args.latency * 1000:.0f} ms each, concurrency "
         f"{args.concurrency} per process, python {sys.version.split()[0]}"
     )
-    print(f"{'':<12} {'rollouts/s':>10} {'CPU s/1k':>9}")
-    print(f"{'1 process':<12} {rollouts / elapsed1:>10.1f} {1000 * cpu1 / rollouts:>9.2f}")
-    print(
-        f"{f'ray {args.workers}':<12} {rollouts / elapsedr:>10.1f} {1000 * cpur / rollouts:>9.2f}"
-    )
-    added = 1000 * (cpur - cpu1) / rollouts
-    print(f"Ray's added CPU: {added:.2f} s per 1,000 rollouts ({added:.2f} ms per rollout)")
+    print(f"{'':<14} {'rollouts/s':>10} {'CPU s/1k':>9} {'added CPU ms/rollout':>21}")
+    print(f"{'1 process':<14} {rollouts / elapsed1:>10.1f} {1000 * cpu1 / rollouts:>9.2f}")
+    for name, (elapsed, cpu) in zip(("cold", "warm"), runs, strict=True):
+        label = f"ray {args.workers} {name}"
+        added = 1000 * (cpu - cpu1) / rollouts
+        rate, per_1k = rollouts / elapsed, 1000 * cpu / rollouts
+        print(f"{label:<14} {rate:>10.1f} {per_1k:>9.2f} {added:>21.2f}")
 
 
 if __name__ == "__main__":

@@ -205,7 +205,7 @@ def check_reachable(address: str) -> None:
         raise ConfigError(
             f"--ray {address!r} is not a Ray address; give host:port (the head's GCS), "
             "ray://host:port (Ray Client) or auto, or --ray alone for a local cluster "
-            "(write --ray=ADDRESS when INPUT follows)"
+            "(then put it after INPUT, so INPUT is not read as the address)"
         )
     try:
         socket.create_connection((host, port), timeout=5.0).close()
