@@ -142,15 +142,15 @@ def test_ray_progress_sums_ended_hand_outs_and_running_snapshots() -> None:
     from collections import Counter
 
     from trollout.cli.ray_block import BlockReport
-    from trollout.cli.ray_run import _End, _total_progress
+    from trollout.cli.ray_handout import HandoutEnd, total_progress
     from trollout.collector.progress import Progress
 
     ended = Progress(landed=3, reward_sum=2.0, scored=3)
-    end = _End(reports={(0, 1): BlockReport(0, ended, False, 11)})
+    end = HandoutEnd(reports={(0, 1): BlockReport(0, ended, False, 11)})
     snapshots = {
         (0, 1): (Progress(landed=1), 5, 11),  # superseded by the report
         (1, 1): (Progress(landed=2, failed=Counter({"agent_run_error": 1}), omitted=1), 4, 12),
     }
-    total, in_flight = _total_progress(snapshots, end)
+    total, in_flight = total_progress(snapshots, end)
     assert (total.landed, total.omitted, total.scored, in_flight) == (5, 1, 3, 4)
     assert total.failed == Counter({"agent_run_error": 1})

@@ -11,7 +11,7 @@ down as on a signal (no new rollout; those in flight get ``grace_s``), 2 cancel 
 flight at once. A block never raises a trollout error to the driver: it returns it in its
 `BlockReport`, so the driver can say which block failed and why without unpickling our errors.
 
-Only this module and `ray_run` import Ray; the plain command line never imports either.
+Only the `ray_*` modules import Ray; the plain command line never imports them.
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@ is refused before anything is written), writes the run's manifest beside OUT, an
 into B blocks, block ``b`` being shard ``b/B`` of the plan (`collector.task_selection`). It then
 hands blocks out to at most N workers at a time, the next block to whichever worker frees up
 first, so a slow worker holds back only its own block and workers added to the cluster mid-run
-(a pending task that finds room) get work. Each block is an ordinary run folder under
-``<stem>_shards/`` (`ray_block`); when every block is done they are merged and aggregated into
-OUT as one run (`metrics.aggregate_shards`, by the rollouts' identity across runs).
+(a pending task that finds room) get work (`ray_handout`). Each block is an ordinary run folder
+under ``<stem>_shards/`` (`ray_block`); when every block is done they are merged and aggregated
+into OUT as one run (`metrics.aggregate_shards`, by the rollouts' identity across runs).
 
 A worker that dies (killed, out of memory, its node lost) loses only its block's hand-out: the
 block goes back to the front of the queue and the next worker resumes its folder, the kernel
 having dropped the dead worker's lock; attempt numbers come from the folder's ledger, so none
-is reused. A block whose workers keep dying (`_MAX_CRASHES`) ends the run.
+is reused. A block whose workers keep dying ends the run.
 
 Ending early works as on one machine: the first SIGINT or SIGTERM, or ``--max-run-time``,
 stops the hand-outs and asks every running block, through the `ray_block.Control` actor, to
@@ -35,11 +35,8 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import sys
-from collections import Counter, deque
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, Final
@@ -48,14 +45,9 @@ from urllib.parse import urlsplit
 import attrs
 import ray
 import trio
-from ray.exceptions import RayError, RayTaskError
-from rich.console import Console
-from rich.live import Live
-from rich.text import Text
 
 from ..collector.deployment import Deployment
 from ..collector.plan import Plan, plan_rollouts
-from ..collector.progress import Progress
 from ..config import RunConfig
 from ..errors import (
     ConfigError,
@@ -81,52 +73,15 @@ from ..recovery.preflight import check_run_folder, check_run_paths
 from ..scaleout.layout import check_shards_root, shard_folders, shard_output
 from .collect import RunResult, load_deployment
 from .common import http_client
-from .progress import format_duration, progress_line
-from .ray_block import CANCEL, WIND_DOWN, BlockReport, Control, run_block
+from .progress import format_duration
+from .ray_handout import HandoutEnd, RayRun, drive, total_progress
 from .status import sharded_status
 
 __all__ = ["collect_on_ray"]
 
 _BLOCKS_PER_WORKER: Final = 4
-_MAX_CRASHES: Final = 3  # hand-outs of one block that may die before the run gives up
-_WAIT_S: Final = 0.25  # how long one ray.wait blocks a worker thread
 # Workers' output stays in Ray's logs; Ray's own notes (start-up, token) are not ours to print.
 _QUIET: Final[dict[str, Any]] = {"log_to_driver": False, "logging_level": logging.ERROR}
-
-
-@attrs.frozen
-class _Run:
-    """A prepared distributed run: its folder, settings (workers and blocks fixed), sizes."""
-
-    layout: RunLayout
-    config: RunConfig
-    expected: int
-    to_dispatch: int
-
-    @property
-    def blocks(self) -> int:
-        """B, the number of blocks (saved in the manifest)."""
-        assert self.config.ray_blocks is not None
-        return self.config.ray_blocks
-
-    @property
-    def workers(self) -> int:
-        """N, the blocks in flight at once."""
-        assert self.config.ray_workers is not None
-        return self.config.ray_workers
-
-
-@attrs.define
-class _End:
-    """How the hand-outs ended, and what every hand-out reported."""
-
-    signal: int | None = None
-    deadline_reached: bool = False
-    stopping: bool = False
-    error: tuple[str, bool] | None = None  # (message, usage error)
-    reports: dict[tuple[int, int], BlockReport] = attrs.field(factory=dict)
-    deaths: list[str] = attrs.field(factory=list)
-    handouts: int = 0
 
 
 async def collect_on_ray(
@@ -158,7 +113,7 @@ async def collect_on_ray(
         layout.output.parent.mkdir(parents=True, exist_ok=True)
         with RunLock.for_layout(layout):
             run = await (_start(*fresh) if fresh else _resume(layout, config, deployment))
-            end = await _drive(run, deployment, live, stream)
+            end = await drive(run, deployment, live, stream)
         return await _finish(run, deployment, end, trio.current_time() - begun)
     finally:
         if started:
@@ -261,7 +216,9 @@ def check_fresh_shards(layout: RunLayout, *, overwrite: bool) -> None:
         )
 
 
-async def _start(layout: RunLayout, config: RunConfig, deployment: Deployment, plan: Plan) -> _Run:
+async def _start(
+    layout: RunLayout, config: RunConfig, deployment: Deployment, plan: Plan
+) -> RayRun:
     """Write the manifest of a new run (its commit marker); on overwrite, clear the old one."""
     assert config.ray_workers is not None
     blocks = config.ray_blocks or max(1, min(plan.tasks, _BLOCKS_PER_WORKER * config.ray_workers))
@@ -271,10 +228,10 @@ async def _start(layout: RunLayout, config: RunConfig, deployment: Deployment, p
         config, deployment, input_sha256=digest or "", expected=plan.expected, tasks=plan.tasks
     )
     await trio.to_thread.run_sync(_write_start, layout, manifest, config.overwrite)
-    return _Run(layout, config, plan.expected, plan.expected)
+    return RayRun(layout, config, plan.expected, plan.expected)
 
 
-async def _resume(layout: RunLayout, config: RunConfig, deployment: Deployment) -> _Run:
+async def _resume(layout: RunLayout, config: RunConfig, deployment: Deployment) -> RayRun:
     """Check a run's manifest against now; take its blocks (B never changes)."""
     manifest = read_manifest(layout)
     assert manifest is not None
@@ -290,7 +247,7 @@ async def _resume(layout: RunLayout, config: RunConfig, deployment: Deployment) 
     doc = await trio.to_thread.run_sync(
         partial(sharded_status, layout, max_attempts=config.max_attempts)
     )
-    return _Run(layout, config, manifest.expected_rollouts, doc["to_dispatch"])
+    return RayRun(layout, config, manifest.expected_rollouts, doc["to_dispatch"])
 
 
 async def _digest(config: RunConfig) -> str | None:
@@ -314,221 +271,16 @@ def _write_start(layout: RunLayout, manifest: RunManifest, overwrite: bool) -> N
     layout.output.touch()
 
 
-# --- handing out blocks -------------------------------------------------------------------------
-
-
-def _block_config(run: _Run, block: int) -> RunConfig:
-    """Return block ``block``'s own settings: its folder, its shard, resumed if it exists."""
-    return attrs.evolve(
-        run.config,
-        output_jsonl_fpath=str(shard_output(run.layout.output, block, run.blocks)),
-        shard=f"{block}/{run.blocks}",
-        resume_from_cache=True,
-        overwrite=False,
-        disable_aggregation=True,
-        require_complete=False,
-        batch_manifest_fpath=None,
-        max_run_time_s=None,
-        ray_address=None,
-        ray_workers=None,
-        ray_blocks=None,
-    )
-
-
-async def _drive(run: _Run, deployment: Deployment, live: bool | None, stream: IO[str]) -> _End:
-    """Hand the blocks out beside the watchers (signals, deadline, progress)."""
-    end = _End()
-    control = Control.remote()  # type: ignore[attr-defined]
-    emit = partial(_emit, stream)
-    async with trio.open_nursery() as nursery:
-        if _on_main_thread():
-            nursery.start_soon(_watch_signals, end, control, run.config.grace_s, emit)
-        if run.config.max_run_time_s is not None:
-            nursery.start_soon(_watch_deadline, end, control, run.config.max_run_time_s)
-        reporter = _Reporter(run.to_dispatch, stream, live, control, end)
-        nursery.start_soon(reporter.run)
-        await _hand_out(run, deployment, control, end, emit)
-        nursery.cancel_scope.cancel(reason="every block ended")
-    return end
-
-
-async def _hand_out(
-    run: _Run, deployment: Deployment, control: Any, end: _End, emit: Callable[[str], None]
-) -> None:
-    pending = deque(range(run.blocks))
-    running: dict[Any, tuple[int, int]] = {}
-    handouts: Counter[int] = Counter()
-    deaths: Counter[int] = Counter()
-    while pending or running:
-        while pending and len(running) < run.workers and not end.stopping:
-            block = pending.popleft()
-            handouts[block] += 1
-            end.handouts += 1
-            key = (block, handouts[block])
-            config = _block_config(run, block)
-            ref = run_block.remote(config, deployment.servers, deployment.head_url, key, control)
-            running[ref] = key
-        if not running:
-            break
-        wait = partial(ray.wait, list(running), num_returns=1, timeout=_WAIT_S)
-        ready, _ = await trio.to_thread.run_sync(wait)
-        for ref in ready:
-            key = running.pop(ref)
-            died = await _settle(ref, key, end, control)
-            if died is not None:
-                deaths[key[0]] += 1
-                end.deaths.append(f"block {key[0]}: {died}")
-                emit(f"trollout: block {key[0]}'s worker died ({died}); handing it to another")
-                if deaths[key[0]] >= _MAX_CRASHES:
-                    await _fail(
-                        end,
-                        control,
-                        f"block {key[0]}'s workers died {deaths[key[0]]} times ({died})",
-                        False,
-                    )
-                pending.appendleft(key[0])
-
-
-async def _settle(ref: Any, key: tuple[int, int], end: _End, control: Any) -> str | None:
-    """Record a finished hand-out; return why its worker died, or None."""
-    try:
-        report: BlockReport = await trio.to_thread.run_sync(ray.get, ref)
-    except RayTaskError as exc:  # a bug in the block: Ray keeps the traceback
-        await _fail(end, control, f"block {key[0]} failed: {exc}", False)
-        return None
-    except RayError as exc:
-        return type(exc).__name__
-    end.reports[key] = report
-    if report.error is not None:
-        await _fail(end, control, f"block {key[0]}: {report.error}", report.usage_error)
-    return None
-
-
-async def _fail(end: _End, control: Any, message: str, usage: bool) -> None:
-    if end.error is None:
-        end.error = (message, usage)
-    end.stopping = True
-    await _stop(control, WIND_DOWN, "another block failed")
-
-
-async def _stop(control: Any, level: int, reason: str) -> None:
-    await trio.to_thread.run_sync(ray.get, control.stop.remote(level, reason))
-
-
-def _on_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def _emit(stream: IO[str], text: str) -> None:
-    print(text, file=stream, flush=True)
-
-
-async def _watch_signals(
-    end: _End, control: Any, grace_s: float, emit: Callable[[str], None]
-) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            if end.signal is None:
-                end.signal, end.stopping = signum, True
-                emit(
-                    f"trollout: {name}: handing out no new block; running blocks start no new "
-                    f"rollout and get {grace_s:g} s for the rest (SIGINT again to stop at once)"
-                )
-                await _stop(control, WIND_DOWN, f"the driver received {name}")
-            elif signum == signal.SIGINT:
-                emit("trollout: second SIGINT: cancelling the rollouts in flight")
-                await _stop(control, CANCEL, "the driver received a second SIGINT")
-
-
-async def _watch_deadline(end: _End, control: Any, max_run_time_s: float) -> None:
-    await trio.sleep(max_run_time_s)
-    end.deadline_reached, end.stopping = True, True
-    await _stop(control, WIND_DOWN, f"--max-run-time of {max_run_time_s:g} s reached")
-
-
-# --- progress -----------------------------------------------------------------------------------
-
-
-_Snapshots = dict[tuple[int, int], tuple[Progress, int, int]]
-
-
-def _total_progress(snapshots: _Snapshots, end: _End) -> tuple[Progress, int]:
-    """Sum every hand-out's progress (its report when it ended, else its last snapshot)."""
-    total = Progress()
-    in_flight = 0
-    for key in snapshots.keys() | end.reports.keys():
-        report = end.reports.get(key)
-        progress = report.progress if report is not None else snapshots[key][0]
-        if report is None:
-            in_flight += snapshots[key][1]
-        total.landed += progress.landed
-        total.failed.update(progress.failed)
-        total.no_persist += progress.no_persist
-        total.omitted += progress.omitted
-        total.drained += progress.drained
-        total.reward_sum += progress.reward_sum
-        total.scored += progress.scored
-    return total, in_flight
-
-
-class _Reporter:
-    """Prints the run's progress, summed over blocks, like one machine's reporter."""
-
-    def __init__(
-        self, total: int, stream: IO[str], live: bool | None, control: Any, end: _End
-    ) -> None:
-        self.total = total
-        self.stream = stream
-        self.live = stream.isatty() if live is None else live
-        self.control = control
-        self.end = end
-        self.started = trio.current_time()
-        self.last: Progress = Progress(started_at=self.started)
-
-    async def fetch(self) -> tuple[Progress, int]:
-        """Return the summed progress and rollouts in flight, as of now."""
-        snapshots: _Snapshots = await trio.to_thread.run_sync(
-            ray.get, self.control.progress.remote()
-        )
-        progress, in_flight = _total_progress(snapshots, self.end)
-        progress.started_at = self.started
-        self.last = progress
-        return progress, in_flight
-
-    def line(self, in_flight: int) -> str:
-        """Return the progress line of the last fetch."""
-        now = trio.current_time()
-        return progress_line(self.last, total=self.total, in_flight=in_flight, now=now)
-
-    async def run(self) -> None:
-        """Redraw a line 4 times a second (live), or print one every 10 s (plain).
-
-        Cancellation: this is how it stops; it only writes to the stream.
-        """
-        if not self.live:
-            while True:
-                await trio.sleep(10.0)
-                _, in_flight = await self.fetch()
-                print(self.line(in_flight), file=self.stream, flush=True)
-        console = Console(file=self.stream)
-        with Live(console=console, auto_refresh=False, transient=False) as live:
-            while True:
-                await trio.sleep(0.25)
-                _, in_flight = await self.fetch()
-                live.update(Text(self.line(in_flight)), refresh=True)
-
-
 # --- the end ------------------------------------------------------------------------------------
 
 
-async def _finish(run: _Run, deployment: Deployment, end: _End, elapsed_s: float) -> RunResult:
+async def _finish(
+    run: RayRun, deployment: Deployment, end: HandoutEnd, elapsed_s: float
+) -> RunResult:
     if end.error is not None:
         message, usage = end.error
         raise (ConfigError if usage else RunStoppedError)(message)
-    progress, _ = _total_progress({}, end)
+    progress, _ = total_progress({}, end)
     interrupted = end.signal is not None or end.deadline_reached
     aggregate = None
     if not interrupted:
@@ -555,7 +307,7 @@ async def _finish(run: _Run, deployment: Deployment, end: _End, elapsed_s: float
     )
 
 
-async def _check_complete(run: _Run) -> None:
+async def _check_complete(run: RayRun) -> None:
     if not run.config.require_complete:
         return
     doc = await trio.to_thread.run_sync(
@@ -568,7 +320,7 @@ async def _check_complete(run: _Run) -> None:
         )
 
 
-async def _merge(run: _Run, deployment: Deployment) -> AggregateResult | None:
+async def _merge(run: RayRun, deployment: Deployment) -> AggregateResult | None:
     """Merge the blocks into OUT and aggregate them as one run (unless disabled)."""
     if run.config.disable_aggregation:
         return None
