@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -134,12 +135,13 @@ def main() -> None:
         )
         one = attrs.evolve(base, output_jsonl_fpath=str(folder / "one" / "run.jsonl"))
         elapsed1, cpu1 = run_one(one)
+        ray_temp = tempfile.mkdtemp(prefix="tr-ray-")
         ray.init(
             num_cpus=args.workers,
             include_dashboard=False,
             log_to_driver=False,
             logging_level="ERROR",
-            _temp_dir=tempfile.mkdtemp(prefix="tr-ray-"),
+            _temp_dir=ray_temp,
         )
         try:
             time.sleep(2.0)  # let the cluster's own start-up settle before measuring
@@ -152,6 +154,8 @@ def main() -> None:
                 )
         finally:
             ray.shutdown()
+            shutil.rmtree(ray_temp, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
     print(
         f"{rollouts} rollouts, {args.latency * 1000:.0f} ms each, concurrency "
         f"{args.concurrency} per process, python {sys.version.split()[0]}"
