@@ -22,7 +22,7 @@ from .collector.engine import Collector, open_collector, url_resolver
 from .collector.plan import Plan, plan_rollouts, plan_rows
 from .collector.progress import Progress
 from .collector.sink import ListSink, OutcomeSink
-from .collector.transport import H11Transport, PostTransport, RawResponse
+from .collector.transport import H11Transport, Http11Transport, PostTransport, RawResponse
 from .config import FsyncPolicy, RunConfig, SeedMode, load_config
 from .errors import (
     ConfigError,
@@ -64,6 +64,7 @@ __all__ = [
     "FailureClass",
     "FsyncPolicy",
     "H11Transport",
+    "Http11Transport",
     "Identity",
     "InputError",
     "Landed",

@@ -52,7 +52,7 @@ from .retry import (
     RetryPolicy,
     RetryState,
 )
-from .transport import DEFAULT_MAX_BODY_BYTES, H11Transport, PostTransport, RawResponse
+from .transport import DEFAULT_MAX_BODY_BYTES, Http11Transport, PostTransport, RawResponse
 
 __all__ = ["DispatchPolicy", "NewAttempt", "dispatch"]
 
@@ -119,9 +119,9 @@ class DispatchPolicy:
             max_reply_bytes=config.max_reply_bytes,
         )
 
-    def make_transport(self, *, max_idle_per_host: int | None = None) -> H11Transport:
+    def make_transport(self, *, max_idle_per_host: int | None = None) -> Http11Transport:
         """Return a transport with this policy's timeouts and limits (use with ``async with``)."""
-        return H11Transport(
+        return Http11Transport(
             connect_timeout_s=self.connect_timeout_s,
             read_timeout_s=self.read_timeout_s,
             reply_timeout_s=self.reply_timeout_s,
