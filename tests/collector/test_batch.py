@@ -23,6 +23,12 @@ def slow_rows(delays: Sequence[float]) -> ScriptedTransport:
     return ScriptedTransport(delay=lambda row: delays[row["_ng_task_index"]])
 
 
+async def consume(collector: Any, rows: Any, **options: Any) -> list[Any]:
+    """Run one batch to its end and return its outcomes."""
+    async with collector.open_batch(rows, **options) as batch:
+        return [item async for item in batch]
+
+
 async def test_batch_yields_completion_order_with_row_copies_and_run_id(
     autojump_clock: Any,
 ) -> None:
@@ -37,7 +43,8 @@ async def test_batch_yields_completion_order_with_row_copies_and_run_id(
     assert {item.run_id for item in items} == {"step7"}
     assert items[0].row["_ng_rollout_id"] == "step7-1-0"
     assert items[0].row["_ng_run_id"] == "step7"
-    assert items[0].landed and items[0].reward == 1.0
+    assert items[0].landed
+    assert items[0].reward == 1.0
     assert all("_ng_rollout_id" not in row for row in rows)  # the caller's rows are untouched
 
 
@@ -73,21 +80,20 @@ async def test_batch_early_close_cancels_only_its_own_rollouts(autojump_clock: A
     """Closing one batch early leaves the other batch and the caller's code running."""
     transport = slow_rows([1.0, 50.0, 2.0, 3.0])
     after_close: list[float] = []
-    async with scripted_collector(transport) as collector:
-        async with trio.open_nursery() as nursery:
-            other: list[int] = []
+    async with scripted_collector(transport) as collector, trio.open_nursery() as nursery:
+        other: list[int] = []
 
-            async def run_other() -> None:
-                async with collector.open_batch([row_body(2), row_body(3)]) as batch:
-                    other.extend([item.row["_ng_task_index"] async for item in batch])
+        async def run_other() -> None:
+            async with collector.open_batch([row_body(2), row_body(3)]) as batch:
+                other.extend([item.row["_ng_task_index"] async for item in batch])
 
-            nursery.start_soon(run_other)
-            async with collector.open_batch([row_body(0), row_body(1)]) as batch:
-                async for item in batch:
-                    assert item.row["_ng_task_index"] == 0
-                    break
-            await trio.sleep(5)  # the caller's own code goes on after the close
-            after_close.append(trio.current_time())
+        nursery.start_soon(run_other)
+        async with collector.open_batch([row_body(0), row_body(1)]) as batch:
+            async for item in batch:
+                assert item.row["_ng_task_index"] == 0
+                break
+        await trio.sleep(5)  # the caller's own code goes on after the close
+        after_close.append(trio.current_time())
     assert other == [2, 3]
     assert after_close == [6.0]
     assert transport.in_flight == 0
@@ -155,9 +161,7 @@ async def test_batch_unknown_agent_raises_in_that_batch_only(autojump_clock: Any
     """A row for an unknown agent fails its batch; the collector and the next batch go on."""
     async with scripted_collector() as collector:
         with pytest.raises(UnknownAgentError, match="nobody"):
-            async with collector.open_batch([row_body(0), row_body(1, agent="nobody")]) as batch:
-                async for _ in batch:
-                    pass
+            await consume(collector, [row_body(0), row_body(1, agent="nobody")])
         async with collector.open_batch([row_body(2)]) as batch:
             assert [item.row["_ng_task_index"] async for item in batch] == [2]
 
@@ -176,17 +180,14 @@ async def test_batch_refuses_rows_it_cannot_dispatch(
     """Unplanned, repeated or non-JSON rows raise one InputError naming the row."""
     async with scripted_collector() as collector:
         with pytest.raises(InputError, match=needle):
-            async with collector.open_batch(rows) as batch:
-                async for _ in batch:
-                    pass
+            await consume(collector, rows)
 
 
 async def test_batch_run_id_must_fit_rollout_ids() -> None:
     """A run id that cannot prefix rollout ids is refused before anything starts."""
     async with scripted_collector() as collector:
         with pytest.raises(ConfigError, match=r"run_id must match.*got 'a b'"):
-            async with collector.open_batch([row_body(0)], run_id="a b"):
-                pass
+            await consume(collector, [row_body(0)], run_id="a b")
 
 
 class FailingSink(ListSink):
@@ -202,11 +203,7 @@ async def test_batch_sink_failure_ends_that_batch_only(autojump_clock: Any) -> N
     """A batch's own sink failing raises from that batch; the collector keeps serving."""
     async with scripted_collector(slow_rows([1.0, 2.0, 3.0, 1.0])) as collector:
         with pytest.raises(RunFolderWriteError, match="No space"):
-            async with collector.open_batch(
-                [row_body(t) for t in range(3)], sink=FailingSink()
-            ) as batch:
-                async for _ in batch:
-                    pass
+            await consume(collector, [row_body(t) for t in range(3)], sink=FailingSink())
         async with collector.open_batch([row_body(3)]) as batch:
             assert [item.landed async for item in batch] == [True]
 
@@ -218,7 +215,8 @@ async def test_submit_after_admission_closed_settles_at_the_door(autojump_clock:
         collector.stop_admission("the driver stops")
         await collector.submit(materialized_row(0))
     (outcome,) = sink.outcomes
-    assert isinstance(outcome, Omitted) and outcome.reason is OmitReason.DRAINED
+    assert isinstance(outcome, Omitted)
+    assert outcome.reason is OmitReason.DRAINED
 
 
 async def test_batches_share_the_collectors_concurrency(autojump_clock: Any) -> None:

@@ -152,7 +152,9 @@ class RowStamper:
         try:
             body: dict[str, Any] = orjson.loads(orjson.dumps(source))
         except TypeError as exc:
-            raise InputError([f"rows[{index}] is not JSON ({exc}); rows must be JSON objects"])
+            raise InputError(
+                [f"rows[{index}] is not JSON ({exc}); rows must be JSON objects"]
+            ) from exc
         if not isinstance(body, dict):
             raise InputError([f"rows[{index}] is a {type(body).__name__}, not a JSON object"])
         key = (body.get(TASK_INDEX), body.get(ROLLOUT_INDEX))
@@ -324,9 +326,9 @@ class Batch:
         for outcome, row in settled:
             if row is None:
                 continue  # an attempt superseded by a new one: in the sink, not the rollout's end
-            if self._closing and type(outcome) is Omitted:
-                if outcome.reason is OmitReason.INTERRUPTED:
-                    continue  # the consumer closed the batch: it asked not to see these
+            interrupted = type(outcome) is Omitted and outcome.reason is OmitReason.INTERRUPTED
+            if self._closing and interrupted:
+                continue  # the consumer closed the batch: it asked not to see these
             body = row.body
             assert isinstance(body, dict)
             self._pending.append(BatchOutcome(body, outcome, self.run_id))

@@ -29,13 +29,14 @@ are dataset fields already on the body; the `Identity` reads them from there, an
 of the rollout carries them (``_ng_task_id`` and the provenance keys at the top level).
 
 Stale collector keys: every ``_ng_*`` key of an input row is dropped except ``_ng_task_index``,
-``_ng_rollout_id`` (protocol.md section 2) and ``_ng_run_id`` (which names the run prefix of a
-returned row's rollout id, so a driver's next batch replaces it rather than nesting it), so an earlier run's failure sentinels, attempt
-numbers or ``_ng_no_persist`` never reach a server. Top-level ``reward`` and ``response`` are
-dataset fields like any other and are kept, *except* on a row that carries ``_ng_rollout_index``:
-only a collector writes that key, so such a row was built from an earlier run's output, and its
-``reward`` and ``response`` are that run's results; an agent that echoes request fields would
-otherwise hand the stale reward back as if it were a fresh score.
+``_ng_rollout_id`` (protocol.md section 2) and ``_ng_run_id`` (it names the run prefix of a
+returned row's rollout id, which a driver's next batch replaces rather than nests), so an
+earlier run's failure sentinels, attempt numbers or ``_ng_no_persist`` never reach a server.
+Top-level ``reward`` and ``response`` are dataset fields like any other and are kept, *except*
+on a row that carries ``_ng_rollout_index``: only a collector writes that key, so such a row
+was built from an earlier run's output, and its ``reward`` and ``response`` are that run's
+results; an agent that echoes request fields would otherwise hand the stale reward back as if
+it were a fresh score.
 """
 
 from __future__ import annotations

@@ -139,7 +139,8 @@ def _target_of(request: httpx.Request) -> _Target:
     url = request.url
     if url.scheme not in _DEFAULT_PORTS:
         raise httpx.UnsupportedProtocol(
-            f"URL {str(url)!r} uses scheme {url.scheme!r}; Http11Transport speaks plain http:// only"
+            f"URL {str(url)!r} uses scheme {url.scheme!r}; Http11Transport speaks plain "
+            "http:// only"
         )
     port = url.port or _DEFAULT_PORTS[url.scheme]
     return _Target((url.scheme, url.host, port), url.host, port, url.raw_path)
