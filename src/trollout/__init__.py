@@ -105,6 +105,7 @@ __all__ = [
     "SeedMode",
     "TrolloutError",
     "UnknownAgentError",
+    "__version__",
     "check_run_folder",
     "discover",
     "load_config",
@@ -118,5 +119,4 @@ __all__ = [
     "plan_rows",
     "shard_rollout_id",
     "url_resolver",
-    "__version__",
 ]

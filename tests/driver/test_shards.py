@@ -132,17 +132,24 @@ async def test_a_writer_whose_lock_was_replaced_stops_writing(
 ) -> None:
     """If the shard's lock file is replaced under a writer, its next write stops the batch."""
     layout = RunLayout.for_output(tmp_path / "rollouts-s.jsonl")
+
+    async def replace_lock_then_consume(batch: Any) -> None:
+        layout.lock.unlink()
+        layout.lock.write_text('{"pid": 1, "host": "elsewhere", "started_at": 0}')
+        async for _ in batch:
+            pass
+
     async with trollout.open_rollouts(fake.run_urls, config=CONFIG) as rollouts:
         planned = rollouts.plan(dataset(4))
         with pytest.raises(RunFolderWriteError, match="was replaced while this writer held it"):
-            async with rollouts.open_batch(
-                planned, record_shard="s", record_output_dir=tmp_path
-            ) as batch:
-                layout.lock.unlink()
-                layout.lock.write_text('{"pid": 1, "host": "elsewhere", "started_at": 0}')
-                async for _ in batch:
-                    pass
+            await record_with(rollouts, planned, tmp_path, replace_lock_then_consume)
     assert read_jsonl(layout.rollouts) == []
+
+
+async def record_with(rollouts: Any, rows: Any, folder: Path, body: Any) -> None:
+    """Record shard "s" of `rows`, running `body(batch)` inside the batch."""
+    async with rollouts.open_batch(rows, record_shard="s", record_output_dir=folder) as batch:
+        await body(batch)
 
 
 def test_aggregate_over_step_shards_counts_every_rollout(fake: FakeUrls, tmp_path: Path) -> None:
