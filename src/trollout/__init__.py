@@ -23,6 +23,7 @@ keeps one `Rollouts` across its steps and opens a batch per step::
 
 from __future__ import annotations
 
+from . import aio, sync
 from ._version import __version__
 from .collector.batch import Batch, BatchOutcome, shard_rollout_id
 from .collector.deployment import Deployment, Route, discover
@@ -106,6 +107,7 @@ __all__ = [
     "TrolloutError",
     "UnknownAgentError",
     "__version__",
+    "aio",
     "check_run_folder",
     "discover",
     "load_config",
@@ -118,5 +120,6 @@ __all__ = [
     "plan_rollouts",
     "plan_rows",
     "shard_rollout_id",
+    "sync",
     "url_resolver",
 ]

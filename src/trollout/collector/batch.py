@@ -259,6 +259,13 @@ class Batch:
                 raise StopAsyncIteration
             await self.pool.changed.wait()
 
+    def ready_nowait(self) -> list[BatchOutcome]:
+        """Return (and consume) every outcome settled and not yet consumed, without waiting."""
+        ready = list(self._pending)
+        self._pending.clear()
+        self._consumed += len(ready)
+        return ready
+
     def stop_admission(self, reason: str = "the batch stopped admission") -> None:
         """Start no more of this batch's rows; those in flight go on and are still yielded."""
         self.pool.stop_admission(reason)
