@@ -135,8 +135,10 @@ class AioBatch:
     async def aclose_and_drain(self) -> list[BatchOutcome]:
         """Close the batch (as `aclose`) and return what settled but was not consumed."""
         await self._finish(drain=True)
-        drained = [*self._buffer, *(self._done[0] if self._done else [])]
+        assert self._done is not None
+        drained = [*self._buffer, *self._done[0]]
         self._buffer.clear()
+        self._done = ([], self._done[1])  # a second drain returns nothing
         return drained
 
     async def _finish(self, *, drain: bool) -> None:

@@ -101,8 +101,10 @@ class SyncBatch:
     def close_and_drain(self) -> list[BatchOutcome]:
         """Close the batch (as `close`) and return what settled but was not consumed."""
         self._finish(drain=True)
-        drained = [*self._buffer, *(self._done[0] if self._done else [])]
+        assert self._done is not None
+        drained = [*self._buffer, *self._done[0]]
         self._buffer.clear()
+        self._done = ([], self._done[1])  # a second drain returns nothing
         return drained
 
     def __enter__(self) -> SyncBatch:
