@@ -90,7 +90,7 @@ def test_sync_close_and_drain_partitions_the_batch(fake: FakeUrls, tmp_path: Pat
             assert batch.close_and_drain() == []
     cut = interrupted(tmp_path, "d")
     assert 5 in cut
-    assert sorted(consumed + drained + cut) == list(range(6))
+    assert sorted(consumed + drained + cut) == list(range(6)), (consumed, drained, cut)
 
 
 def test_sync_front_end_is_usable_from_any_thread(fake: FakeUrls) -> None:

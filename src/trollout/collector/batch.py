@@ -41,7 +41,6 @@ from ..records import (
     ROLLOUT_ID_PATTERN,
     Landed,
     MaterializedRow,
-    OmitReason,
     Omitted,
     Outcome,
 )
@@ -291,8 +290,8 @@ class Batch:
     async def aclose_and_drain(self) -> list[BatchOutcome]:
         """Close the batch (as `aclose`) and return what settled but was not consumed.
 
-        The rollouts this call interrupted are not returned (they reach the sink as omitted);
-        everything else that settled, before or while closing, is, once. A second call
+        The rollouts this call interrupted, or kept from starting, are not returned (they reach
+        the sink as omitted); everything else that settled, before or while closing, is, once. A second call
         returns an empty list.
 
         Cancellation: as `aclose`.
@@ -333,9 +332,8 @@ class Batch:
         for outcome, row in settled:
             if row is None:
                 continue  # an attempt superseded by a new one: in the sink, not the rollout's end
-            interrupted = type(outcome) is Omitted and outcome.reason is OmitReason.INTERRUPTED
-            if self._closing and interrupted:
-                continue  # the consumer closed the batch: it asked not to see these
+            if self._closing and type(outcome) is Omitted:
+                continue  # cut short (or never started) by the consumer's close: in the sink
             body = row.body
             assert isinstance(body, dict)
             self._pending.append(BatchOutcome(body, outcome, self.run_id))
