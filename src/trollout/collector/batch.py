@@ -291,8 +291,8 @@ class Batch:
         """Close the batch (as `aclose`) and return what settled but was not consumed.
 
         The rollouts this call interrupted, or kept from starting, are not returned (they reach
-        the sink as omitted); everything else that settled, before or while closing, is, once. A second call
-        returns an empty list.
+        the sink as omitted); everything else that settled, before or while closing, is, once.
+        A second call returns an empty list.
 
         Cancellation: as `aclose`.
         """
