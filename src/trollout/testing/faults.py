@@ -4,9 +4,16 @@ A `Fault` says how one ``/run`` misbehaves. Which request gets which fault is de
 order, by:
 
 1. the row itself: a dataset field ``fake_fault`` (a fault mapping, optionally limited to some
-   attempts with ``attempts: [0]``); for an episode request, inside ``task.task_input``, the only
-   part of a task row an episode server receives;
-2. a Python callable given to the deployment (in-process tests): ``fn(FaultContext)``;
+   attempts with ``attempts: [0]`` and to some requests within an attempt with
+   ``requests: [0, 1]``); for an episode request, inside ``task.task_input``, the only part of a
+   task row an episode server receives;
+2. the fault hook: a callable given to the deployment, ``fn(FaultContext) -> Fault | None``
+   (`FaultFn`). It sees the server, the rollout's (task, rollout, attempt), the **index of the
+   request within its attempt** (0 for the first; a 429 retried within the attempt is request 1,
+   and so on), the run id a driver's batch stamped, and the request itself. `FaultScript` is
+   such a hook read from a JSON Lines file, so the fake in its own process
+   (``python -m trollout.testing serve --fault-script FILE``, `spawn_fake_deployment`'s
+   ``fault_script``) follows a script a test writes; the file is re-read when it changes;
 3. the server's `FaultPlan` (an agent's or episode server's own, else the deployment's for agent
    and legacy environment servers): a pure function of (task, rollout, attempt), so a test can
    compute exactly which rollouts got which fault by calling `FaultPlan.fault_for` itself.
@@ -24,11 +31,13 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import os
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import orjson
 from attrs import field, frozen
 
 from ..errors import ConfigError
@@ -42,9 +51,13 @@ __all__ = [
     "FaultFn",
     "FaultKind",
     "FaultPlan",
+    "FaultScript",
     "fault_from_dict",
+    "fault_to_dict",
     "plan_from_dict",
+    "read_fault_script",
     "unit_hash",
+    "write_fault_script",
 ]
 
 FAULT_FIELD = "fake_fault"
@@ -151,6 +164,8 @@ class Fault:
             ``failure_kind`` for MASKED (default ``session_lost``).
         terminal: whether FAILURE_CLASS also sets ``_ng_failure_terminal: true``.
         attempts: only these attempt indices get the fault (row overrides); None means all.
+        requests: only these requests within an attempt get it (row overrides; 0 is the
+            attempt's first request); None means all.
         interval_s: SLOWLORIS: seconds between body bytes; UNSOLICITED_REPLY: seconds from the
             real reply to the extra one.
         until_eof: OVERSIZED: declare no length; the body runs until the connection closes.
@@ -172,6 +187,7 @@ class Fault:
     failure_class: str | None = None
     terminal: bool = False
     attempts: tuple[int, ...] | None = field(default=None, converter=_attempts)
+    requests: tuple[int, ...] | None = field(default=None, converter=_attempts)
     interval_s: float = 0.005
     until_eof: bool = False
     variant: str | None = None
@@ -199,14 +215,28 @@ class Fault:
 
 @frozen
 class FaultContext:
-    """What a fault callable sees about one ``/run`` request."""
+    """What the fault hook sees about one ``/run`` request.
 
-    server: str  # the instance name of the server that received it
-    agent: str | None  # the agent that server serves (an episode server may bind none)
+    Attributes:
+        server: the instance name of the server that received it.
+        agent: the agent that server serves (an episode server may bind none).
+        task_index: the rollout's task.
+        rollout_index: the rollout.
+        attempt_index: the attempt the request belongs to.
+        row: the request body (a flat row, or an episode request).
+        request_index: the request's index within its attempt (0: the first; retries of a
+            429/503 within the attempt count up), per run id.
+        run_id: the ``_ng_run_id`` a driver's batch stamped on the rollout, or None.
+    """
+
+    server: str
+    agent: str | None
     task_index: int
     rollout_index: int
     attempt_index: int
     row: Mapping[str, Any]
+    request_index: int = 0
+    run_id: str | None = None
 
 
 FaultFn = Callable[[FaultContext], "Fault | None"]
@@ -298,7 +328,7 @@ def _as_sequence(value: Any) -> Sequence[Mapping[str, Any]]:
     return value
 
 
-def row_fault(row: Mapping[str, Any], attempt: int) -> Fault | None:
+def row_fault(row: Mapping[str, Any], attempt: int, request: int = 0) -> Fault | None:
     """Return the fault a row asks for in its ``fake_fault`` field, if it applies."""
     data = row.get(FAULT_FIELD)
     if data is None:
@@ -306,4 +336,124 @@ def row_fault(row: Mapping[str, Any], attempt: int) -> Fault | None:
     fault = fault_from_dict(data, where=f"row field {FAULT_FIELD!r}")
     if fault.attempts is not None and attempt not in fault.attempts:
         return None
+    if fault.requests is not None and request not in fault.requests:
+        return None
     return fault
+
+
+ScriptKey = tuple[str | None, int, int, int, int]  # run id, task, rollout, attempt, request
+
+
+class FaultScript:
+    """The fault hook as a script: one fault per (run, task, rollout, attempt, request).
+
+    A JSON Lines file, one entry per line::
+
+        {"task": 3, "rollout": 0, "attempt": 0, "request": 1, "fault": {"kind": "status",
+         "status": 429, "retry_after": 0.1}}
+
+    ``rollout``, ``attempt`` and ``request`` default to 0; ``run_id`` (optional) limits the
+    entry to the rollouts of one batch (their ``_ng_run_id``), so one long-lived fake can serve
+    many scripts. Requests the script does not name are answered normally. The file is re-read
+    whenever it changes (size, time or inode), so a test may append the next script while the
+    fake runs.
+
+    Args:
+        path: the script file (None: only ``entries``).
+        entries: entries given in memory (in-process fakes), as ``{key: fault}``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        entries: Mapping[ScriptKey, Fault] | None = None,
+    ) -> None:
+        self.path = None if path is None else os.fspath(path)
+        self._entries: dict[ScriptKey, Fault] = dict(entries or {})
+        self._file: dict[ScriptKey, Fault] = {}
+        self._seen: tuple[int, int, int] | None = None
+
+    def __call__(self, context: FaultContext) -> Fault | None:
+        """Return the fault scripted for this request, or None."""
+        self._reload()
+        rest = (
+            context.task_index,
+            context.rollout_index,
+            context.attempt_index,
+            context.request_index,
+        )
+        for table in (self._entries, self._file):
+            fault = table.get((context.run_id, *rest)) or table.get((None, *rest))
+            if fault is not None:
+                return fault
+        return None
+
+    def _reload(self) -> None:
+        if self.path is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._file, self._seen = {}, None
+            return
+        seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if seen != self._seen:
+            self._file, self._seen = read_fault_script(self.path), seen
+
+
+def _entry_key(data: Mapping[str, Any], where: str) -> ScriptKey:
+    try:
+        run_id = data.get("run_id")
+        key = tuple(int(data.get(name, 0)) for name in ("task", "rollout", "attempt", "request"))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: task, rollout, attempt and request must be integers") from exc
+    if run_id is not None and not isinstance(run_id, str):
+        raise ConfigError(f"{where}: run_id must be a string (got {run_id!r})")
+    return (run_id, *key)  # type: ignore[return-value]
+
+
+def read_fault_script(path: str | os.PathLike[str]) -> dict[ScriptKey, Fault]:
+    """Read a fault script file into ``{(run, task, rollout, attempt, request): fault}``.
+
+    Raises:
+        ConfigError: a line is not an entry (naming the file and line).
+    """
+    faults: dict[ScriptKey, Fault] = {}
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{os.fspath(path)}:{number}"
+            try:
+                data = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ConfigError(f"{where}: not JSON ({exc}); write one entry per line") from exc
+            if not isinstance(data, Mapping) or "fault" not in data:
+                raise ConfigError(f"{where}: an entry needs a 'fault' mapping (got {data!r})")
+            faults[_entry_key(data, where)] = fault_from_dict(data["fault"], where=where)
+    return faults
+
+
+def write_fault_script(
+    path: str | os.PathLike[str], entries: Mapping[ScriptKey, Fault], *, append: bool = False
+) -> None:
+    """Write (or append) ``{(run, task, rollout, attempt, request): fault}`` as a script file."""
+    lines = []
+    for (run_id, task, rollout, attempt, request), fault in entries.items():
+        entry: dict[str, Any] = {"task": task, "rollout": rollout, "attempt": attempt}
+        entry |= {"request": request, "fault": fault_to_dict(fault)}
+        if run_id is not None:
+            entry["run_id"] = run_id
+        lines.append(orjson.dumps(entry) + b"\n")
+    with open(path, "ab" if append else "wb") as f:
+        f.write(b"".join(lines))
+
+
+def fault_to_dict(fault: Fault) -> dict[str, Any]:
+    """Return a fault as the mapping `fault_from_dict` reads (defaults left out)."""
+    out: dict[str, Any] = {"kind": fault.kind.value}
+    for a in attrs.fields(Fault):
+        value = getattr(fault, a.name)
+        if a.name != "kind" and value != a.default:
+            out[a.name] = list(value) if isinstance(value, tuple) else value
+    return out
