@@ -90,10 +90,14 @@ def faults(
 
 
 def request_sequences(
-    *, max_requests: int = 3, kinds: Sequence[FaultKind] = DEFAULT_KINDS
+    *,
+    max_requests: int = 3,
+    kinds: Sequence[FaultKind] = DEFAULT_KINDS,
+    max_delay_s: float = 0.05,
 ) -> st.SearchStrategy[list[Fault | None]]:
     """Draw what the successive requests of one attempt meet (None: answered normally)."""
-    return st.lists(st.none() | faults(kinds=kinds), min_size=1, max_size=max_requests)
+    fault = faults(kinds=kinds, max_delay_s=max_delay_s, max_retry_after_s=max_delay_s)
+    return st.lists(st.none() | fault, min_size=1, max_size=max_requests)
 
 
 def attempt_sequences(
@@ -101,9 +105,10 @@ def attempt_sequences(
     max_attempts: int = 2,
     max_requests: int = 3,
     kinds: Sequence[FaultKind] = DEFAULT_KINDS,
+    max_delay_s: float = 0.05,
 ) -> st.SearchStrategy[list[list[Fault | None]]]:
     """Draw `request_sequences` for a rollout's successive attempts."""
-    attempt = request_sequences(max_requests=max_requests, kinds=kinds)
+    attempt = request_sequences(max_requests=max_requests, kinds=kinds, max_delay_s=max_delay_s)
     return st.lists(attempt, min_size=1, max_size=max_attempts)
 
 
@@ -117,6 +122,7 @@ def fault_scripts(
     max_requests: int = 3,
     kinds: Sequence[FaultKind] = DEFAULT_KINDS,
     run_id: str | None = None,
+    max_delay_s: float = 0.05,
 ) -> dict[ScriptKey, Fault]:
     """Draw a fault script for ``tasks`` x ``rollouts`` rollouts (``FaultScript(entries=...)``).
 
@@ -127,10 +133,11 @@ def fault_scripts(
         max_requests: requests scripted per attempt.
         kinds: the fault kinds to draw from.
         run_id: limit the script to one batch's rollouts (its ``_ng_run_id``); None: any.
+        max_delay_s: the longest extra delay and ``Retry-After`` drawn, in seconds.
     """
     script: dict[ScriptKey, Fault] = {}
     per_rollout = attempt_sequences(
-        max_attempts=max_attempts, max_requests=max_requests, kinds=kinds
+        max_attempts=max_attempts, max_requests=max_requests, kinds=kinds, max_delay_s=max_delay_s
     )
     for task in range(tasks):
         for rollout in range(rollouts):
