@@ -282,8 +282,9 @@ class Batch:
             return
         self._closing = True
         self.pool.cancel("the batch was closed")
-        with trio.CancelScope(shield=True), trio.move_on_after(SHIELDED_FLUSH_S):
-            await self.pool.wait_complete()
+        if not self.pool.complete:  # a scope with a deadline lingers in Trio's deadline heap
+            with trio.CancelScope(shield=True), trio.move_on_after(SHIELDED_FLUSH_S):
+                await self.pool.wait_complete()
         self._closed = True
         self._collector.forget_pool(self.pool)
 
