@@ -22,8 +22,8 @@ test-fast: $(STAMP)  ## skip the suites marked slow
 	$(BIN)/pytest -q -p no:cacheprovider -m 'not slow'
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check src tests bench
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 
 bench: $(STAMP)  ## print the benchmark figures (never part of make test); slow, noisy machine
