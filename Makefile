@@ -34,6 +34,7 @@ bench: $(STAMP)  ## print the benchmark figures (never part of make test); slow,
 	$(BIN)/python bench/aggregate.py
 	$(BIN)/python bench/resume.py
 	$(BIN)/python bench/reply_memory.py
+	$(BIN)/python bench/frontends.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
