@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,11 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def steps(batches: int, rows: int) -> list[list[dict[str, Any]]]:
-    """Each step's rows (task indices restart at 0 every step, as a trainer's plan would)."""
-    return [list(make_rows(rows, AGENT)) for _ in range(batches)]
+def steps(batches: int, rows: int) -> Iterator[list[dict[str, Any]]]:
+    """Each step's rows, made when the step starts (task indices restart at 0 every step, as a
+    trainer's plan would); only one step's rows are ever held, as the CLI streams its input."""
+    for _ in range(batches):
+        yield list(make_rows(rows, AGENT))
 
 
 class Ticker:

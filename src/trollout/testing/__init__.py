@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from .aggregate import aggregate_metrics
 from .deployment import FAKE_API_KEY, FakeDeployment, FakeUrls, build_config, open_fake_deployment
+from .fault_scripts import FaultScript, fault_to_dict, read_fault_script, write_fault_script
 from .faults import (
     FAULT_FIELD,
     Fault,
@@ -31,12 +32,8 @@ from .faults import (
     FaultFn,
     FaultKind,
     FaultPlan,
-    FaultScript,
     fault_from_dict,
-    fault_to_dict,
     plan_from_dict,
-    read_fault_script,
-    write_fault_script,
 )
 from .policy import answer_row, solve
 from .process import serve_until_signal, spawn_fake_deployment

@@ -13,7 +13,7 @@ import click
 import trio
 
 from ..errors import ConfigError
-from .faults import FaultScript
+from .fault_scripts import FaultScript
 from .process import raise_fd_limit, serve_until_signal
 from .spec import load_spec
 from .tasks import write_tasks

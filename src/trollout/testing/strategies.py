@@ -28,7 +28,8 @@ from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
-from .faults import Fault, FaultKind, ScriptKey
+from .fault_scripts import ScriptKey
+from .faults import Fault, FaultKind
 
 __all__ = [
     "DEFAULT_KINDS",
