@@ -9,7 +9,9 @@ subprocess, one after the other, and sends ``batches x rows`` rollouts:
   written (the CLI has no batches);
 - ``trio``: `trollout.open_rollouts`, a batch per step, every outcome iterated;
 - ``trio+shards``: the same, each batch recorded as a shard (a run folder per step);
-- ``aio``: `trollout.aio` under ``asyncio.run`` (Trio in a thread), a 10 ms ticker task beside;
+- ``aio``: `trollout.aio` under ``asyncio.run`` (Trio in a thread), a 10 ms ticker task beside
+  (each step's rows are made in a worker thread, as a trainer would keep planning off its loop,
+  so the ticker measures trollout, not the bench);
 - ``aio-guest``: the same front end with Trio started in guest mode on the asyncio loop instead
   of a thread (the alternative `driver.bridge` rejects; built here only to measure it);
 - ``trio-asyncio``: an asyncio trainer run by ``trio_asyncio`` (Trio hosts asyncio), calling
@@ -137,7 +139,7 @@ def run_aio(url: str, batches: int, rows: int, concurrency: int, guest: bool) ->
         beat = asyncio.create_task(ticker.run())
         landed = 0
         async with _aio_rollouts(url, config, guest) as ro:
-            for step_rows in work:
+            while step_rows := await asyncio.to_thread(next, work, None):  # off the loop
                 async with ro.open_batch(step_rows) as batch:
                     async for item in batch:
                         landed += item.landed

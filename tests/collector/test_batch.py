@@ -234,3 +234,18 @@ async def test_batches_share_the_collectors_concurrency(autojump_clock: Any) -> 
                 nursery.start_soon(one)
         assert trio.current_time() == pytest.approx(4.0)
     assert transport.max_in_flight == 3
+
+
+async def test_batches_with_the_same_task_indices_are_timed_apart(autojump_clock: Any) -> None:
+    """Two batches both dispatching task 0 count as two rollouts in flight for the timer."""
+    async with scripted_collector(slow_rows([5.0])) as collector:
+        async with trio.open_nursery() as nursery:
+            for run_id in ("a", "b"):
+
+                async def one(run_id: str = run_id) -> None:
+                    await consume(collector, [row_body(0)], run_id=run_id)
+
+                nursery.start_soon(one)
+            await trio.sleep(1)
+            assert collector.timer.running == 2
+        assert collector.timer.running == 0
