@@ -28,8 +28,8 @@ test-fast: $(STAMP)  ## skip the suites marked slow
 	$(BIN)/pytest -q -p no:cacheprovider -m 'not slow'
 
 lint: $(RAY_STAMP)
-	$(BIN)/ruff format --check src tests bench
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 
 bench: $(RAY_STAMP)  ## print the benchmark figures (never part of make test); slow, noisy machine
@@ -41,6 +41,7 @@ bench: $(RAY_STAMP)  ## print the benchmark figures (never part of make test); s
 	$(BIN)/python bench/resume.py
 	$(BIN)/python bench/reply_memory.py
 	$(BIN)/python bench/scaleout.py
+	$(BIN)/python bench/frontends.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import trio
 from click.testing import CliRunner, Result
@@ -231,6 +232,66 @@ class ScriptedTransport:
         reply = {"response": {"output": []}, "reward": float(row["_ng_task_index"] % 2)}
         body_out = orjson.dumps(reply) if status == 200 else b'"boom"'
         return RawResponse(status=status, headers=[], body=body_out, truncated=False)
+
+    async def aclose(self) -> None:
+        pass
+
+
+class FaultScriptTransport:
+    """Carries out a `trollout.testing` fault script in memory, under Trio's fake clock.
+
+    ``script`` maps ``(run id, task, rollout, attempt, request)`` (run id None: any run) to a
+    `Fault`, as `FaultScript` does for the fake deployment; each request first waits
+    ``delay(row)`` seconds. Statuses become replies, resets and disconnects transport errors,
+    ``hang`` never answers, the 200-shaped faults their reply; anything else answers normally.
+    """
+
+    def __init__(
+        self,
+        script: Mapping[tuple[Any, int, int, int, int], Fault],
+        *,
+        delay: Callable[[Mapping[str, Any]], float] = lambda row: 1.0,
+    ) -> None:
+        self.script = script
+        self.delay = delay
+        self.counts: dict[tuple[Any, ...], int] = {}
+        self.in_flight = 0
+
+    async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+        row = orjson.loads(body)
+        run = row.get("_ng_run_id")
+        key = (row["_ng_task_index"], row["_ng_rollout_index"], row.get("_ng_attempt_index", 0))
+        request = self.counts.get((run, *key), 0)
+        self.counts[(run, *key)] = request + 1
+        fault = self.script.get((run, *key, request)) or self.script.get((None, *key, request))
+        self.in_flight += 1
+        try:
+            await trio.sleep(self.delay(row) + (fault.delay_s if fault is not None else 0.0))
+            return await self._answer(fault)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, fault: Fault | None) -> RawResponse:
+        ok = {"response": {"output": []}, "reward": 1.0}
+        kind = None if fault is None else fault.kind.value
+        if fault is None or kind == "latency":
+            return RawResponse(status=200, headers=[], body=orjson.dumps(ok))
+        if kind == "hang":
+            await trio.sleep_forever()
+        if kind == "status":
+            after = (
+                [] if fault.retry_after is None else [(b"retry-after", b"%g" % fault.retry_after)]
+            )
+            return RawResponse(status=fault.status or 500, headers=after, body=b'"fault"')
+        if kind in ("reset_mid_request", "disconnect", "reset_mid_response"):
+            raise httpx.ReadError(f"fake {kind}")
+        if kind == "not_json":
+            return RawResponse(status=200, headers=[], body=b"<html>")
+        marks: dict[str, Any] = {"_ng_no_persist": True} if kind == "no_persist" else {}
+        if kind == "failure_class":
+            marks = {"_ng_failure_class": fault.failure_class or "transient"}
+            marks |= {"_ng_failure_terminal": True} if fault.terminal else {}
+        return RawResponse(status=200, headers=[], body=orjson.dumps(ok | marks))
 
     async def aclose(self) -> None:
         pass

@@ -163,23 +163,32 @@ async def test_dead_and_hanging_endpoints_fail_typed_while_others_complete() -> 
     assert len(sink.outcomes) == 12
 
 
-async def test_dead_endpoint_opens_its_breaker_and_fails_fast() -> None:
-    """With shared health, a refused endpoint trips its breaker; later rollouts are not sent."""
-    state = RetryState(RetryPolicy(breaker_failure_threshold=3, breaker_open_s=60.0))
+async def test_dead_endpoint_opens_its_breaker_and_is_probed_once() -> None:
+    """A refused endpoint trips its breaker; rollouts turned away wait for one probe, and when
+    it fails too (the two connect retries spent the budget, none is left to wait for another
+    probe) they fail fast, unsent."""
+    state = RetryState(RetryPolicy(breaker_failure_threshold=3, breaker_open_s=0.2, budget=2))
     policy = DispatchPolicy(1.0, 1.0, 5, 5.0, backoff_base_s=0.001, retry=state.policy)
     outcomes: list[Landed | Failed] = []
     async with open_fake_deployment(MIXED) as fake, policy.make_transport() as transport:
         url = fake.run_urls["dead"] + "/run"
-        for row in materialized_rows(4, agent="dead"):
+        rows = materialized_rows(4, agent="dead")
+
+        async def one(row: MaterializedRow) -> None:
+            rng = random.Random(1)
             outcomes.append(
-                await dispatch(
-                    transport, url, row, 0, policy, rng=random.Random(1), retry_state=state
-                )
+                await dispatch(transport, url, row, 0, policy, rng=rng, retry_state=state)
             )
+
+        await one(rows[0])
+        async with trio.open_nursery() as nursery:
+            for row in rows[1:]:
+                nursery.start_soon(one, row)
     kinds = [o.kind for o in outcomes if isinstance(o, Failed)]
-    assert kinds == ["connect", "breaker_open", "breaker_open", "breaker_open"]
+    assert kinds[0] == "connect"
+    assert sorted(kinds[1:]) == ["breaker_open", "breaker_open", "connect"]  # one probed
     assert state.counters.retries["connect"] == 2  # the third refusal opened the breaker
-    assert state.counters.breaker_rejections == 3
+    assert (state.counters.breaker_rejections, state.counters.breaker_waits) == (3, 1)
     assert state.endpoint(url).state is BreakerState.OPEN
     assert all(not o.spends_attempt for o in outcomes if isinstance(o, Failed))
 

@@ -1,29 +1,39 @@
 """trollout: a rollout collector for LLM agents and RL environments, on Trio.
 
-The public API lives here; everything else may change. A driver plans rows, finds the
+The public API lives here; everything else may change. A command-line run plans rows, finds the
 deployment, opens a run folder and a collector, and feeds the one to the other::
 
     deployment = await trollout.discover(client, "http://127.0.0.1:11000")
     plan = trollout.plan_rollouts("tasks.jsonl", config, deployment)
-    async with trollout.open_run_store(layout, config, expected=plan.expected) as store:
-        await store.write_materialized_inputs(plan.rows())
+    async with trollout.open_run_folder(config, deployment, plan=plan) as run:
         resolve = deployment.run_url_resolver()
-        async with trollout.open_collector(config=config, resolve=resolve, sink=store) as collector:
-            await collector.collect(plan.rows())
+        async with trollout.open_collector(config=config, resolve=resolve, sink=run.store) as c:
+            await c.collect(run.rows())
 
-which is exactly what ``trollout collect`` does (`trollout.cli.collect.collect_run`).
+which is what ``trollout collect`` does (`trollout.cli.collect.collect_run`). A training loop
+keeps one `Rollouts` across its steps and opens a batch per step::
+
+    async with trollout.open_rollouts(urls, config=config, record_output_dir="runs/rl") as ro:
+        async with ro.open_batch(ro.plan(rows), record_shard="step-0001") as batch:
+            async for item in batch:          # item.row, item.outcome, item.run_id
+                ...
+
+`trollout.aio` and `trollout.sync` offer the same for asyncio and blocking callers.
 """
 
 from __future__ import annotations
 
+from . import aio, sync
 from ._version import __version__
+from .collector.batch import Batch, BatchOutcome, shard_rollout_id
 from .collector.deployment import Deployment, Route, discover
 from .collector.engine import Collector, open_collector, url_resolver
 from .collector.plan import Plan, plan_rollouts, plan_rows
 from .collector.progress import Progress
 from .collector.sink import ListSink, OutcomeSink
-from .collector.transport import H11Transport, PostTransport, RawResponse
+from .collector.transport import H11Transport, Http11Transport, PostTransport, RawResponse
 from .config import FsyncPolicy, RunConfig, SeedMode, load_config
+from .driver.rollouts import Rollouts, open_rollouts
 from .errors import (
     ConfigError,
     DeploymentError,
@@ -51,9 +61,12 @@ from .records import (
     outcome_to_row,
 )
 from .recovery.layout import RunLayout
+from .recovery.run_folder import MaterializedRows, RunFolder, open_run_folder
 from .recovery.store import RunStore, check_run_folder, open_run_store
 
 __all__ = [
+    "Batch",
+    "BatchOutcome",
     "BatchStatus",
     "Collector",
     "ConfigError",
@@ -64,11 +77,13 @@ __all__ = [
     "FailureClass",
     "FsyncPolicy",
     "H11Transport",
+    "Http11Transport",
     "Identity",
     "InputError",
     "Landed",
     "ListSink",
     "MaterializedRow",
+    "MaterializedRows",
     "OmitReason",
     "Omitted",
     "Outcome",
@@ -77,8 +92,10 @@ __all__ = [
     "PostTransport",
     "Progress",
     "RawResponse",
+    "Rollouts",
     "Route",
     "RunConfig",
+    "RunFolder",
     "RunFolderError",
     "RunFolderLockedError",
     "RunFolderWriteError",
@@ -90,14 +107,19 @@ __all__ = [
     "TrolloutError",
     "UnknownAgentError",
     "__version__",
+    "aio",
     "check_run_folder",
     "discover",
     "load_config",
     "open_collector",
+    "open_rollouts",
+    "open_run_folder",
     "open_run_store",
     "outcome_from_row",
     "outcome_to_row",
     "plan_rollouts",
     "plan_rows",
+    "shard_rollout_id",
+    "sync",
     "url_resolver",
 ]

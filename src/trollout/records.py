@@ -74,6 +74,7 @@ TASK_SOURCE: Final = "task_source"
 ELAPSED: Final = "elapsed_seconds"
 TASK_ID: Final = "_ng_task_id"  # a task row's {taskset, task_id}, on each of its records
 POLICY_MODEL_SERVER: Final = "ng_policy_model_server"  # the executing agent's model server
+RUN_ID: Final = "_ng_run_id"  # the run (a driver's batch or shard) that dispatched the rollout
 DIGEST: Final = "_ng_digest"
 DATASET_DIGEST: Final = "_ng_dataset_digest"
 PROVENANCE_KEYS: Final = (DIGEST, DATASET_DIGEST)
@@ -88,6 +89,7 @@ STAMP_KEYS: Final = IDENTITY_KEYS | {
     ELAPSED,
     TASK_ID,
     POLICY_MODEL_SERVER,
+    RUN_ID,
     *PROVENANCE_KEYS,
 }
 """Every key the collector stamps on a record (a reply's own values for them are dropped)."""
@@ -205,8 +207,10 @@ class Identity:
         provenance: the `PROVENANCE_KEYS` of the row's ``task_data``, as (key, value) pairs.
         policy_model_server: ``ng_policy_model_server``, the model server of the agent that
             runs the rollout, when the deployment names one.
+        run_id: ``_ng_run_id``, the run of a driver's batch or shard that dispatched the
+            rollout (its rollout id carries the same prefix); None for a command-line run.
 
-    The last three describe the rollout rather than key it: they take no part in equality.
+    The last four describe the rollout rather than key it: they take no part in equality.
     """
 
     task_index: int
@@ -219,6 +223,7 @@ class Identity:
     task_id: Mapping[str, Any] | None = attrs.field(default=None, eq=False)
     provenance: tuple[tuple[str, Any], ...] = attrs.field(default=(), eq=False)
     policy_model_server: str | None = attrs.field(default=None, eq=False)
+    run_id: str | None = attrs.field(default=None, eq=False)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -250,6 +255,8 @@ class Identity:
         row.update(self.provenance)
         if self.policy_model_server is not None:
             row[POLICY_MODEL_SERVER] = self.policy_model_server
+        if self.run_id is not None:
+            row[RUN_ID] = self.run_id
         return row
 
     @classmethod
@@ -260,6 +267,7 @@ class Identity:
         if task_id is None and is_task_row(row):
             task_id = row[TASK_ID_FIELD]
         policy = row.get(POLICY_MODEL_SERVER)
+        run_id = row.get(RUN_ID)
         return cls(
             task_index=row[TASK_INDEX],
             rollout_index=row[ROLLOUT_INDEX],
@@ -271,6 +279,7 @@ class Identity:
             task_id=task_id if isinstance(task_id, Mapping) else None,
             provenance=provenance_of(row),
             policy_model_server=policy if isinstance(policy, str) else None,
+            run_id=run_id if isinstance(run_id, str) else None,
         )
 
 

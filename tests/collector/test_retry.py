@@ -59,6 +59,9 @@ class Script:
         step = self.steps.pop(0) if self.steps else self.default
         if step == "hang":
             await trio.sleep_forever()
+        if step == "slow":  # answers after one second
+            await trio.sleep(1.0)
+            step = reply(200)
         if isinstance(step, BaseException):
             raise step
         await trio.lowlevel.checkpoint()
@@ -227,9 +230,10 @@ def test_retry_counters_summary_and_rows() -> None:
     counters.retry_wait_s = 4.5
     counters.breaker_transitions["open"] += 1
     counters.breaker_rejections = 7
+    counters.breaker_waits = 5
     counters.timeouts = 2
     assert counters.summary() == (
-        "retries 3 (waited 4.5s) | breaker opened 1x, fast-failed 7 | timed out 2"
+        "retries 3 (waited 4.5s) | breaker opened 1x, turned away 7 (let through 5) | timed out 2"
     )
     rows = dict(counters.rows())
     assert (rows["retries: http_429"], rows["breaker -> open"], rows["rollouts timed out"]) == (
@@ -237,6 +241,7 @@ def test_retry_counters_summary_and_rows() -> None:
         "1",
         "2",
     )
+    assert rows["breaker: let through by the probe"] == "5"
 
 
 # --- dispatch: refusals and Retry-After ---------------------------------------------------------
@@ -425,12 +430,12 @@ async def test_dispatch_rollout_timeout_lets_outer_cancellation_through(
 async def test_dispatch_breaker_opens_probes_and_closes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Refused connects open the breaker; rollouts fail fast; the probe closes it."""
+    """Refused connects open the breaker; a rollout turned away waits, then is the probe."""
     state = RetryState(RetryPolicy(breaker_failure_threshold=3, breaker_open_s=20.0))
     transport = Script(refused(), refused(), refused(), default=reply(200))
     p = attrs.evolve(policy(), max_connect_retries=5, backoff_base_s=0.0)
     first = await dispatch(transport, URL, row(1), 0, p, rng=random.Random(1), retry_state=state)
-    # The third refusal opened the breaker: no retry into an open breaker.
+    # The third refusal opened the breaker: no connect retry into an open breaker.
     assert isinstance(first, Failed)
     assert (first.kind, first.delivery, first.spends_attempt) == (
         "connect",
@@ -442,22 +447,86 @@ async def test_dispatch_breaker_opens_probes_and_closes(
     )
     assert (len(transport.sent), state.endpoint(URL).state) == (3, BreakerState.OPEN)
     await trio.sleep(19.0)
-    fast = await dispatch(transport, URL, row(2), 0, p, rng=random.Random(1), retry_state=state)
-    assert isinstance(fast, Failed)
-    assert (fast.kind, fast.delivery, fast.spends_attempt) == (
-        "breaker_open",
-        Delivery.NOT_SENT,
-        False,
-    )
-    assert "next probe in 1.0s" in (fast.message or "")
-    await trio.sleep(1.0)
-    probe = await dispatch(transport, URL, row(3), 0, p, rng=random.Random(1), retry_state=state)
-    assert isinstance(probe, Landed)
-    assert transport.times[-1] == 20.0
+    waited = await dispatch(transport, URL, row(2), 0, p, rng=random.Random(1), retry_state=state)
+    assert isinstance(waited, Landed)
+    assert transport.times[-1] == 20.0  # it waited for the open period, then probed
     assert state.endpoint(URL).state is BreakerState.CLOSED
     assert dict(state.counters.breaker_transitions) == {"open": 1, "half_open": 1, "closed": 1}
-    assert state.counters.breaker_rejections == 1
+    assert (state.counters.breaker_rejections, state.counters.breaker_waits) == (1, 1)
     assert state.open_breakers() == []
+
+
+async def test_dispatch_waiters_follow_the_probe(autojump_clock: trio.testing.MockClock) -> None:
+    """Rollouts turned away while a probe is out send as soon as it closes the breaker."""
+    state = RetryState(RetryPolicy(breaker_failure_threshold=1, breaker_open_s=5.0))
+    transport = Script(reply(502), "slow", default=reply(200))
+    p = policy(max_request_retries=0)
+    await dispatch(transport, URL, row(0), 0, p, rng=random.Random(1), retry_state=state)
+    assert state.endpoint(URL).state is BreakerState.OPEN
+    outcomes: list[Landed | Failed] = []
+    async with trio.open_nursery() as nursery:
+        for task in (1, 2, 3):
+            rng = random.Random(task)
+
+            async def one(task: int = task, rng: random.Random = rng) -> None:
+                outcomes.append(
+                    await dispatch(transport, URL, row(task), 0, p, rng=rng, retry_state=state)
+                )
+
+            nursery.start_soon(one)
+    assert all(isinstance(o, Landed) for o in outcomes)
+    assert transport.times == [0.0, 5.0, 6.0, 6.0]  # the probe at 5 s took 1 s; then the rest
+    assert state.counters.breaker_waits >= 2
+
+
+async def test_dispatch_turned_away_fails_when_its_probe_fails(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A waiter gives up when its probe fails and the budget has no token to wait longer."""
+    state = RetryState(RetryPolicy(breaker_failure_threshold=1, breaker_open_s=5.0, budget=0))
+    transport = Script(reply(502), reply(502), default=reply(200))
+    p = policy(max_request_retries=0)
+    await dispatch(transport, URL, row(0), 0, p, rng=random.Random(1), retry_state=state)
+    outcomes: list[Landed | Failed] = []
+    async with trio.open_nursery() as nursery:
+        for task in (1, 2):
+
+            async def one(task: int = task) -> None:
+                rng = random.Random(task)
+                outcomes.append(
+                    await dispatch(transport, URL, row(task), 0, p, rng=rng, retry_state=state)
+                )
+
+            nursery.start_soon(one)
+    assert transport.times == [0.0, 5.0]
+    kinds = sorted(o.kind or "" for o in outcomes if isinstance(o, Failed))
+    assert kinds == ["breaker_open", "http_502"]
+    fast = next(o for o in outcomes if isinstance(o, Failed) and o.kind == "breaker_open")
+    assert fast.delivery is Delivery.NOT_SENT
+    assert "the probe that followed failed too" in (fast.message or "")
+    assert state.endpoint(URL).state is BreakerState.OPEN
+
+
+async def test_dispatch_waiters_outlast_a_failed_probe_within_the_budget(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With a token left, a waiter waits for the next probe after a failed one, and lands."""
+    state = RetryState(RetryPolicy(breaker_failure_threshold=1, breaker_open_s=5.0, budget=1))
+    transport = Script(reply(502), reply(502), default=reply(200))
+    p = policy(max_request_retries=0)
+    await dispatch(transport, URL, row(0), 0, p, rng=random.Random(1), retry_state=state)
+    probe = dispatch(transport, URL, row(1), 0, p, rng=random.Random(1), retry_state=state)
+    waiter = dispatch(transport, URL, row(2), 0, p, rng=random.Random(2), retry_state=state)
+    outcomes: list[Landed | Failed] = []
+    async with trio.open_nursery() as nursery:
+        for coro in (probe, waiter):
+            nursery.start_soon(_append, outcomes, coro)
+    assert transport.times == [0.0, 5.0, 10.0]
+    assert [type(o).__name__ for o in outcomes] == ["Failed", "Landed"]
+
+
+async def _append(out: list[Any], coro: Any) -> None:
+    out.append(await coro)
 
 
 async def test_dispatch_budget_bounds_requests_to_a_refusing_endpoint(
@@ -536,9 +605,11 @@ def test_dispatch_sends_stay_within_every_bound(
     retries = sum(state.counters.retries.values())
     earned = sum(len(t.sent) for t, _ in results) // 10  # one token per ten good answers, at most
     assert retries <= budget + earned
-    # Sequential rollouts: every retry is sent; only first requests meet an open breaker.
+    # Every request is sent (after waiting for the breaker's probe, if turned away), except
+    # the one each breaker_open failure stands for.
     sends = sum(len(t.sent) for t, _ in results)
-    assert sends == len(scripts) + retries - state.counters.breaker_rejections
+    fast = sum(1 for _, o in results if isinstance(o, Failed) and o.kind == "breaker_open")
+    assert sends == len(scripts) + retries - fast
 
 
 async def test_dispatch_cancelled_probe_lets_the_next_rollout_probe(

@@ -1,21 +1,14 @@
-"""`trollout collect`: compose plan, deployment, store and engine into one run.
+"""`trollout collect`: compose plan, deployment, run folder and engine into one run.
 
 The order is the contract (design.md, Durability): everything that can refuse the run (config,
-deployment discovery, every input row) is checked before a single file is touched; then the run
-folder is locked and cleared, the materialized inputs and then the manifest are written and
-fsynced, and only then does the first rollout go out, its attempt number already in the ledger.
-The rows dispatched are read back from the materialized-inputs file, so a fresh run and a
-resume dispatch from the same source.
-
-A resume (``--resume``, ``+resume_from_cache=true``, ``trollout resume``; see `resumption`)
-locks the folder first, then checks it under the lock: the manifest's fingerprints against the
-input, the plan settings and the agent set (`recovery.manifest`); then `recovery.resume`
-decides what to send and with which attempt numbers, and the store is seeded with what the
-folder already holds. A folder with no outcome is started afresh; one with outcomes but no
-manifest or no materialized inputs is refused and left as it was.
+deployment discovery, every input row, the folder's preflight checks, free space) is checked
+before a single file is touched; then `recovery.run_folder.open_run_folder` locks the folder and
+either starts the run (materialized inputs, then the manifest, both fsynced) or resumes it (the
+manifest checked, what is not done decided); only then does the first rollout go out, its
+attempt number already in the ledger.
 
 `collect_run` uses only the public API an embedding driver has (`plan_rollouts`, `discover`,
-`open_run_store`, `open_collector`); the click command is a thin shell around it.
+`open_run_folder`, `open_collector`); the click command is a thin shell around it.
 """
 
 from __future__ import annotations
@@ -24,7 +17,8 @@ import shutil
 import signal
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -33,7 +27,6 @@ import click
 import trio
 from rich.console import Console
 
-from .. import jsonl
 from ..collector.deployment import Deployment, discover
 from ..collector.plan import Plan, plan_rollouts
 from ..collector.progress import Progress
@@ -44,18 +37,12 @@ from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_re
 from ..metrics.batch import check_members, read_batch_manifest, write_batch_status
 from ..metrics.reader import Collection
 from ..nemo_keys import differences
-from ..records import MaterializedRow
 from ..recovery.files import format_bytes
 from ..recovery.layout import RunLayout
-from ..recovery.manifest import (
-    FolderState,
-    build_manifest,
-    folder_state,
-    sha256_file,
-    write_manifest,
-)
+from ..recovery.manifest import FolderState, folder_state
 from ..recovery.resume import Fate, Resubmit, ResumeRules, RunTally, scan_run
-from ..recovery.store import RunStore, check_run_folder, open_run_store
+from ..recovery.run_folder import open_run_folder
+from ..recovery.store import check_run_folder
 from ..text import visible
 from .common import (
     EXIT_FAILED,
@@ -67,7 +54,6 @@ from .common import (
     print_summary,
     run_trio,
 )
-from .resumption import prepare_resume
 from .scaleout import collect_any, scaleout_options
 from .session import StopWhen, run_session, timing_report
 
@@ -114,11 +100,6 @@ async def load_deployment(config: RunConfig) -> Deployment:
         connect_timeout_s=config.connect_timeout_s, read_timeout_s=read_timeout_s
     ) as client:
         return await discover(client, head)
-
-
-def _materialized(layout: RunLayout) -> Iterator[MaterializedRow]:
-    for row in jsonl.read_rows(layout.materialized_inputs):
-        yield MaterializedRow.from_body(row)
 
 
 async def collect_run(
@@ -177,24 +158,17 @@ async def collect_run(
         _check_free_space(layout, plan)
         _check_batch_manifest(config, plan)
     started = trio.current_time()
-    expected = plan.expected if plan is not None else 0
-    async with open_run_store(layout, config, expected=expected, fresh=not resuming) as store:
-        if resuming and folder_state(layout) is not FolderState.NEW:
-            resumed = await prepare_resume(store, config, deployment, resubmit, stream)
-            rows: Iterable[tuple[MaterializedRow, int]] = resumed.rows()
-            tally = resumed.tally
-            total, expected = tally.to_dispatch, tally.expected
-        else:
-            plan = plan if plan is not None else _plan(config, deployment)
-            await _start(store, config, deployment, plan)
-            rows = ((row, 0) for row in _materialized(layout))
-            total, expected, tally = plan.expected, plan.expected, None
+    later = partial(_plan, config, deployment)
+    warn = partial(_warn, stream)
+    async with open_run_folder(
+        config, deployment, plan=plan or later, resubmit=resubmit, warn=warn
+    ) as run:
         end = await run_session(
-            store,
+            run.store,
             config,
             deployment.run_url_resolver(),
-            rows,
-            total=total,
+            run.rows(),
+            total=run.to_dispatch,
             stream=stream,
             live=live,
             transport=transport,
@@ -210,11 +184,11 @@ async def collect_run(
         await trio.to_thread.run_sync(_batch_status_not_aggregated, layout, config)
     return RunResult(
         layout=layout,
-        expected=expected,
+        expected=run.expected,
         progress=collector.progress,
         elapsed_s=trio.current_time() - started,
         max_resident=collector.max_resident,
-        resumed=tally,
+        resumed=run.resumed,
         timing=timing_report(collector),
         signal=end.signal,
         deadline_reached=end.deadline_reached,
@@ -222,6 +196,10 @@ async def collect_run(
         differences=tuple(differences(config)),
         stopped=end.stopped,
     )
+
+
+def _warn(stream: IO[str], text: str) -> None:
+    print(f"trollout: warning: {text}", file=stream)
 
 
 def _plan(config: RunConfig, deployment: Deployment) -> Plan:
@@ -273,20 +251,6 @@ def _check_free_space(layout: RunLayout, plan: Plan) -> None:
             f"{str(folder)!r} has {format_bytes(free)} free; free space, or plan fewer "
             "rollouts (--limit, --num-repeats)"
         )
-
-
-async def _start(store: RunStore, config: RunConfig, deployment: Deployment, plan: Plan) -> None:
-    """Write the materialized inputs, then the manifest (both fsynced) of a new run."""
-    assert config.input_jsonl_fpath is not None
-    # Read-only, so a Ctrl-C may abandon it at once.
-    digest = await trio.to_thread.run_sync(
-        sha256_file, config.input_jsonl_fpath, abandon_on_cancel=True
-    )
-    await store.write_materialized_inputs(plan.rows())
-    manifest = build_manifest(
-        config, deployment, input_sha256=digest, expected=plan.expected, tasks=plan.tasks
-    )
-    await trio.to_thread.run_sync(write_manifest, store.layout, manifest)
 
 
 async def _check_complete(layout: RunLayout, config: RunConfig) -> None:

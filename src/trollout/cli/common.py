@@ -20,7 +20,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
-from ..collector.transport import H11Transport
+from ..collector.transport import Http11Transport
 from ..config import RunConfig
 from ..errors import (
     ConfigError,
@@ -151,7 +151,7 @@ def http_client(*, connect_timeout_s: float, read_timeout_s: float) -> httpx.Asy
     It runs on trollout's own transport with explicit timeouts: httpx's default of 5 s would cut
     a server's ``/aggregate_metrics`` over a large run short. Use it with ``async with``.
     """
-    transport = H11Transport(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+    transport = Http11Transport(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
     return httpx.AsyncClient(transport=transport)
 
 

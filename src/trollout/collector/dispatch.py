@@ -52,7 +52,7 @@ from .retry import (
     RetryPolicy,
     RetryState,
 )
-from .transport import DEFAULT_MAX_BODY_BYTES, H11Transport, PostTransport, RawResponse
+from .transport import DEFAULT_MAX_BODY_BYTES, Http11Transport, PostTransport, RawResponse
 
 __all__ = ["DispatchPolicy", "NewAttempt", "dispatch"]
 
@@ -119,9 +119,9 @@ class DispatchPolicy:
             max_reply_bytes=config.max_reply_bytes,
         )
 
-    def make_transport(self, *, max_idle_per_host: int | None = None) -> H11Transport:
+    def make_transport(self, *, max_idle_per_host: int | None = None) -> Http11Transport:
         """Return a transport with this policy's timeouts and limits (use with ``async with``)."""
-        return H11Transport(
+        return Http11Transport(
             connect_timeout_s=self.connect_timeout_s,
             read_timeout_s=self.read_timeout_s,
             reply_timeout_s=self.reply_timeout_s,
@@ -245,7 +245,11 @@ class _Rollout:
     async def _send_once(self, body: bytes) -> Landed | Failed:
         admission = Admission.ALLOWED if self.health is None else self.health.admit(self._now())
         if admission is Admission.REJECTED:
-            return self._breaker_open()
+            assert self.health is not None
+            admission = await self.health.await_probe(self._now)  # within the rollout's limit
+            if admission is Admission.REJECTED:
+                self.note = "; the probe that followed failed too"
+                return self._breaker_open()
         probe = admission is Admission.PROBE
         try:
             outcome = await self._post(body)
@@ -302,7 +306,8 @@ class _Rollout:
         reason, delay = self._rule(failed)
         if delay is None:
             return None
-        if self.health is not None and self.health.state is not BreakerState.CLOSED:
+        refusal = failed.http_status in REFUSAL_STATUSES
+        if self.health is not None and self.health.state is not BreakerState.CLOSED and not refusal:
             self.note = f"; the circuit breaker of {self.health.endpoint} opened"
             return None
         if self.health is not None and not self.health.take_retry():
@@ -363,7 +368,7 @@ class _Rollout:
         message = (
             f"not sent: the circuit breaker of {health.endpoint} is {health.state.value} after "
             f"{health.consecutive_failures} consecutive request failures (next probe in "
-            f"{max(reopen, 0.0):.1f}s); resume re-runs this rollout"
+            f"{max(reopen, 0.0):.1f}s){self.note}; resume re-runs this rollout"
         )
         return self._request_failed("breaker_open", "CircuitOpen", message, Delivery.NOT_SENT)
 

@@ -1,39 +1,43 @@
-"""The engine: one nursery per run, a feeder, N workers and one writer.
+"""The engine: one nursery per collector, worker pools, and one writer.
 
 Shape (design.md, Concurrency)::
 
-    submit()/collect() ──rows (zero-buffer)──▶ N workers ──outcomes──▶ writer ──▶ sink
-                                              │ CapacityLimiter(num_samples_in_parallel)
-                                              ▼ dispatch(): one POST /run → Landed | Failed
+    submit()/collect() ──rows (zero-buffer)──▶ pool: N workers ──┐
+    open_batch(rows) ──feeder──▶ batch pool: N workers ───────────┼─outcomes─▶ writer ─▶ sinks
+                                  │ CapacityLimiter(num_samples_in_parallel), shared        │
+                                  ▼ dispatch(): one POST /run → Landed | Failed             ▼
+                                                                      the pool's consumer
 
-- **Workers bound memory.** At most N = ``max_resident_rollout_tasks`` (default: the
-  concurrency) workers each hold at most one rollout, so memory is O(N), never O(rows). Workers
-  are started on demand, when a row is handed over and none is idle, so a run never has more
-  workers than rollouts (``--concurrency 1000000`` over 3 rows starts 3). The rows channel has
-  no buffer, so the feeder blocks until a worker is free (back-pressure all the way to the input
-  file, which is read lazily).
-- **The limiter bounds requests in flight.** Workers take a token of a `trio.CapacityLimiter`
-  around the request only; with more workers than tokens, the extra workers wait holding their
-  row, ready to go.
-- **One writer.** Workers send outcomes to a single writer task that batches what is ready and
-  hands it to the sink; the sink therefore needs no lock. The outcomes channel buffers one
-  outcome per worker, so a slow fsync back-pressures workers instead of growing memory. A sink
-  that raises (a full disk) stops the run like `stop`: admission closes, rollouts in flight are
-  cancelled, the writer keeps draining (without the sink) so no worker waits on it forever,
-  and leaving the block raises the sink's error.
-- **Cancellation is a scope exit.** Leaving ``open_collector``'s block early (an exception, a
-  signal handler cancelling the scope) cancels the workers; each in-flight rollout turns into an
-  `Omitted` (interrupted) outcome that is handed to the writer under a shield, and the writer
-  drains everything already settled under a shield before the nursery exits. Nothing settled is
-  lost to a cancellation; rows never taken by a worker were never started.
-- **Exactly once, whatever the exit.** Every row a worker takes settles as exactly one outcome
-  (Landed, Failed or Omitted) that reaches the writer, on a normal exit, a driver's exception, a
-  cancelled scope, `wind_down` or `stop`: an attempt cancelled in flight sends its Omitted
-  under a shield, and a finished one is handed over without a checkpoint (`_hand_over`), so a
-  reply that wakes its worker in the same instant as the cancellation is never dropped.
-  tests/collector/test_engine_exactly_once.py holds it for exits at random instants.
+- **Workers bound memory.** Each pool (`pool.Pool`: the collector's own for `submit`/`collect`,
+  one per open batch) runs at most N = ``max_resident_rollout_tasks`` (default: the concurrency)
+  workers, each holding one rollout, started on demand; rows reach them over a zero-buffer
+  channel, so the feeder blocks until a worker is free (back-pressure all the way to the input).
+- **The limiter bounds requests in flight,** across every pool: workers take a token of one
+  `trio.CapacityLimiter` around the request only.
+- **One writer.** Workers send outcomes to a single writer task that batches what is ready,
+  hands each pool's outcomes to that pool's sink (so no sink needs a lock) and then to the pool
+  (a batch's consumer, the retained outcomes). The outcomes channel buffers one outcome per
+  worker of a pool, so a slow fsync back-pressures workers instead of growing memory. A sink that
+  raises (a full disk) ends what it serves: the collector's own sink stops the run like `stop`;
+  a batch's own sink (a recorded shard) cancels that batch, which raises the error at its exit.
+  The writer keeps draining (without the failed sink), so no worker waits on it forever.
+- **Cancellation is a scope exit, and only of its own scope.** Pools live in tasks of the
+  collector's nursery, not around the driver's code: `cancel_in_flight` and an early batch exit
+  cancel workers, never the driver. Leaving ``open_collector``'s block early (an exception, a
+  cancelled scope) cancels every pool; `stop` (a run-level failure) cancels the driver's block
+  too. Each in-flight rollout turns into an `Omitted` (interrupted) outcome handed to the writer
+  under a shield, and the writer drains everything settled under a shield before the nursery
+  exits. Rows never taken by a worker were never started.
+- **Exactly once, whatever the exit.** Every row a pool accepts settles as exactly one final
+  outcome (Landed, Failed or Omitted) that reaches the writer and its sink, on a normal exit, a
+  driver's exception, a cancelled scope, KeyboardInterrupt, `wind_down`, `stop` or a batch's
+  early close: an attempt cancelled in flight sends its Omitted under a shield, a finished one
+  is handed over without a checkpoint (`pool.hand_over`), so a reply that wakes its worker in
+  the same instant as the cancellation is never dropped, and a row offered after admission
+  closed settles as drained at the door. tests/collector/test_engine_exactly_once.py and
+  tests/collector/test_batch_exits.py hold it for exits at random instants.
 - **Stopping starts is not stopping the run.** The dispatch window (`window.DispatchWindow`:
-  the budget, its drain margin) is the feeder's scope deadline plus a check after a worker took
+  the budget, its drain margin) is the feeders' scope deadline plus a check after a worker took
   a slot. `stop_admission` closes it on demand; `wind_down` closes it, waits a grace period, then
   `cancel_in_flight`s the rest (signals and ``--max-run-time`` use it); `stop` does both at once
   and makes the block raise `RunStoppedError` (fail-fast and the run-level stops of `stops`).
@@ -42,37 +46,42 @@ Rejected alternative: a task per rollout (``nursery.start_soon`` for every row, 
 semaphore), which is NeMo Gym's shape (`as_completed` over all rows). It makes memory grow with
 the input (every pending task holds its row and a coroutine frame) and makes back-pressure
 impossible; a fixed pool of workers reading a channel is both bounded and cheaper per rollout.
+
+Length: past the house's ~400 lines because the collector's exits (stop, cancel, wind down,
+the block's own exit) and its single writer act on one set of state; the pools and batches
+live in `pool` and `batch`.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager
-from itertools import islice
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING
 
 import trio
 
 from ..config import RunConfig
 from ..errors import ConfigError, RunStoppedError, UnknownAgentError
-from ..records import Failed, Identity, MaterializedRow, OmitReason, Omitted, Outcome
-from .dispatch import DispatchPolicy, NewAttempt, dispatch
+from ..records import Identity, MaterializedRow, Omitted, Outcome
+from .dispatch import DispatchPolicy
+from .pool import SHIELDED_FLUSH_S, Pool, Settled
 from .progress import Progress
 from .retry import RetryState
 from .sink import AttemptReserver, OutcomeSink
 from .stops import RunStops
 from .timing import RunTimer
-from .transport import H11Transport, PostTransport
+from .transport import Http11Transport, PostTransport
 from .window import DispatchWindow
+
+if TYPE_CHECKING:
+    from .batch import Batch, BatchRows
 
 __all__ = ["Collector", "open_collector", "url_resolver"]
 
 UrlResolver = Callable[[Identity], str]
-_Job = tuple[MaterializedRow, int, str]  # a row, its attempt number and its /run URL
-_WRITER_BATCH = 512  # outcomes handed to the sink in one call, at most
-_SHIELDED_FLUSH_S = 30.0  # how long a cancelled run may spend flushing settled outcomes
-_RESERVE_BATCH = 256  # attempts reserved with the sink in one call, at most
+_WRITER_BATCH = 512  # outcomes handed to the sinks in one round, at most
 
 
 def url_resolver(urls: Mapping[str, str]) -> UrlResolver:
@@ -96,8 +105,9 @@ def url_resolver(urls: Mapping[str, str]) -> UrlResolver:
 class Collector:
     """A running collection engine; obtain one from `open_collector`.
 
-    Drivers either call `collect` once with every row (the CLI does), or `submit` rows one at a
-    time and read settled outcomes with `next_outcome` / `drain_nowait` (an RL loop does).
+    Drivers either call `collect` once with every row (the CLI does), `submit` rows one at a
+    time and read settled outcomes with `next_outcome` / `drain_nowait`, or open batches
+    (`open_batch`) on a collector kept across the steps of a training loop.
     """
 
     def __init__(
@@ -112,55 +122,63 @@ class Collector:
         policy_model_servers: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
-        self._policy_servers = policy_model_servers or {}
+        self.policy_servers = policy_model_servers or {}
         self.progress = Progress(started_at=trio.current_time())
         self.limiter = trio.CapacityLimiter(config.num_samples_in_parallel)
-        self._resolve = resolve
-        self._transport = transport
-        self._sink = sink
-        # Attempt numbers go on record (one sink call, one ledger write and fsync, per batch)
-        # before any row of the batch is handed to a worker. A fixed batch keeps that cost per
-        # rollout small at any concurrency; a crash only skips the unsent numbers of one batch.
-        self._reserver: AttemptReserver | None = sink if isinstance(sink, AttemptReserver) else None
-        self._reserve_batch = _RESERVE_BATCH if self._reserver is not None else 1
-        self._policy = DispatchPolicy.from_config(config)
+        self.resolve = resolve
+        self.transport = transport
+        self.sink = sink
+        self.policy = DispatchPolicy.from_config(config)
         self.retry_state = RetryState.from_config(config)
         self.timer = RunTimer.from_config(config)
         self.window = DispatchWindow(
             budget_s=config.dispatch_budget_s, margin_s=config.drain_margin_s
         )
+        self.rng = rng
         self._stops = RunStops(config)
-        self._feed_scope = trio.CancelScope()
-        self._rng = rng
-        self._rows_tx, self._rows_rx = trio.open_memory_channel[_Job](0)
-        self._out_tx, self._out_rx = trio.open_memory_channel[Outcome](config.resident_rollouts)
+        self.out_tx, self._out_rx = trio.open_memory_channel[Settled](config.resident_rollouts)
         self._retain = retain_outcomes
         self._unconsumed: deque[Outcome] = deque()
-        self._settled_event = trio.Event()
-        self._writer_done = trio.Event()
-        self._resident = 0
+        # Attempt numbers go on record (one sink call, one ledger write and fsync, per batch of
+        # rows) before any row of the batch is handed to a worker; a crash only skips the unsent
+        # numbers of one batch.
+        reserver = sink if isinstance(sink, AttemptReserver) else None
+        self._own = Pool(self, sink=sink, reserver=reserver, deliver=self._retained)
+        self._pools: set[Pool] = {self._own}
+        self.resident = 0
         self.max_resident = 0
-        self._workers: trio.Nursery | None = None
-        self._spawned = 0  # workers started so far
-        self._spawning_closed = False
-        self._idle = 0  # workers ready for a row: waiting, or started and about to wait
+        self.spawned = 0  # workers started so far, every pool
         self.sink_error: Exception | None = None
         self.stop_reason: str | None = None
-        self._run_scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
         self._writer_scope = trio.CancelScope(shield=True)
+        self._writer_done = trio.Event()
+        self._changed = trio.Event()  # set (and replaced) after every round of the writer
 
     @property
     def in_flight(self) -> int:
         """Requests in flight now (tokens borrowed from the limiter)."""
         return self.limiter.borrowed_tokens
 
+    @property
+    def _spawned(self) -> int:
+        return self.spawned
+
     async def submit(self, row: MaterializedRow, attempt_index: int = 0) -> None:
         """Hand one rollout attempt to the workers, waiting until a worker takes it.
 
+        After admission closed (`stop_admission`, `wind_down`, the budget) the row settles at
+        once as `Omitted` (drained): it is accepted, never started.
+
+        Raises:
+            UnknownAgentError: the row's agent has no URL; nothing was sent.
+
         Cancellation: a checkpoint; if cancelled, the row was not taken and nothing was sent.
         """
-        await self._reserve([(row, attempt_index)])
-        await self._send(row, attempt_index)
+        url = self.resolve(row.identity)
+        self._begin()
+        await self._own.reserve([(row, attempt_index)])
+        await self._own.offer(row, attempt_index, url)
 
     async def collect(
         self, rows: Iterable[tuple[MaterializedRow, int] | MaterializedRow]
@@ -169,24 +187,42 @@ class Collector:
 
         Returns the run's `Progress`. Closes the input: `submit` cannot be called afterwards.
 
+        Raises:
+            UnknownAgentError: a row's agent has no URL (the rows before it still settle).
+
         Cancellation: a checkpoint between rows; rows not yet submitted were never started, and
         every rollout in flight settles as `Omitted` through the writer.
         """
         self._begin()
+        pool = self._own
         # The feeder's scope is the dispatch window: its deadline is the budget's end, and
         # stop_admission cancels it; either way rows not yet handed out are never started.
-        self._feed_scope.deadline = self.window.deadline
-        async with self._rows_tx:
-            with self._feed_scope:
-                for batch in _batches(rows, self._reserve_batch):
-                    await self._reserve(batch)
-                    for row, attempt in batch:
-                        await self._send(row, attempt)
-        self._close_spawning()
-        if self._feed_scope.cancelled_caught and self.window.closed_reason is None:
+        pool.feed_scope.deadline = self.window.deadline
+        pairs = ((item, 0) if isinstance(item, MaterializedRow) else item for item in rows)
+        try:
+            await pool.feed(pairs, lambda row: self.resolve(row.identity))
+        finally:
+            pool.close_rows()
+        if pool.feed_scope.cancelled_caught and self.window.closed_reason is None:
             self.window.close(self.window.spent_reason)  # the feeder's deadline passed
-        await self._writer_done.wait()
+        await pool.wait_complete()
         return self.progress
+
+    def open_batch(
+        self,
+        rows: BatchRows,
+        *,
+        run_id: str | None = None,
+        sink: OutcomeSink | None = None,
+        reserved: bool = False,
+    ) -> AbstractAsyncContextManager[Batch]:
+        """Open a batch of rollouts: ``async with collector.open_batch(rows) as batch``.
+
+        See `batch.open_batch` (the arguments, the outcomes it yields, how it closes).
+        """
+        from .batch import open_batch
+
+        return open_batch(self, rows, run_id=run_id, sink=sink, reserved=reserved)
 
     async def next_outcome(self) -> Outcome:
         """Wait for and return the oldest settled outcome not yet consumed.
@@ -204,9 +240,9 @@ class Collector:
                 "hands outcomes only to its sink"
             )
         while not self._unconsumed:
-            if self._writer_done.is_set():
+            if self._own.complete:
                 raise trio.EndOfChannel("the collector has settled every outcome")
-            await self._settled_event.wait()
+            await self._own.changed.wait()
         return self._unconsumed.popleft()
 
     def drain_nowait(self) -> list[Outcome]:
@@ -218,26 +254,31 @@ class Collector:
     def stop(self, reason: str) -> None:
         """Stop the run as failed: cancel every rollout in flight (they settle as omitted).
 
-        Leaving `open_collector`'s block then raises `RunStoppedError` with `reason`.
+        The driver's block is cancelled too; leaving it raises `RunStoppedError` with `reason`.
         """
         self.stop_reason = reason
-        self.stop_admission(reason)
         self.cancel_in_flight(reason)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel(reason=reason)
 
     def stop_admission(self, reason: str) -> None:
-        """Start no new rollout from now on; rollouts in flight go on.
+        """Start no new rollout from now on, in any batch; rollouts in flight go on.
 
         Rows handed to `collect` but not yet started are never started (resume re-runs them);
         a row a worker already holds settles as `Omitted` (drained).
         """
         self.window.close(reason)
-        self._feed_scope.cancel(reason=reason)
+        for pool in list(self._pools):
+            pool.stop_admission(reason)
 
     def cancel_in_flight(self, reason: str) -> None:
-        """Cancel every rollout in flight now; each settles as `Omitted` (interrupted)."""
+        """Cancel every rollout in flight now, in every batch; each settles as `Omitted`.
+
+        Admission closes too. The driver's own code is not cancelled.
+        """
         self.stop_admission(reason)
-        if self._run_scope is not None:
-            self._run_scope.cancel(reason=reason)
+        for pool in list(self._pools):
+            pool.cancel(reason)
 
     async def wind_down(self, reason: str, *, grace_s: float) -> None:
         """Stop admission, give rollouts in flight `grace_s` seconds, then cancel the rest.
@@ -250,122 +291,48 @@ class Collector:
         """
         self.stop_admission(reason)
         with trio.move_on_after(grace_s):
-            while self.progress.settled < self.progress.submitted:
-                await self._settled_event.wait()
+            while any(pool.settled < pool.accepted for pool in self._pools):
+                await self._changed.wait()
             return
         self.cancel_in_flight(f"{reason}; the grace period of {grace_s:g} s ended")
 
-    # --- tasks ------------------------------------------------------------------------------
+    # --- pools ------------------------------------------------------------------------------
+
+    async def start_pool(self, pool: Pool) -> None:
+        """Host a new pool's workers in the collector's nursery (`open_batch` calls this).
+
+        Raises:
+            RunStoppedError: the run was stopped; no new batch may start.
+
+        Cancellation: a checkpoint; if cancelled, the pool never started.
+        """
+        if self._nursery is None or self.stop_reason is not None:
+            raise RunStoppedError(self.stop_reason or "the collector is not open")
+        self._pools.add(pool)
+        try:
+            await self._nursery.start(pool.serve)
+        except BaseException:
+            self._pools.discard(pool)
+            raise
+
+    def forget_pool(self, pool: Pool) -> None:
+        """Drop a completed pool (its batch has closed)."""
+        self._pools.discard(pool)
 
     def _begin(self) -> None:
         if self.window.started_at is None:
             self.window.begin()
             self.timer.mark_dispatch_start()
 
-    async def _reserve(self, batch: list[tuple[MaterializedRow, int]]) -> None:
-        if self._reserver is not None and batch:
-            await self._reserver.reserve([(row.identity, attempt) for row, attempt in batch])
+    def _retained(self, pool: Pool, settled: list[tuple[Outcome, MaterializedRow | None]]) -> None:
+        if self._retain:
+            self._unconsumed.extend(outcome for outcome, _ in settled)
 
-    async def _send(self, row: MaterializedRow, attempt_index: int) -> None:
-        # Resolved here, in the caller's task: an unknown agent is the caller's error, raised
-        # to it alone, not a crash of a worker inside the run's nurseries.
-        url = self._resolve(row.identity)
-        self._begin()
-        if self._idle == 0 and self._spawned < self.config.resident_rollouts:
-            self._spawn_worker()
-        await self._rows_tx.send((row, attempt_index, url))
-        self._idle -= 1  # counted here: the worker that took it may not have run yet
-        self.progress.submitted += 1
-
-    def _spawn_worker(self) -> None:
-        if self._workers is None or self._spawning_closed:
-            return  # not open yet, or admission is over: no row can arrive for it
-        self._spawned += 1
-        self._idle += 1
-        self._workers.start_soon(self._worker, self._rows_rx.clone(), self._out_tx.clone())
-
-    def _close_spawning(self) -> None:
-        """Close the channel ends kept for starting workers (no more rows can come)."""
-        self._spawning_closed = True
-        self._rows_rx.close()
-        self._out_tx.close()
-
-    async def _worker(
-        self,
-        rows: trio.MemoryReceiveChannel[_Job],
-        outcomes: trio.MemorySendChannel[Outcome],
-    ) -> None:
-        async with rows, outcomes:
-            async for row, attempt, url in rows:
-                self._resident += 1
-                self.max_resident = max(self.max_resident, self._resident)
-                try:
-                    outcome = await self._attempt(row, attempt, url, outcomes)
-                finally:
-                    self._resident -= 1
-                await _hand_over(outcomes, outcome)
-                self._idle += 1
-
-    async def _attempt(
-        self,
-        row: MaterializedRow,
-        attempt: int,
-        url: str,
-        outcomes: trio.MemorySendChannel[Outcome],
-    ) -> Outcome:
-        start = trio.current_time()
-        current = [attempt]  # the attempt in flight; a re-send moves it on
-        try:
-            async with self.limiter:
-                if not self.window.admits():
-                    self.stop_admission(self.window.closed_reason or "admission closed")
-                    return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
-                self.timer.started(row.identity)
-                who = row.identity.agent_name or row.identity.environment_server or ""
-                return await dispatch(
-                    self._transport,
-                    url,
-                    row,
-                    attempt,
-                    self._policy,
-                    rng=self._rng,
-                    retry_state=self.retry_state,
-                    new_attempt=self._new_attempt(row, current, outcomes),
-                    policy_model_server=self._policy_servers.get(who),
-                )
-        except trio.Cancelled:
-            elapsed = trio.current_time() - start
-            omitted = Omitted(row.identity, current[0], OmitReason.INTERRUPTED, elapsed)
-            # The writer is shielded and alive until every worker has exited, so this send
-            # completes; the bound only guards against a sink that hangs.
-            with trio.CancelScope(shield=True), trio.move_on_after(_SHIELDED_FLUSH_S):
-                await outcomes.send(omitted)
-            raise
-
-    def _new_attempt(
-        self,
-        row: MaterializedRow,
-        current: list[int],
-        outcomes: trio.MemorySendChannel[Outcome],
-    ) -> NewAttempt | None:
-        """Return the hook that re-sends a possibly-delivered request as a new attempt."""
-        if not self.config.retry_requests:
-            return None
-
-        async def new_attempt(failed: Failed) -> int:
-            # The superseded failure is recorded and the next number reserved before the
-            # re-send can leave, whatever cancellation arrives meanwhile.
-            with trio.CancelScope(shield=True):
-                await outcomes.send(failed)
-                current[0] = failed.attempt_index + 1
-                await self._reserve([(row, current[0])])
-            return current[0]
-
-        return new_attempt
+    # --- the writer -------------------------------------------------------------------------
 
     async def _writer(self) -> None:
         # Shielded: the writer outlives a cancellation until every worker has exited (they close
-        # the channel), so each settled outcome, including the omitted ones, reaches the sink.
+        # the channel), so each settled outcome, including the omitted ones, reaches its sink.
         # open_collector bounds the shield with a deadline when the run is being torn down.
         with self._writer_scope:
             async with self._out_rx:
@@ -378,10 +345,10 @@ class Collector:
                             break
                     await self._settle(batch)
         self._writer_done.set()
-        self._wake_consumers()
 
-    async def _settle(self, batch: list[Outcome]) -> None:
-        for outcome in batch:
+    async def _settle(self, batch: list[Settled]) -> None:
+        by_pool: dict[Pool, list[tuple[Outcome, MaterializedRow | None]]] = {}
+        for pool, outcome, row in batch:
             self.progress.record(outcome)
             self.timer.finished(outcome)
             if type(outcome) is not Omitted:
@@ -389,19 +356,29 @@ class Collector:
             reason = self._stops.check(outcome)
             if reason is not None and self.stop_reason is None:
                 self.stop(reason)
-        if self._sink is not None and self.sink_error is None:
-            try:
-                await self._sink.write(batch)
-            except Exception as exc:  # any sink's failure ends the run, never the writer
-                self.sink_error = exc
-                self.stop(f"the outcomes could not be written: {exc}")
-        if self._retain:
-            self._unconsumed.extend(batch)
-        self._wake_consumers()
+            by_pool.setdefault(pool, []).append((outcome, row))
+        for pool, settled in by_pool.items():
+            await self._write(pool, [outcome for outcome, _ in settled])
+            pool.deliver(settled)
+        self._changed.set()
+        self._changed = trio.Event()
 
-    def _wake_consumers(self) -> None:
-        self._settled_event.set()
-        self._settled_event = trio.Event()
+    async def _write(self, pool: Pool, outcomes: list[Outcome]) -> None:
+        sink = pool.sink
+        if sink is None or pool.sink_error is not None:
+            return
+        own = sink is self.sink
+        if own and self.sink_error is not None:
+            return
+        try:
+            await sink.write(outcomes)
+        except Exception as exc:  # any sink's failure ends what it serves, never the writer
+            if own:
+                self.sink_error = pool.sink_error = exc
+                self.stop(f"the outcomes could not be written: {exc}")
+            else:
+                pool.sink_error = exc
+                pool.cancel(f"the batch's outcomes could not be written: {exc}")
 
 
 @asynccontextmanager
@@ -416,7 +393,7 @@ async def open_collector(
     seed: int | None = None,
     policy_model_servers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Collector]:
-    """Open a collection engine: workers and a writer inside one nursery.
+    """Open a collection engine: worker pools and a writer inside one nursery.
 
     Args:
         config: run settings (concurrency, timeouts, retries); defaults when None.
@@ -424,9 +401,10 @@ async def open_collector(
             ``urls[identity.environment_server or identity.agent_name] + "/run"``.
         resolve: instead of `urls`, a function from a rollout's `Identity` to its full URL.
         sink: where the writer hands settled outcomes (`recovery.store.RunStore` for a run
-            folder); None keeps nothing unless `retain_outcomes`.
+            folder); None keeps nothing unless `retain_outcomes`. A batch may have its own.
         transport: the `/run` transport; one is opened (and closed on exit) when None.
-        retain_outcomes: keep settled outcomes for `Collector.next_outcome` / `drain_nowait`.
+        retain_outcomes: keep settled outcomes of `submit`/`collect` for `next_outcome` /
+            `drain_nowait` (batches always hand theirs to their consumer).
         seed: seeds the retry jitter (tests); None draws from the OS.
         policy_model_servers: ``{agent or environment server name: model server name}``;
             each outcome is stamped ``ng_policy_model_server`` from its agent, else its
@@ -434,7 +412,7 @@ async def open_collector(
 
     On a normal exit the block waits for every submitted rollout to settle. On an exception, or
     when the surrounding scope is cancelled, rollouts in flight are cancelled and settle as
-    `Omitted`; the writer flushes every settled outcome to the sink before the block exits.
+    `Omitted`; the writer flushes every settled outcome to its sink before the block exits.
 
     Cancellation: entering is not a checkpoint that loses anything; see above for exit.
     """
@@ -445,7 +423,7 @@ async def open_collector(
         resolve = url_resolver(urls)
     own_transport = transport is None
     if transport is None:
-        transport = H11Transport(
+        transport = Http11Transport(
             connect_timeout_s=config.connect_timeout_s,
             read_timeout_s=config.read_timeout_s,
             reply_timeout_s=config.reply_timeout_s,
@@ -460,65 +438,52 @@ async def open_collector(
         rng=random.Random(seed),
         policy_model_servers=policy_model_servers,
     )
-    driver_error: Exception | None = None
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(collector._writer)
-            try:
-                async with trio.open_nursery() as workers:
-                    collector._run_scope = workers.cancel_scope
-                    collector._workers = workers
-                    try:
-                        yield collector
-                    except Exception as exc:
-                        # The driver's own error: cancel the run, flush, and re-raise it as it
-                        # was, not wrapped in the nurseries' exception groups.
-                        driver_error = exc
-                        workers.cancel_scope.cancel(reason=f"the driver raised {exc!r}")
-                    else:
-                        collector._rows_tx.close()
-                    finally:
-                        collector._close_spawning()
-            except BaseException:
-                # A cancellation or a crash: bound the writer's final, shielded flush.
-                collector._writer_scope.deadline = trio.current_time() + _SHIELDED_FLUSH_S
-                raise
-            finally:
-                if driver_error is not None:
-                    collector._writer_scope.deadline = trio.current_time() + _SHIELDED_FLUSH_S
-                with trio.CancelScope(shield=True):
-                    await collector._writer_done.wait()
+        async with _running(collector) as driver_error:
+            yield collector
     finally:
         if own_transport:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await transport.aclose()
-    if driver_error is not None:
-        raise driver_error
+    if driver_error:
+        raise driver_error[0]
     if collector.sink_error is not None:
         raise collector.sink_error
     if collector.stop_reason is not None:
         raise RunStoppedError(collector.stop_reason)
 
 
-async def _hand_over(outcomes: trio.MemorySendChannel[Outcome], outcome: Outcome) -> None:
-    """Give a settled outcome to the writer; a cancellation can no longer lose it.
+@asynccontextmanager
+async def _running(collector: Collector) -> AsyncIterator[list[Exception]]:
+    """Run the writer and the collector's own pool around the driver's block.
 
-    A reply that woke its worker just as the run was cancelled must still be recorded:
-    ``send`` would raise `trio.Cancelled` at its first checkpoint and drop it. ``send_nowait``
-    has no checkpoint, and the buffer (one outcome per worker) almost always has room; when it
-    has none, the send waits shielded, since the writer drains until every worker has exited.
+    Yields a list that holds the driver's exception, if it raised one: the block cancels the
+    run, flushes, and leaves re-raising to the caller, so the driver sees its own error rather
+    than the nurseries' exception groups.
     """
-    try:
-        outcomes.send_nowait(outcome)
-    except trio.WouldBlock:
-        with trio.CancelScope(shield=True), trio.move_on_after(_SHIELDED_FLUSH_S):
-            await outcomes.send(outcome)
-
-
-def _batches(
-    rows: Iterable[tuple[MaterializedRow, int] | MaterializedRow], size: int
-) -> Iterator[list[tuple[MaterializedRow, int]]]:
-    """Group rows (or ``(row, attempt)`` pairs) into lists of at most ``size`` pairs."""
-    pairs = ((item, 0) if isinstance(item, MaterializedRow) else item for item in rows)
-    while batch := list(islice(pairs, size)):
-        yield batch
+    driver_error: list[Exception] = []
+    own = collector._own
+    async with trio.open_nursery() as nursery:
+        collector._nursery = nursery
+        nursery.start_soon(collector._writer)
+        try:
+            await nursery.start(own.serve)
+            try:
+                yield driver_error
+            except Exception as exc:
+                driver_error.append(exc)
+                collector.cancel_in_flight(f"the driver raised {exc!r}")
+            else:
+                own.close_rows()
+        except BaseException:
+            # A cancellation or a crash: cancel every pool, bound the writer's shielded flush.
+            collector.cancel_in_flight("the collector's block was left early")
+            collector._writer_scope.deadline = trio.current_time() + SHIELDED_FLUSH_S
+            raise
+        finally:
+            if driver_error:
+                collector._writer_scope.deadline = trio.current_time() + SHIELDED_FLUSH_S
+            with trio.CancelScope(shield=True):
+                await own.finished.wait()
+                collector.out_tx.close()  # the workers hold clones: the writer ends after them
+                await collector._writer_done.wait()

@@ -8,7 +8,7 @@ scope per exchange (measured: 8-10 us of CPU to open and close one around a chec
 quarter of the transport's cost per request at 64 in flight) but one `Deadlines` queue per
 transport, enforced by one Trio system task; see that class. A system task rather than a task in
 a caller's nursery because the transport has no nursery of its own: callers make it as
-``H11Transport(...)`` and may never enter it. Rejected alternative: a ``trio.move_on_after``
+``Http11Transport(...)`` and may never enter it. Rejected alternative: a ``trio.move_on_after``
 scope per exchange, as before.
 
 Two timers run per exchange: silence (``read_timeout_s``, restarted by every byte received) and
@@ -108,7 +108,7 @@ class Deadlines:
         self._ends[exchange] = now + self.reply_timeout_s
         if not self._watching:
             self._watching = True
-            trio.lowlevel.spawn_system_task(self._watch, name="H11Transport timeouts")
+            trio.lowlevel.spawn_system_task(self._watch, name="Http11Transport timeouts")
 
     def push(self, exchange: Exchange) -> None:
         """Restart `exchange`'s silence timer: the silence it measures starts again now."""
@@ -221,7 +221,7 @@ class Exchange:
         """Send `data` and `body`, then read the response (error bodies up to `limit` bytes).
 
         Raises:
-            httpx.TransportError: as `H11Transport.post` documents.
+            httpx.TransportError: as `Http11Transport.post` documents.
 
         Cancellation: a checkpoint; nothing is sent if the caller is already cancelled. A
         cancellation leaves the connection in an unknown state: the caller closes it.

@@ -32,13 +32,15 @@ row's ``task_id`` and its ``task_data`` provenance keys (``_ng_digest``, ``_ng_d
 are dataset fields already on the body; the `Identity` reads them from there, and every record
 of the rollout carries them (``_ng_task_id`` and the provenance keys at the top level).
 
-Stale collector keys: every ``_ng_*`` key of an input row is dropped except ``_ng_task_index``
-and ``_ng_rollout_id`` (protocol.md section 2), so an earlier run's failure sentinels, attempt
-numbers or ``_ng_no_persist`` never reach a server. Top-level ``reward`` and ``response`` are
-dataset fields like any other and are kept, *except* on a row that carries ``_ng_rollout_index``:
-only a collector writes that key, so such a row was built from an earlier run's output, and its
-``reward`` and ``response`` are that run's results; an agent that echoes request fields would
-otherwise hand the stale reward back as if it were a fresh score.
+Stale collector keys: every ``_ng_*`` key of an input row is dropped except ``_ng_task_index``,
+``_ng_rollout_id`` (protocol.md section 2) and ``_ng_run_id`` (it names the run prefix of a
+returned row's rollout id, which a driver's next batch replaces rather than nests), so an
+earlier run's failure sentinels, attempt numbers or ``_ng_no_persist`` never reach a server.
+Top-level ``reward`` and ``response`` are dataset fields like any other and are kept, *except*
+on a row that carries ``_ng_rollout_index``: only a collector writes that key, so such a row
+was built from an earlier run's output, and its ``reward`` and ``response`` are that run's
+results; an agent that echoes request fields would otherwise hand the stale reward back as if
+it were a fresh score.
 """
 
 from __future__ import annotations
@@ -65,10 +67,11 @@ __all__ = ["Materializer", "Prepared", "rollout_seed", "strip_stale_keys"]
 TASK_INDEX: Final = "_ng_task_index"
 ROLLOUT_INDEX: Final = "_ng_rollout_index"
 ROLLOUT_ID: Final = "_ng_rollout_id"
+RUN_ID: Final = "_ng_run_id"
 ENVIRONMENT_SERVER: Final = "_ng_environment_server"
 RESULT_TYPE: Final = "_ng_result_type"
 PARAMS: Final = "responses_create_params"
-_KEPT_COLLECTOR_KEYS: Final = frozenset({TASK_INDEX, ROLLOUT_ID})
+_KEPT_COLLECTOR_KEYS: Final = frozenset({TASK_INDEX, ROLLOUT_ID, RUN_ID})
 _STALE_RESULT_KEYS: Final = frozenset({"reward", "response"})
 _SEED_MODULUS: Final = 2**31
 _MAX_SHOWN: Final = 80

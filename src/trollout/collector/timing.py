@@ -106,7 +106,8 @@ class RunTimer:
         self.started_count = 0
         self.started_in_window = 0
         self.last_start: float | None = None
-        self._running: dict[tuple[int, int], tuple[Identity, float]] = {}
+        # Keyed by run id too: two batches of one collector may both have a task 0 in flight.
+        self._running: dict[tuple[str | None, int, int], tuple[Identity, float]] = {}
         self._durations = array("d")
         self._landed_s = 0.0
         self.timed_out = 0
@@ -136,11 +137,12 @@ class RunTimer:
         if within is not None and now - self.dispatch_start <= within:
             self.started_in_window += 1
         self.last_start = now
-        self._running[identity.key] = (identity, now)
+        self._running[(identity.run_id, *identity.key)] = (identity, now)
 
     def finished(self, outcome: Outcome) -> None:
         """Record a rollout's settled outcome (drained ones need no `started`)."""
-        begun = self._running.pop(outcome.identity.key, None)
+        ident = outcome.identity
+        begun = self._running.pop((ident.run_id, *ident.key), None)
         if type(outcome) is Omitted:
             if outcome.reason is OmitReason.DRAINED:
                 self.drained += 1

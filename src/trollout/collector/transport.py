@@ -1,9 +1,10 @@
 """The `/run` transport: HTTP/1.1 over Trio sockets with an O(1) keep-alive pool.
 
-`H11Transport` is the one HTTP client of the hot path. The engine calls `H11Transport.post`
-directly (no httpx client layer: no URL objects, no header models, no event hooks), and every
-other caller wraps it as ``httpx.AsyncClient(transport=H11Transport(...))``. The wire format is
-`http11`'s codec (the name stays from when it was h11; http11.py says why it no longer is).
+`Http11Transport` is the one HTTP client of the hot path. The engine calls its `post` directly
+(no httpx client layer: no URL objects, no header models, no event hooks), and every other
+caller wraps it as ``httpx.AsyncClient(transport=Http11Transport(...))``. The wire format is
+`http11`'s codec, our own strict HTTP/1.1 (http11.py says why it is not h11); `H11Transport`,
+the class's name from when it was h11, remains an alias.
 
 Design note. Idle connections live in one list per ``(scheme, host, port)``: a request pops the
 most recently used one and a finished exchange appends it back, so checkout and checkin are O(1)
@@ -85,6 +86,7 @@ __all__ = [
     "BodyReplyTimeout",
     "ContentDecodingError",
     "H11Transport",
+    "Http11Transport",
     "PostTransport",
     "RawResponse",
     "ReplyTimeout",
@@ -118,7 +120,7 @@ def _parse_target(url: str) -> _Target:
     parts = urlsplit(url)
     if parts.scheme not in _DEFAULT_PORTS:
         raise httpx.UnsupportedProtocol(
-            f"URL {url!r} uses scheme {parts.scheme!r}; H11Transport speaks plain http:// only"
+            f"URL {url!r} uses scheme {parts.scheme!r}; Http11Transport speaks plain http:// only"
         )
     if not parts.hostname:
         raise httpx.InvalidURL(f"URL {url!r} has no host; expected http://host:port/path")
@@ -137,7 +139,8 @@ def _target_of(request: httpx.Request) -> _Target:
     url = request.url
     if url.scheme not in _DEFAULT_PORTS:
         raise httpx.UnsupportedProtocol(
-            f"URL {str(url)!r} uses scheme {url.scheme!r}; H11Transport speaks plain http:// only"
+            f"URL {str(url)!r} uses scheme {url.scheme!r}; Http11Transport speaks plain "
+            "http:// only"
         )
     port = url.port or _DEFAULT_PORTS[url.scheme]
     return _Target((url.scheme, url.host, port), url.host, port, url.raw_path)
@@ -184,7 +187,7 @@ class _Connection:
 
 
 class PostTransport(Protocol):
-    """What the engine needs of a ``/run`` transport: `H11Transport`, or a driver's own.
+    """What the engine needs of a ``/run`` transport: `Http11Transport`, or a driver's own.
 
     A test or an embedding driver may pass any object with these two methods (a scripted
     stand-in, a transport with its own TLS or proxying) to `open_collector`.
@@ -199,7 +202,7 @@ class PostTransport(Protocol):
         ...
 
 
-class H11Transport(httpx.AsyncBaseTransport):
+class Http11Transport(httpx.AsyncBaseTransport):
     """An HTTP/1.1 client transport over Trio with an O(1) keep-alive pool.
 
     Args:
@@ -405,6 +408,10 @@ class H11Transport(httpx.AsyncBaseTransport):
         raise httpx.ConnectTimeout(
             f"connecting to {url} took longer than connect_timeout_s={self._connect_timeout_s}"
         )
+
+
+H11Transport = Http11Transport
+"""The former name of `Http11Transport` (kept so existing code keeps working)."""
 
 
 def _literal_family(host: str) -> socket.AddressFamily | None:

@@ -2,8 +2,12 @@
 
 One collector owns a run folder at a time: a second one must fail at once, loudly, naming the
 owner, rather than interleave rows into the same files. `RunLock` takes ``fcntl.flock(LOCK_EX |
-LOCK_NB)`` on ``<stem>.lock`` beside the output and writes the owner's pid, host and start time
-into it, so the loser's error can say who holds the folder and what to do.
+LOCK_NB)`` on ``<stem>.lock`` beside the output and writes the owner's pid, host, start time
+and a random writer token into it, so the loser's error can say who holds the folder and what
+to do. A holder checks before each write that the lock file is still the one it locked and
+still carries its token (`RunLock.verify`): a lock file deleted and recreated by someone else
+(a user clearing the folder while a trainer records into it, then another writer opening the
+same shard) would otherwise let two writers hold two different locks on one run.
 
 Design note: ``flock`` is used rather than ``fcntl``/``lockf`` record locks, and rather than an
 ``O_EXCL`` pid file. Record locks belong to the *process*, so a second lock taken by the same
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import socket
 import time
 from pathlib import Path
@@ -28,7 +33,7 @@ from types import TracebackType
 import orjson
 from attrs import frozen
 
-from ..errors import RunFolderError, RunFolderLockedError
+from ..errors import RunFolderError, RunFolderLockedError, RunFolderWriteError
 from .layout import RunLayout
 
 __all__ = ["LockOwner", "RunLock", "read_owner"]
@@ -45,11 +50,13 @@ class LockOwner:
         pid: the owner's process id.
         host: the owner's host name.
         started_at: Unix time at which the owner took the lock.
+        token: the owner's random writer token ("" in a record written before tokens).
     """
 
     pid: int
     host: str
     started_at: float
+    token: str = ""
 
     def describe(self) -> str:
         """Return ``pid 1234`` (plus the host when it is not this one)."""
@@ -68,7 +75,10 @@ def read_owner(path: str | os.PathLike[str]) -> LockOwner | None:
             data = f.read(_MAX_OWNER_BYTES)
         raw = orjson.loads(data)
         return LockOwner(
-            pid=int(raw["pid"]), host=str(raw["host"]), started_at=float(raw["started_at"])
+            pid=int(raw["pid"]),
+            host=str(raw["host"]),
+            started_at=float(raw["started_at"]),
+            token=str(raw.get("token", "")),
         )
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
@@ -85,6 +95,7 @@ class RunLock:
         """Prepare a lock on ``path`` guarding the run whose rollouts file is ``output``."""
         self.path = Path(path)
         self.output = Path(output)
+        self.token = secrets.token_hex(16)
         self._fd: int | None = None
 
     @classmethod
@@ -140,6 +151,34 @@ class RunLock:
         finally:
             os.close(fd)  # closing drops the shared lock
 
+    def verify(self) -> None:
+        """Check that this lock is still the run's: same lock file, same writer token.
+
+        Raises:
+            RunFolderWriteError: the lock file was removed or replaced, or holds another
+                writer's token; this writer must stop writing (nothing more is written).
+        """
+        fd = self._fd
+        if fd is None:
+            raise RunFolderError(f"run lock {str(self.path)!r} is not held by this writer")
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            st = None
+        mine = os.fstat(fd)
+        owner = read_owner(self.path)
+        if (
+            st is None
+            or (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino)
+            or (owner is None or owner.token != self.token)
+        ):
+            who = owner.describe() if owner is not None else "nobody now"
+            raise RunFolderWriteError(
+                f"the lock {str(self.path)!r} of {str(self.output)!r} was replaced while this "
+                f"writer held it (its owner record names {who}); another writer may be writing "
+                "the same run, so this one stops; keep one writer per run folder, then resume it"
+            )
+
     def release(self) -> None:
         """Drop the lock (a no-op when not held); the lock file itself stays."""
         fd, self._fd = self._fd, None
@@ -174,7 +213,12 @@ class RunLock:
             ) from exc
 
     def _write_owner(self, fd: int) -> None:
-        owner = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_at": time.time(),
+            "token": self.token,
+        }
         data = orjson.dumps(owner) + b"\n"
         # Write before truncating, so a contender never reads an empty record mid-update.
         os.pwrite(fd, data, 0)

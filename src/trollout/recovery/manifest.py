@@ -109,11 +109,17 @@ def agent_set(deployment: Deployment) -> dict[str, Any]:
 
 
 def build_manifest(
-    config: RunConfig, deployment: Deployment, *, input_sha256: str, expected: int, tasks: int
+    config: RunConfig,
+    deployment: Deployment,
+    *,
+    input_sha256: str,
+    expected: int,
+    tasks: int,
+    run_id: str | None = None,
 ) -> RunManifest:
-    """Return the manifest of a run about to start (a new run id)."""
+    """Return the manifest of a run about to start (a new run id unless ``run_id``)."""
     return RunManifest(
-        run_id=secrets.token_hex(8),
+        run_id=run_id or secrets.token_hex(8),
         trollout_version=__version__,
         created_at=time.time(),
         input_sha256=input_sha256,

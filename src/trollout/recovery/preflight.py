@@ -61,7 +61,7 @@ def check_run_folder(layout: RunLayout, config: RunConfig, *, fresh: bool) -> No
         RunFolderError: one line naming the file and the remedy.
     """
     check_run_paths(layout)
-    check_input(layout, config.input_jsonl_fpath)
+    check_input(layout, config.input_jsonl_fpath, resuming=not fresh)
     RunLock.for_layout(layout).check_free()  # "in use" says more than "holds a run"
     if fresh:
         check_fresh(layout, overwrite=config.overwrite)
@@ -102,8 +102,13 @@ def check_run_paths(layout: RunLayout) -> None:
             )
 
 
-def check_input(layout: RunLayout, input_path: str | os.PathLike[str] | None) -> None:
+def check_input(
+    layout: RunLayout, input_path: str | os.PathLike[str] | None, *, resuming: bool = False
+) -> None:
     """Refuse an input that is one of the run's files, which a fresh run would replace.
+
+    A resume may name the run's own materialized inputs (a shard's manifest does: its rows
+    are its input), since a resume reads them and never replaces them.
 
     Raises:
         RunFolderError: naming the input, the run file it is, and the remedy.
@@ -112,7 +117,10 @@ def check_input(layout: RunLayout, input_path: str | os.PathLike[str] | None) ->
         return
     source = Path(input_path)
     resolved = _resolved(source)
+    own_inputs = (layout.materialized_inputs,) if resuming else ()
     for path in (*run_paths(layout), *temp_files(layout)):
+        if path in own_inputs:
+            continue
         if _resolved(path) == resolved or _same_file(source, path):
             raise RunFolderError(
                 f"the input {str(source)!r} is the run file {str(path)!r} of output "

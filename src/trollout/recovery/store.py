@@ -177,9 +177,9 @@ async def open_run_store(
     check_run_folder(layout, config, fresh=fresh)  # before mkdir and lock: nothing touched
     with os_errors(layout.output.parent, "create the run folder"):
         layout.output.parent.mkdir(parents=True, exist_ok=True)
-    with RunLock.for_layout(layout):
+    with RunLock.for_layout(layout) as lock:
         check_run_paths(layout)  # again under the lock: another process may have been first
-        store = RunStore(layout, config, expected=expected)
+        store = RunStore(layout, config, expected=expected, lock=lock)
         try:
             store._open(fresh=fresh)
         except BaseException:
@@ -196,9 +196,12 @@ async def open_run_store(
 class RunStore:
     """The `OutcomeSink` that appends outcomes to a run folder; open with `open_run_store`."""
 
-    def __init__(self, layout: RunLayout, config: RunConfig, *, expected: int) -> None:
+    def __init__(
+        self, layout: RunLayout, config: RunConfig, *, expected: int, lock: RunLock | None = None
+    ) -> None:
         """Set up an unopened store; `open_run_store` locks and prepares it."""
         self.layout = layout
+        self._lock = lock  # checked before each append: still this writer's folder
         self.config = config
         self.expected = expected
         self._rollouts = Appender(layout.rollouts)
@@ -320,7 +323,7 @@ class RunStore:
         Cancellation: a checkpoint (during the fsync); if cancelled, the numbers may be on
         record but nothing was sent, which is safe: resume skips them, it never reuses them.
         """
-        self._check_started()
+        self._check_writer()
         line = encode_reservation(
             [(i.task_index, i.rollout_index, attempt) for i, attempt in attempts]
         )
@@ -347,7 +350,7 @@ class RunStore:
         (`aclose` syncs them). Not safe to retry: the batch is already written. The engine calls
         this inside a shielded scope.
         """
-        self._check_started()
+        self._check_writer()
         landed, failures, changes = self._encode(outcomes)
         with self._mid_run(self.layout.output, "append to the run files of"):
             self._append(landed, failures)
@@ -441,6 +444,16 @@ class RunStore:
                 f"the run store of {str(self.layout.output)!r} has not started: write the "
                 "materialized inputs (a new run) or seed it (a resume) before any outcome"
             )
+
+    def _check_writer(self) -> None:
+        """Check the store may write: started, not failed, and still the folder's writer."""
+        self._check_started()
+        if self._lock is not None:
+            try:
+                self._lock.verify()
+            except RunFolderWriteError as exc:
+                self._failure = exc
+                raise
 
     def _close_files(self) -> None:
         self._closed = True

@@ -13,14 +13,18 @@ In a subprocess (any caller)::
 or ``python -m trollout.testing serve --spec fixtures/demo_deployment.yaml``. It speaks
 protocol.md sections 1 to 4: episode environment servers (`EpisodeServerSpec`, `episodes`)
 answer materialized task rows (`episode_task_rows`). Faults are scripted per request (`Fault`,
-`FaultPlan`, a row's ``fake_fault`` field, or a callable); answers come from a seeded policy
-(`policy`).
+`FaultPlan`, a row's ``fake_fault`` field, or the fault hook: a callable given the request's
+`FaultContext`, its index within its attempt included; `FaultScript` is the hook as a file,
+which the fake in its own process follows too); answers come from a seeded policy (`policy`).
+`trollout.testing.strategies` (needs hypothesis: the ``testing`` extra) draws fault sequences
+per attempt for property tests of a driver's own code.
 """
 
 from __future__ import annotations
 
 from .aggregate import aggregate_metrics
 from .deployment import FAKE_API_KEY, FakeDeployment, FakeUrls, build_config, open_fake_deployment
+from .fault_scripts import FaultScript, fault_to_dict, read_fault_script, write_fault_script
 from .faults import (
     FAULT_FIELD,
     Fault,
@@ -60,6 +64,7 @@ __all__ = [
     "FaultFn",
     "FaultKind",
     "FaultPlan",
+    "FaultScript",
     "Generation",
     "Latency",
     "RunSeen",
@@ -68,9 +73,11 @@ __all__ = [
     "build_config",
     "episode_task_rows",
     "fault_from_dict",
+    "fault_to_dict",
     "load_spec",
     "open_fake_deployment",
     "plan_from_dict",
+    "read_fault_script",
     "serve_until_signal",
     "solve",
     "spawn_fake_deployment",
@@ -79,5 +86,6 @@ __all__ = [
     "task_row",
     "task_rows",
     "write_episode_tasks",
+    "write_fault_script",
     "write_tasks",
 ]

@@ -1,6 +1,7 @@
 """Command line of the fake deployment.
 
 python -m trollout.testing serve --spec fixtures/demo_deployment.yaml [--port-base N]
+    [--fault-script FILE]
 python -m trollout.testing write-tasks OUT.jsonl --rows 100000 [--seed S]
 """
 
@@ -12,6 +13,7 @@ import click
 import trio
 
 from ..errors import ConfigError
+from .fault_scripts import FaultScript
 from .process import raise_fd_limit, serve_until_signal
 from .spec import load_spec
 from .tasks import write_tasks
@@ -29,8 +31,18 @@ def main() -> None:
     "--sleep", "sleep_s", type=float, default=None, help="Every /run sleeps S s, no faults."
 )
 @click.option("--no-record-runs", is_flag=True, help="Keep counters only (benchmarks).")
+@click.option(
+    "--fault-script",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A JSON Lines fault script (FaultScript), re-read when it changes.",
+)
 def serve(
-    spec_path: str, port_base: int | None, sleep_s: float | None, no_record_runs: bool
+    spec_path: str,
+    port_base: int | None,
+    sleep_s: float | None,
+    no_record_runs: bool,
+    fault_script: str | None,
 ) -> None:
     """Serve a deployment until SIGTERM/SIGINT; print its URLs as one JSON line when ready."""
     try:
@@ -41,7 +53,12 @@ def serve(
         spec = spec.with_sleep(sleep_s)
     raise_fd_limit()
     record_runs = False if no_record_runs else None
-    trio.run(partial(serve_until_signal, spec, port_base=port_base, record_runs=record_runs))
+    hook = FaultScript(fault_script) if fault_script is not None else None
+    trio.run(
+        partial(
+            serve_until_signal, spec, port_base=port_base, record_runs=record_runs, fault_fn=hook
+        )
+    )
 
 
 @main.command("write-tasks")

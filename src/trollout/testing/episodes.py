@@ -16,7 +16,7 @@ number, rollout 0), ``episode_id.attempt`` the third.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import orjson
@@ -31,7 +31,8 @@ Answer = Callable[[dict[str, Any]], dict[str, Any]]  # episode request -> its `r
 
 _ROLLOUT_ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _RESERVED_SUFFIX: Final = re.compile(r"-a[1-9][0-9]*\Z")
-_TASK_ROLLOUT: Final = re.compile(r"^([0-9]+)-([0-9]+)\Z")
+# "<task>-<rollout>", after the run id a driver's batch prefixes ("<run>-<task>-<rollout>").
+_TASK_ROLLOUT: Final = re.compile(r"^(?:(.+)-)?([0-9]+)-([0-9]+)\Z")
 _FLAT_ONLY: Final = frozenset(
     {FaultKind.FAILURE_CLASS, FaultKind.NO_PERSIST, FaultKind.JUDGE_FAILED, FaultKind.MASKED}
 )
@@ -94,8 +95,19 @@ def episode_key(request: dict[str, Any]) -> tuple[int, int, int]:
     if match is None:
         task, rollout = int(unit_hash("rollout_id", episode_id["rollout_id"]) * 2**31), 0
     else:
-        task, rollout = int(match[1]), int(match[2])
+        task, rollout = int(match[2]), int(match[3])
     return (task, rollout, episode_id["attempt"])
+
+
+def run_id_of(request: Mapping[str, Any]) -> str | None:
+    """Return the run id a driver's batch stamped on a request (flat row or episode)."""
+    run_id = request.get("_ng_run_id")
+    if isinstance(run_id, str):
+        return run_id
+    episode_id = request.get("episode_id")
+    rollout_id = episode_id.get("rollout_id") if isinstance(episode_id, Mapping) else None
+    match = _TASK_ROLLOUT.match(rollout_id) if isinstance(rollout_id, str) else None
+    return match[1] if match is not None else None
 
 
 def _echo(request: dict[str, Any]) -> dict[str, Any]:

@@ -4,9 +4,16 @@ A `Fault` says how one ``/run`` misbehaves. Which request gets which fault is de
 order, by:
 
 1. the row itself: a dataset field ``fake_fault`` (a fault mapping, optionally limited to some
-   attempts with ``attempts: [0]``); for an episode request, inside ``task.task_input``, the only
-   part of a task row an episode server receives;
-2. a Python callable given to the deployment (in-process tests): ``fn(FaultContext)``;
+   attempts with ``attempts: [0]`` and to some requests within an attempt with
+   ``requests: [0, 1]``); for an episode request, inside ``task.task_input``, the only part of a
+   task row an episode server receives;
+2. the fault hook: a callable given to the deployment, ``fn(FaultContext) -> Fault | None``
+   (`FaultFn`). It sees the server, the rollout's (task, rollout, attempt), the **index of the
+   request within its attempt** (0 for the first; a 429 retried within the attempt is request 1,
+   and so on), the run id a driver's batch stamped, and the request itself. `FaultScript` is
+   such a hook read from a JSON Lines file, so the fake in its own process
+   (``python -m trollout.testing serve --fault-script FILE``, `spawn_fake_deployment`'s
+   ``fault_script``) follows a script a test writes; the file is re-read when it changes;
 3. the server's `FaultPlan` (an agent's or episode server's own, else the deployment's for agent
    and legacy environment servers): a pure function of (task, rollout, attempt), so a test can
    compute exactly which rollouts got which fault by calling `FaultPlan.fault_for` itself.
@@ -151,6 +158,8 @@ class Fault:
             ``failure_kind`` for MASKED (default ``session_lost``).
         terminal: whether FAILURE_CLASS also sets ``_ng_failure_terminal: true``.
         attempts: only these attempt indices get the fault (row overrides); None means all.
+        requests: only these requests within an attempt get it (row overrides; 0 is the
+            attempt's first request); None means all.
         interval_s: SLOWLORIS: seconds between body bytes; UNSOLICITED_REPLY: seconds from the
             real reply to the extra one.
         until_eof: OVERSIZED: declare no length; the body runs until the connection closes.
@@ -172,6 +181,7 @@ class Fault:
     failure_class: str | None = None
     terminal: bool = False
     attempts: tuple[int, ...] | None = field(default=None, converter=_attempts)
+    requests: tuple[int, ...] | None = field(default=None, converter=_attempts)
     interval_s: float = 0.005
     until_eof: bool = False
     variant: str | None = None
@@ -199,14 +209,28 @@ class Fault:
 
 @frozen
 class FaultContext:
-    """What a fault callable sees about one ``/run`` request."""
+    """What the fault hook sees about one ``/run`` request.
 
-    server: str  # the instance name of the server that received it
-    agent: str | None  # the agent that server serves (an episode server may bind none)
+    Attributes:
+        server: the instance name of the server that received it.
+        agent: the agent that server serves (an episode server may bind none).
+        task_index: the rollout's task.
+        rollout_index: the rollout.
+        attempt_index: the attempt the request belongs to.
+        row: the request body (a flat row, or an episode request).
+        request_index: the request's index within its attempt (0: the first; retries of a
+            429/503 within the attempt count up), per run id.
+        run_id: the ``_ng_run_id`` a driver's batch stamped on the rollout, or None.
+    """
+
+    server: str
+    agent: str | None
     task_index: int
     rollout_index: int
     attempt_index: int
     row: Mapping[str, Any]
+    request_index: int = 0
+    run_id: str | None = None
 
 
 FaultFn = Callable[[FaultContext], "Fault | None"]
@@ -298,12 +322,14 @@ def _as_sequence(value: Any) -> Sequence[Mapping[str, Any]]:
     return value
 
 
-def row_fault(row: Mapping[str, Any], attempt: int) -> Fault | None:
+def row_fault(row: Mapping[str, Any], attempt: int, request: int = 0) -> Fault | None:
     """Return the fault a row asks for in its ``fake_fault`` field, if it applies."""
     data = row.get(FAULT_FIELD)
     if data is None:
         return None
     fault = fault_from_dict(data, where=f"row field {FAULT_FIELD!r}")
     if fault.attempts is not None and attempt not in fault.attempts:
+        return None
+    if fault.requests is not None and request not in fault.requests:
         return None
     return fault

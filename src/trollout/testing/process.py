@@ -30,6 +30,7 @@ import yaml
 
 from ..errors import DeploymentError
 from .deployment import FakeUrls, open_fake_deployment
+from .faults import FaultFn
 from .spec import DeploymentSpec, load_spec, spec_to_dict
 
 __all__ = ["raise_fd_limit", "serve_until_signal", "spawn_fake_deployment"]
@@ -43,16 +44,28 @@ def raise_fd_limit() -> None:
 
 
 async def serve_until_signal(
-    spec: DeploymentSpec, *, port_base: int | None = None, record_runs: bool | None = None
+    spec: DeploymentSpec,
+    *,
+    port_base: int | None = None,
+    record_runs: bool | None = None,
+    fault_fn: FaultFn | None = None,
 ) -> None:
     """Serve ``spec``, print the ready line, and return on SIGTERM or SIGINT.
+
+    Args:
+        spec: the deployment.
+        port_base: fixed ports from this number (head first); default: any free ports.
+        record_runs: keep the detailed ``/run`` log (None: as the spec says).
+        fault_fn: the fault hook (a `FaultScript` for ``--fault-script``).
 
     Cancellation:
         Serves until a signal arrives or the caller cancels; either way every server is
         closed on return.
     """
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with open_fake_deployment(spec, port_base=port_base, record_runs=record_runs) as fake:
+        async with open_fake_deployment(
+            spec, port_base=port_base, record_runs=record_runs, fault_fn=fault_fn
+        ) as fake:
             ready = attrs.evolve(fake.urls, pid=os.getpid()).to_json()
             sys.stdout.write(orjson.dumps(ready).decode() + "\n")
             sys.stdout.flush()
@@ -71,9 +84,15 @@ def _spec_file(stack: ExitStack, spec: DeploymentSpec | str | os.PathLike[str]) 
 
 
 def _command(
-    spec_path: str, port_base: int | None, sleep_s: float | None, record_runs: bool | None
+    spec_path: str,
+    port_base: int | None,
+    sleep_s: float | None,
+    record_runs: bool | None,
+    fault_script: str | os.PathLike[str] | None = None,
 ) -> list[str]:
     command = [sys.executable, "-m", "trollout.testing", "serve", "--spec", spec_path]
+    if fault_script is not None:
+        command += ["--fault-script", os.fspath(fault_script)]
     if port_base is not None:
         command += ["--port-base", str(port_base)]
     if sleep_s is not None:
@@ -124,6 +143,7 @@ def spawn_fake_deployment(
     record_runs: bool | None = None,
     ready_timeout_s: float = 30.0,
     extra_args: Sequence[str] = (),
+    fault_script: str | os.PathLike[str] | None = None,
 ) -> Iterator[FakeUrls]:
     """Run a fake deployment in a subprocess for the duration of the ``with`` block.
 
@@ -135,13 +155,15 @@ def spawn_fake_deployment(
             head); None keeps what the spec says.
         ready_timeout_s: how long to wait for the ready line.
         extra_args: more arguments for ``python -m trollout.testing serve``.
+        fault_script: a `FaultScript` file the fake follows (re-read when it changes; it may
+            not exist yet).
 
     Raises:
         DeploymentError: the process exited or stayed silent before it was ready.
     """
     with ExitStack() as stack:
         path = _spec_file(stack, spec)
-        command = [*_command(path, port_base, sleep_s, record_runs), *extra_args]
+        command = [*_command(path, port_base, sleep_s, record_runs, fault_script), *extra_args]
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         try:
             yield _wait_ready(proc, ready_timeout_s)

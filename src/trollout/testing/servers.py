@@ -31,9 +31,10 @@ from attrs import define
 
 from ..errors import ConfigError
 from .aggregate import aggregate_metrics
-from .episodes import episode_key, episode_reply, parse_episode
+from .episodes import episode_key, episode_reply, parse_episode, run_id_of
 from .faults import (
     EPISODE_KINDS,
+    FAULT_FIELD,
     ONE_MEGABYTE,
     Fault,
     FaultContext,
@@ -70,6 +71,16 @@ class DeploymentState:
     stats: FakeStats
     config_yaml: str = ""
     fault_fn: FaultFn | None = None
+    # Requests seen per (run id, task, rollout, attempt): the next one's index in its attempt.
+    # Counted only while something reads it (a fault hook, a row's own fault).
+    request_counts: dict[tuple[str | None, int, int, int], int] = attrs.field(factory=dict)
+
+    def next_request_index(self, run_id: str | None, key: tuple[int, int, int]) -> int:
+        """Count one request of ``key`` and return its index within its attempt."""
+        full = (run_id, *key)
+        index = self.request_counts.get(full, 0)
+        self.request_counts[full] = index + 1
+        return index
 
 
 def _detail(kind: str, loc: list[Any], msg: str, value: Any) -> Reply:
@@ -247,10 +258,15 @@ class FakeServer:
         agent: str | None,
         plan: FaultPlan,
     ) -> Fault | None:
-        """Return a request's fault: its `carrier`'s ``fake_fault``, the callable's, the plan's."""
-        fault = row_fault(carrier, key[2]) if isinstance(carrier, dict) else None
-        if fault is None and self.state.fault_fn is not None:
-            fault = self.state.fault_fn(FaultContext(self.name, agent, *key, request))
+        """Return a request's fault: its `carrier`'s ``fake_fault``, the hook's, the plan's."""
+        own = isinstance(carrier, dict) and FAULT_FIELD in carrier
+        fault, hook = None, self.state.fault_fn
+        if own or hook is not None:
+            run_id = run_id_of(request)
+            index = self.state.next_request_index(run_id, key)
+            fault = row_fault(carrier, key[2], index) if own else None
+            if fault is None and hook is not None:
+                fault = hook(FaultContext(self.name, agent, *key, request, index, run_id))
         if fault is None:
             fault = plan.fault_for(*key)
         return fault

@@ -1,0 +1,7 @@
+"""The asyncio front end of trollout: ``trollout.aio.open_rollouts`` (see `driver.aio`)."""
+
+from __future__ import annotations
+
+from .driver.aio import AioBatch, AioRollouts, open_rollouts
+
+__all__ = ["AioBatch", "AioRollouts", "open_rollouts"]

@@ -1,0 +1,324 @@
+"""The workers of one source of rows: the collector's own (`submit`, `collect`) or one batch.
+
+A `Pool` owns a nursery of workers that read its zero-buffer rows channel, each holding at most
+one rollout; the collector owns everything the pools share (the limiter, the transport, the
+retry state, the dispatch window, the single writer). Every outcome a worker settles goes to the
+collector's writer tagged with its pool, and the writer hands it back to that pool
+(`Pool.deliver`) once the pool's sink has it.
+
+- **Started on demand.** A worker is started when a row is handed over and none is idle, so a
+  pool never has more workers than rows (``--concurrency 1000000`` over 3 rows starts 3), and
+  at most ``max_resident_rollout_tasks`` (default: the concurrency).
+- **Hosted outside the driver's code.** A pool's nursery lives in a task of the collector's
+  nursery (`serve`), not around the driver's block, so cancelling a pool (`cancel`: an early
+  batch exit, `Collector.cancel_in_flight`) cancels its workers and nothing else: never the
+  caller's code, never another batch.
+- **Exactly once.** Every row a pool accepts produces exactly one final outcome that reaches the
+  writer: a worker cancelled in flight sends its `Omitted` under a shield; a finished one is
+  handed over without a checkpoint (`hand_over`); a row refused at the door (admission closed)
+  is settled as drained by the caller that offered it. ``accepted`` and ``settled`` count rows;
+  a pool is complete when its workers have exited and both counts agree.
+
+Rejected alternative: one pool shared by every batch, each rollout under a cancel scope of its
+batch. A scope per rollout costs 8-10 us (design.md), and a pool per batch gets the same
+isolation from the nursery Trio gives every task group, at no cost per rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from itertools import islice
+from typing import TYPE_CHECKING, TypeAlias
+
+import trio
+
+from ..records import Failed, MaterializedRow, OmitReason, Omitted, Outcome
+from .dispatch import NewAttempt, dispatch
+from .sink import AttemptReserver, OutcomeSink
+
+if TYPE_CHECKING:
+    from .engine import Collector
+
+__all__ = ["SHIELDED_FLUSH_S", "Pool", "Settled", "hand_over", "reserve_batches"]
+
+SHIELDED_FLUSH_S = 30.0  # how long a cancelled run may spend flushing settled outcomes
+_RESERVE_BATCH = 256  # attempts reserved with the sink in one call, at most
+_Job: TypeAlias = tuple[MaterializedRow, int, str]  # a row, its attempt number and its /run URL
+Settled: TypeAlias = tuple["Pool", Outcome, MaterializedRow | None]
+"""What workers send the writer: the pool, the outcome, and the row when the outcome is the
+rollout's final one (None for an attempt superseded by a new one under ``retry_requests``)."""
+Deliver = Callable[["Pool", list[tuple[Outcome, MaterializedRow | None]]], None]
+
+
+class Pool:
+    """The workers of one source of rows (see the module docstring).
+
+    Args:
+        engine: the collector whose limiter, transport and writer the workers share.
+        sink: where the writer hands this pool's outcomes (None: nowhere).
+        reserver: what reserves attempt numbers before they are sent (None: nothing does).
+        reserve_first: reserve each row's first attempt when it is offered; False when the
+            caller reserved them all already (a recorded shard).
+        deliver: called by the writer with the outcomes it settled for this pool.
+    """
+
+    def __init__(
+        self,
+        engine: Collector,
+        *,
+        sink: OutcomeSink | None,
+        reserver: AttemptReserver | None,
+        reserve_first: bool = True,
+        deliver: Deliver,
+    ) -> None:
+        self.engine = engine
+        self.sink = sink
+        self.reserver = reserver
+        self.reserve_batch = _RESERVE_BATCH if reserver is not None and reserve_first else 1
+        self._reserve_first = reserve_first
+        self._deliver = deliver
+        self.rows_tx, self._rows_rx = trio.open_memory_channel[_Job](0)
+        self.feed_scope = trio.CancelScope()
+        self.admitting = True
+        self.accepted = 0  # rows taken by a worker, or settled at the door
+        self.settled = 0  # final outcomes the writer delivered
+        self.sink_error: Exception | None = None
+        self.changed = trio.Event()  # set (and replaced) whenever the writer delivers
+        self.finished = trio.Event()  # the workers' nursery has exited
+        self._nursery: trio.Nursery | None = None
+        self._no_more_rows = trio.Event()
+        self._spawned = 0
+        self._idle = 0  # workers ready for a row: waiting, or started and about to wait
+        self._cancel_reason: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether no row can come any more and every accepted row has settled."""
+        return self.finished.is_set() and self.settled == self.accepted
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the workers' nursery until no row can come and every worker has exited.
+
+        Cancellation: `cancel` (or the collector's scope) cancels the workers; each settles its
+        rollout as omitted through the writer before this returns.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if self._cancel_reason is not None:
+                    nursery.cancel_scope.cancel(reason=self._cancel_reason)
+                task_status.started()
+                await self._no_more_rows.wait()
+        finally:
+            self.close_rows()
+            self.finished.set()
+            self.wake()
+
+    def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Start a task among the workers (a batch's feeder): cancelled with them."""
+        assert self._nursery is not None, "start the pool (Collector.start_pool) first"
+        self._nursery.start_soon(fn, *args)
+
+    async def offer(self, row: MaterializedRow, attempt: int, url: str) -> None:
+        """Hand one row to a worker, or settle it as drained when admission is closed.
+
+        Cancellation: a checkpoint; if cancelled, the row was not accepted.
+        """
+        if not self.admits():
+            await self.settle_at_door(row, attempt)
+            return
+        if self._idle == 0 and self._spawned < self.engine.config.resident_rollouts:
+            self._spawn_worker()
+        try:
+            await self.rows_tx.send((row, attempt, url))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.settle_at_door(row, attempt)  # the workers were cancelled meanwhile
+            return
+        self._idle -= 1  # counted here: the worker that took it may not have run yet
+        self.accepted += 1
+        self.engine.progress.submitted += 1
+
+    async def feed(self, rows: Iterable[tuple[MaterializedRow, int]], resolve: Resolve) -> None:
+        """Offer every row (resolving its URL), reserving first attempts in batches.
+
+        Stops when `feed_scope` is cancelled (admission closed) or its deadline (the dispatch
+        budget) passes; rows not offered by then were never accepted.
+
+        Cancellation: a checkpoint between rows.
+        """
+        with self.feed_scope:
+            for batch in reserve_batches(rows, self.reserve_batch):
+                if self._reserve_first:
+                    await self.reserve(batch)
+                for row, attempt in batch:
+                    if not self.admits():
+                        return  # the rest was never accepted: resume re-runs it
+                    await self.offer(row, attempt, resolve(row))
+
+    async def reserve(self, batch: list[tuple[MaterializedRow, int]]) -> None:
+        """Put a batch's attempt numbers on record before any of them can be sent."""
+        if self.reserver is not None and batch:
+            await self.reserver.reserve([(row.identity, attempt) for row, attempt in batch])
+
+    def admits(self) -> bool:
+        """Whether an offered row may still be started (this pool's and the run's admission)."""
+        return self.admitting and self.engine.window.closed_reason is None
+
+    def stop_admission(self, reason: str) -> None:
+        """Start no new rollout of this pool; rollouts in flight go on."""
+        self.admitting = False
+        self.feed_scope.cancel(reason=reason)
+
+    def cancel(self, reason: str) -> None:
+        """Stop admission and cancel this pool's rollouts in flight (they settle as omitted)."""
+        self.stop_admission(reason)
+        if self._cancel_reason is None:
+            self._cancel_reason = reason
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel(reason=reason)
+
+    def close_rows(self) -> None:
+        """Close the rows channel's ends this pool keeps: no row can come any more."""
+        self.rows_tx.close()
+        self._rows_rx.close()
+        self._no_more_rows.set()
+
+    async def settle_at_door(self, row: MaterializedRow, attempt: int) -> None:
+        """Settle a row admission refused as drained (never started), exactly once."""
+        self.accepted += 1
+        self.engine.progress.submitted += 1
+        omitted = Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
+        await hand_over(self.engine.out_tx, (self, omitted, row))
+
+    def deliver(self, settled: list[tuple[Outcome, MaterializedRow | None]]) -> None:
+        """Take outcomes the writer settled for this pool (the writer's task calls this)."""
+        self.settled += sum(1 for _, row in settled if row is not None)
+        self._deliver(self, settled)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake whoever waits for this pool to change."""
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_complete(self) -> None:
+        """Wait until every accepted row has settled and the workers have exited.
+
+        Cancellation: a checkpoint; nothing changes if cancelled.
+        """
+        while not self.complete:
+            await self.changed.wait()
+
+    # --- workers ----------------------------------------------------------------------------
+
+    def _spawn_worker(self) -> None:
+        if self._nursery is None or self._no_more_rows.is_set():
+            return  # not open yet, or no row can arrive for it
+        self._spawned += 1
+        self.engine.spawned += 1
+        self._idle += 1
+        self._nursery.start_soon(self._worker, self._rows_rx.clone(), self.engine.out_tx.clone())
+
+    async def _worker(
+        self,
+        rows: trio.MemoryReceiveChannel[_Job],
+        outcomes: trio.MemorySendChannel[Settled],
+    ) -> None:
+        engine = self.engine
+        async with rows, outcomes:
+            async for row, attempt, url in rows:
+                engine.resident += 1
+                engine.max_resident = max(engine.max_resident, engine.resident)
+                try:
+                    outcome = await self._attempt(row, attempt, url, outcomes)
+                finally:
+                    engine.resident -= 1
+                await hand_over(outcomes, (self, outcome, row))
+                self._idle += 1
+
+    async def _attempt(
+        self,
+        row: MaterializedRow,
+        attempt: int,
+        url: str,
+        outcomes: trio.MemorySendChannel[Settled],
+    ) -> Outcome:
+        engine = self.engine
+        start = trio.current_time()
+        current = [attempt]  # the attempt in flight; a re-send moves it on
+        try:
+            async with engine.limiter:
+                if not engine.window.admits():
+                    engine.stop_admission(engine.window.closed_reason or "admission closed")
+                    return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
+                if not self.admitting:
+                    return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
+                engine.timer.started(row.identity)
+                who = row.identity.agent_name or row.identity.environment_server or ""
+                return await dispatch(
+                    engine.transport,
+                    url,
+                    row,
+                    attempt,
+                    engine.policy,
+                    rng=engine.rng,
+                    retry_state=engine.retry_state,
+                    new_attempt=self._new_attempt(row, current, outcomes),
+                    policy_model_server=engine.policy_servers.get(who),
+                )
+        except trio.Cancelled:
+            elapsed = trio.current_time() - start
+            omitted = Omitted(row.identity, current[0], OmitReason.INTERRUPTED, elapsed)
+            # The writer is shielded and alive until every worker has exited, so this send
+            # completes; the bound only guards against a sink that hangs.
+            with trio.CancelScope(shield=True), trio.move_on_after(SHIELDED_FLUSH_S):
+                await outcomes.send((self, omitted, row))
+            raise
+
+    def _new_attempt(
+        self,
+        row: MaterializedRow,
+        current: list[int],
+        outcomes: trio.MemorySendChannel[Settled],
+    ) -> NewAttempt | None:
+        """Return the hook that re-sends a possibly-delivered request as a new attempt."""
+        if not self.engine.config.retry_requests:
+            return None
+
+        async def new_attempt(failed: Failed) -> int:
+            # The superseded failure is recorded and the next number reserved before the
+            # re-send can leave, whatever cancellation arrives meanwhile.
+            with trio.CancelScope(shield=True):
+                await outcomes.send((self, failed, None))
+                current[0] = failed.attempt_index + 1
+                await self.reserve([(row, current[0])])
+            return current[0]
+
+        return new_attempt
+
+
+Resolve = Callable[[MaterializedRow], str]
+
+
+async def hand_over(outcomes: trio.MemorySendChannel[Settled], item: Settled) -> None:
+    """Give a settled outcome to the writer; a cancellation can no longer lose it.
+
+    A reply that woke its worker just as the run was cancelled must still be recorded:
+    ``send`` would raise `trio.Cancelled` at its first checkpoint and drop it. ``send_nowait``
+    has no checkpoint, and the buffer (one outcome per worker) almost always has room; when it
+    has none, the send waits shielded, since the writer drains until every worker has exited.
+    """
+    try:
+        outcomes.send_nowait(item)
+    except trio.WouldBlock:
+        with trio.CancelScope(shield=True), trio.move_on_after(SHIELDED_FLUSH_S):
+            await outcomes.send(item)
+
+
+def reserve_batches(
+    rows: Iterable[tuple[MaterializedRow, int] | MaterializedRow], size: int
+) -> Iterator[list[tuple[MaterializedRow, int]]]:
+    """Group rows (or ``(row, attempt)`` pairs) into lists of at most ``size`` pairs."""
+    pairs = ((item, 0) if isinstance(item, MaterializedRow) else item for item in rows)
+    while batch := list(islice(pairs, size)):
+        yield batch

@@ -1,0 +1,177 @@
+"""`open_rollouts`: the long-lived object a training loop opens batches from, in Trio.
+
+One `Rollouts` owns, for the whole loop, the deployment, the transport and its keep-alive
+connections, the collector (its limiter, retry budgets and breakers, its writer), and optionally
+a folder where each batch is recorded as a shard (`shards`)::
+
+    async with trollout.open_rollouts(urls, config=config, record_output_dir="runs/rl") as ro:
+        for step in range(steps):
+            rows = ro.plan(dataset_rows)                  # repeats, agents, seeds, indices
+            async with ro.open_batch(rows, record_shard=f"step-{step:04d}") as batch:
+                async for item in batch:                  # completion order
+                    learn(item.row, item.outcome)
+
+The batch semantics (completion order, row copies, run ids, closing early) are the engine's
+(`collector.batch`); this module only composes them with planning and shard recording. The
+asyncio and blocking front ends (`aio`, `sync`) run exactly this object in a Trio thread.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from ..collector.batch import Batch, BatchOutcome, BatchRows, check_run_id, new_run_id
+from ..collector.deployment import Deployment
+from ..collector.engine import Collector, open_collector
+from ..collector.plan import plan_rows
+from ..collector.transport import PostTransport
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..records import MaterializedRow
+from .shards import open_shard
+
+__all__ = ["Rollouts", "open_rollouts"]
+
+
+class Rollouts:
+    """Batches of rollouts on one collector, kept across a training loop's steps.
+
+    Attributes:
+        deployment: where rollouts go.
+        config: the collection settings (concurrency, timeouts, retries, planning).
+        collector: the engine every batch shares.
+        record_output_dir: the default folder for shards (None: batches are not recorded
+            unless a batch names a folder).
+    """
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        config: RunConfig,
+        collector: Collector,
+        record_output_dir: str | os.PathLike[str] | None,
+    ) -> None:
+        self.deployment = deployment
+        self.config = config
+        self.collector = collector
+        self.record_output_dir = record_output_dir
+
+    def plan(self, rows: Sequence[Mapping[str, Any]]) -> list[MaterializedRow]:
+        """Materialize dataset rows with this run's settings (repeats, agents, seeds, indices).
+
+        Raises:
+            InputError: every problem of the rows, together.
+        """
+        return list(plan_rows(rows, self.config, self.deployment).rows())
+
+    @asynccontextmanager
+    async def open_batch(
+        self,
+        rows: BatchRows,
+        *,
+        run_id: str | None = None,
+        record_shard: str | None = None,
+        record_output_dir: str | os.PathLike[str] | None = None,
+    ) -> AsyncIterator[Batch]:
+        """Open a batch: ``async with rollouts.open_batch(rows) as batch: async for item in ...``.
+
+        Args:
+            rows: materialized rows (`plan`), or rows an earlier batch returned.
+            run_id: the batch's run id (default: a fresh one); it prefixes every rollout id
+                and, when recorded, is the shard's run id.
+            record_shard: record the batch as shard ``rollouts-<record_shard>.jsonl`` (label
+                ``[A-Za-z0-9][A-Za-z0-9_.-]*``); an existing shard of that label is replaced.
+            record_output_dir: the shard's folder (default: `record_output_dir`).
+
+        Leaving the block closes the batch (`Batch.aclose`): what has not finished is cancelled,
+        and every accepted rollout has reached the sink (the shard) when the block is left.
+
+        Raises:
+            ConfigError: a bad label or run id, or a shard without a folder.
+            InputError: a row the batch cannot dispatch (before anything is written).
+            RunFolderLockedError: another writer holds the shard.
+
+        Cancellation: entering is a checkpoint; exit is shielded (see above).
+        """
+        if record_shard is None:
+            if record_output_dir is not None:
+                raise ConfigError("record_output_dir= needs record_shard=<label> too")
+            async with self.collector.open_batch(rows, run_id=run_id) as batch:
+                yield batch
+            return
+        folder = record_output_dir if record_output_dir is not None else self.record_output_dir
+        if folder is None:
+            raise ConfigError(
+                f"record_shard={record_shard!r} needs a folder: pass record_output_dir= here or "
+                "to open_rollouts"
+            )
+        run_id = check_run_id(run_id) if run_id is not None else new_run_id()
+        async with (
+            open_shard(
+                self.config,
+                self.deployment,
+                rows,
+                output_dir=folder,
+                label=record_shard,
+                run_id=run_id,
+            ) as shard,
+            self.collector.open_batch(
+                shard.rows, run_id=run_id, sink=shard.store, reserved=True
+            ) as batch,
+        ):
+            yield batch
+
+    async def run_batch(self, rows: BatchRows, **options: Any) -> list[BatchOutcome]:
+        """Run a batch to its end and return its outcomes in completion order.
+
+        Takes `open_batch`'s options.
+
+        Cancellation: as `open_batch`'s exit: a cancelled call has closed its batch.
+        """
+        async with self.open_batch(rows, **options) as batch:
+            return [item async for item in batch]
+
+
+def _deployment_of(where: Deployment | Mapping[str, str]) -> Deployment:
+    if isinstance(where, Deployment):
+        return where
+    return Deployment.from_agent_urls(where)
+
+
+@asynccontextmanager
+async def open_rollouts(
+    deployment: Deployment | Mapping[str, str],
+    *,
+    config: RunConfig | None = None,
+    record_output_dir: str | os.PathLike[str] | None = None,
+    transport: PostTransport | None = None,
+    seed: int | None = None,
+) -> AsyncIterator[Rollouts]:
+    """Open a long-lived `Rollouts` for a training loop.
+
+    Args:
+        deployment: a `Deployment` (`discover`) or ``{agent name: base URL}``.
+        config: collection and planning settings (default: `RunConfig()`).
+        record_output_dir: where batches given a ``record_shard`` are recorded.
+        transport: the ``/run`` transport (default: an `Http11Transport`, closed at exit).
+        seed: seeds the retry jitter (tests).
+
+    Raises:
+        ConfigError: bad agent URLs.
+
+    Cancellation: leaving the block, however, closes every batch still open and waits until
+    every accepted rollout has reached its sink.
+    """
+    resolved = _deployment_of(deployment)
+    settings = config or RunConfig()
+    async with open_collector(
+        config=settings,
+        resolve=resolved.run_url_resolver(),
+        transport=transport,
+        seed=seed,
+        policy_model_servers=resolved.policy_model_servers(),
+    ) as collector:
+        yield Rollouts(resolved, settings, collector, record_output_dir)

@@ -1,0 +1,313 @@
+"""Opening a run folder for one run: fresh or resumed, its manifest checked.
+
+`open_run_folder` is the one way a run folder is opened, by ``trollout collect`` / ``resume`` /
+``resubmit`` and by drivers (a trainer's shards, `driver.shards`) alike. Under the folder's
+lock (`store.open_run_store`) it either
+
+- **starts a new run**: writes the materialized inputs (atomically; only then is an old run
+  replaced, and only with ``overwrite``), then the manifest (`manifest`), both fsynced, before
+  anything can be dispatched; or
+- **resumes** (``resume_from_cache`` or a resubmit) a folder that holds a run: the manifest's
+  fingerprints are checked against the input, the plan settings and the agent set, then
+  `resume.scan_run` decides what to send with which attempt numbers, and the store is seeded
+  with what the folder holds. A folder that cannot be checked is refused and left exactly as it
+  was; it is never cleared. A resumed folder that holds no run starts afresh.
+
+The yielded `RunFolder` names what to dispatch (`RunFolder.rows`): a fresh run's rows are read
+back from its materialized-inputs file, so a fresh run and a resume dispatch from one source.
+
+A run given its rows in memory (`MaterializedRows`: a trainer's batch) has no input file: its
+manifest names the materialized-inputs file as the input, so ``trollout resume`` of the folder
+checks and dispatches exactly those rows (NeMo Gym resumes a shard the same way, with
+``+input_jsonl_fpath=<shard>_materialized_inputs.jsonl``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+import attrs
+import trio
+from attrs import define, frozen
+
+from .. import jsonl
+from ..collector.deployment import Deployment
+from ..config import RunConfig
+from ..errors import ConfigError, RunFolderError
+from ..records import MaterializedRow, RunManifest
+from .layout import RunLayout
+from .manifest import (
+    FolderState,
+    ManifestCheck,
+    build_manifest,
+    check_manifest,
+    folder_state,
+    read_manifest,
+    sha256_file,
+    write_manifest,
+)
+from .resume import Resubmit, ResumePlan, ResumeRules, RunTally, scan_run
+from .store import RunStore, open_run_store
+
+__all__ = ["MaterializedRows", "RowSource", "RunFolder", "open_run_folder"]
+
+Warn = Callable[[str], None]
+
+
+class RowSource(Protocol):
+    """The rows of a new run: a `collector.plan.Plan`, or `MaterializedRows`."""
+
+    @property
+    def tasks(self) -> int:
+        """Distinct tasks."""
+        ...
+
+    @property
+    def expected(self) -> int:
+        """Rollouts."""
+        ...
+
+    def rows(self) -> Iterator[MaterializedRow]:
+        """Every materialized row, in dispatch order (a fresh pass each call)."""
+        ...
+
+
+@frozen
+class MaterializedRows:
+    """Rows already materialized in memory (a driver's batch), as a `RowSource`."""
+
+    items: Sequence[MaterializedRow]
+
+    @property
+    def tasks(self) -> int:
+        """Distinct task indices among the rows."""
+        return len({row.identity.task_index for row in self.items})
+
+    @property
+    def expected(self) -> int:
+        """One rollout per row."""
+        return len(self.items)
+
+    def rows(self) -> Iterator[MaterializedRow]:
+        """The rows, in order."""
+        return iter(self.items)
+
+
+@define
+class RunFolder:
+    """An open run folder, ready to dispatch into.
+
+    Attributes:
+        layout: the folder's file names.
+        store: the folder's `RunStore`: the sink (and attempt reserver) of the run.
+        manifest: the run's manifest (written now for a new run, read for a resume).
+        expected: rollouts of the whole run.
+        to_dispatch: rollouts `rows` yields.
+        resumed: what the folder held before (None for a new run).
+    """
+
+    layout: RunLayout
+    store: RunStore
+    manifest: RunManifest
+    expected: int
+    to_dispatch: int
+    resumed: RunTally | None = None
+    _rows: Callable[[], Iterable[tuple[MaterializedRow, int]]] = attrs.field(
+        alias="rows", default=lambda: ()
+    )
+
+    def rows(self) -> Iterable[tuple[MaterializedRow, int]]:
+        """Return what to dispatch: ``(row, attempt number)`` pairs (reads the folder)."""
+        return self._rows()
+
+
+@asynccontextmanager
+async def open_run_folder(
+    config: RunConfig,
+    deployment: Deployment,
+    *,
+    plan: RowSource | Callable[[], RowSource] | None = None,
+    resubmit: Resubmit | None = None,
+    warn: Warn | None = None,
+    run_id: str | None = None,
+) -> AsyncIterator[RunFolder]:
+    """Open ``config.output_jsonl_fpath``'s folder for a run: start it, or resume it.
+
+    Args:
+        config: the run's settings; ``resume_from_cache`` resumes, ``overwrite`` lets a new
+            run replace an old one, ``input_jsonl_fpath`` is fingerprinted (None: the rows
+            are the input, see the module docstring).
+        deployment: the deployment (its agent set goes into the manifest and is checked).
+        plan: the new run's rows, or a function returning them (called only when a new run
+            starts, under the lock); unused by a resume.
+        resubmit: resume and also send rollouts done without landing (``trollout resubmit``).
+        warn: where a resume's warnings go (default: stderr).
+        run_id: the new run's id (default: a fresh one).
+
+    Raises:
+        ConfigError: no output path, or a new run without rows.
+        RunFolderLockedError: another collector owns the folder.
+        RunFolderError: the folder cannot be used (`store.check_run_folder`), or resumed.
+        RunChangedError: resuming a run whose input, plan settings or agent set changed.
+
+    Cancellation: a checkpoint while opening; a cancelled open leaves the folder as it was
+    (`RunStore.write_materialized_inputs` replaces nothing until its inputs are complete).
+    Exit is the store's: shielded, every accepted row flushed, the lock released last.
+    """
+    if not config.output_jsonl_fpath:
+        raise ConfigError("no output file: pass -o OUT.jsonl or +output_jsonl_fpath=<file.jsonl>")
+    layout = RunLayout.for_output(config.output_jsonl_fpath)
+    resuming = config.resume_from_cache or resubmit is not None
+    expected = plan.expected if plan is not None and not callable(plan) else 0
+    async with open_run_store(layout, config, expected=expected, fresh=not resuming) as store:
+        if resuming and folder_state(layout) is not FolderState.NEW:
+            yield await _resume(store, config, deployment, resubmit, warn or _stderr)
+        else:
+            source = plan() if callable(plan) else plan
+            if source is None:
+                raise ConfigError(
+                    f"{str(layout.output)!r} holds no run to resume; a new run needs its rows "
+                    "(pass plan=)"
+                )
+            manifest = await _start(store, config, deployment, source, run_id)
+            yield RunFolder(
+                layout,
+                store,
+                manifest,
+                source.expected,
+                source.expected,
+                rows=lambda: ((row, 0) for row in _materialized(layout)),
+            )
+
+
+def _stderr(text: str) -> None:
+    print(f"trollout: warning: {text}", file=sys.stderr)
+
+
+def _materialized(layout: RunLayout) -> Iterator[MaterializedRow]:
+    for row in jsonl.read_rows(layout.materialized_inputs):
+        yield MaterializedRow.from_body(row)
+
+
+async def _start(
+    store: RunStore,
+    config: RunConfig,
+    deployment: Deployment,
+    source: RowSource,
+    run_id: str | None,
+) -> RunManifest:
+    """Write the materialized inputs, then the manifest (both fsynced) of a new run."""
+    await store.write_materialized_inputs(source.rows())
+    if config.input_jsonl_fpath is None:
+        config = attrs.evolve(config, input_jsonl_fpath=str(store.layout.materialized_inputs))
+    assert config.input_jsonl_fpath is not None
+    # Read-only, so a Ctrl-C may abandon it at once.
+    digest = await trio.to_thread.run_sync(
+        sha256_file, config.input_jsonl_fpath, abandon_on_cancel=True
+    )
+    manifest = build_manifest(
+        config,
+        deployment,
+        input_sha256=digest,
+        expected=source.expected,
+        tasks=source.tasks,
+        run_id=run_id,
+    )
+    await trio.to_thread.run_sync(write_manifest, store.layout, manifest)
+    return manifest
+
+
+async def _resume(
+    store: RunStore,
+    config: RunConfig,
+    deployment: Deployment,
+    resubmit: Resubmit | None,
+    warn: Warn,
+) -> RunFolder:
+    """Check the folder against its manifest, decide what to dispatch, seed the store.
+
+    Raises:
+        RunFolderError: the folder's materialized inputs are missing, or it holds outcomes but
+            no manifest (unless ``allow_unsafe_resume``), or its files disagree.
+        RunChangedError: the input, plan settings or agent set changed since the run began.
+    """
+    layout = store.layout
+    if folder_state(layout) is FolderState.BROKEN:
+        raise RunFolderError(_broken_message(layout))
+    manifest = read_manifest(layout)
+    digest = await _input_digest(config, warn)
+    if manifest is None:
+        _check_adoptable(layout, config)
+    else:
+        current = ManifestCheck.of(config, deployment, input_sha256=digest)
+        for change in check_manifest(
+            layout, manifest, current, allow_unsafe=config.allow_unsafe_resume
+        ):
+            warn(f"resuming anyway (--allow-unsafe-resume): {change}")
+    resumed = await trio.to_thread.run_sync(scan_run, layout, _rules(config, resubmit))
+    tally = resumed.tally
+    if manifest is not None and tally.expected != manifest.expected_rollouts:
+        raise RunFolderError(
+            f"the materialized inputs {str(layout.materialized_inputs)!r} hold {tally.expected} "
+            f"rollouts but the manifest says {manifest.expected_rollouts}; the file was changed "
+            "after the run began; restore it, or collect into a new output file"
+        )
+    store.seed(expected=tally.expected, landed=resumed.landed, statuses=resumed.take_statuses())
+    if manifest is None:  # adopting a folder trollout did not start: record what it is now
+        manifest = build_manifest(
+            config, deployment, input_sha256=digest or "", expected=tally.expected, tasks=0
+        )
+        await trio.to_thread.run_sync(write_manifest, layout, manifest)
+    return _resumed_folder(store, manifest, resumed)
+
+
+def _resumed_folder(store: RunStore, manifest: RunManifest, resumed: ResumePlan) -> RunFolder:
+    tally = resumed.tally
+    return RunFolder(
+        store.layout,
+        store,
+        manifest,
+        tally.expected,
+        tally.to_dispatch,
+        resumed=tally,
+        rows=resumed.rows,
+    )
+
+
+def _rules(config: RunConfig, resubmit: Resubmit | None) -> ResumeRules:
+    return ResumeRules(
+        max_attempts=config.max_attempts,
+        retry_terminal_timeouts=config.retry_terminal_timeouts,
+        longest_first=config.dispatch_longest_first,
+        resubmit=resubmit,
+    )
+
+
+async def _input_digest(config: RunConfig, warn: Warn) -> str | None:
+    path = config.input_jsonl_fpath
+    if path and await trio.Path(path).exists():
+        return await trio.to_thread.run_sync(sha256_file, path)
+    warn(f"input file {path!r} is gone; resuming from the materialized inputs without checking it")
+    return None
+
+
+def _check_adoptable(layout: RunLayout, config: RunConfig) -> None:
+    if not config.allow_unsafe_resume:
+        raise RunFolderError(
+            f"cannot resume {str(layout.output)!r}: it holds outcomes but no manifest "
+            f"({layout.manifest.name}), so nothing proves it was made from this input, these "
+            "settings and this deployment; its outcomes are kept. Collect into a new output "
+            "file, or pass --allow-unsafe-resume to adopt it as it is"
+        )
+
+
+def _broken_message(layout: RunLayout) -> str:
+    return (
+        f"cannot resume {str(layout.output)!r}: its materialized inputs "
+        f"({layout.materialized_inputs.name}) are missing, so what remains to do cannot be "
+        "known; its outcomes are kept, not cleared. Restore the file, or collect into a new "
+        "output file"
+    )
