@@ -153,6 +153,34 @@ def test_batch_manifest_is_checked_then_status_is_written(fake: FakeUrls, tmp_pa
     assert status["agent_b"]["aggregation_status"] == "ok"
 
 
+def test_aggregate_retry_terminal_timeouts_counts_a_timed_out_rollout_as_remaining(
+    fake: FakeUrls, tmp_path: Path
+) -> None:
+    """Aggregate's +retry_terminal_timeouts: a terminal timeout is work left in batch_status."""
+    fault = {
+        "kind": "failure_class", "failure_class": "timeout_exceeded", "terminal": True,
+        "attempts": [0],
+    }  # fmt: skip
+    source = write_jsonl(tmp_path / "in.jsonl", rows(1, "agent_a", fake_fault=fault))
+    out = tmp_path / "out" / "r.jsonl"
+    assert collect(fake, source, out, "+disable_aggregation=true").exit_code == 0
+    (tmp_path / "batch").mkdir()
+    batch = manifest_file(
+        tmp_path / "batch" / "batch_manifest.json", {"a": {"agent_name": "agent_a"}}
+    )
+    remaining = {}
+    for retry in ("false", "true"):
+        aggregated = invoke(
+            "aggregate", str(out), "--no-report", f"+batch_manifest_fpath={batch}",
+            "+merge_shards=false", f"+retry_terminal_timeouts={retry}",
+        )  # fmt: skip
+        assert aggregated.exit_code == 0, aggregated.output
+        status = orjson.loads((batch.parent / "batch_status.json").read_bytes())["members"]
+        assert status["agent_a"]["failures_by_class"] == {"timeout_exceeded": 1}
+        remaining[retry] = status["agent_a"]["remaining_rollout_count"]
+    assert remaining == {"false": 0, "true": 1}
+
+
 def test_resume_reads_the_settings_a_run_saved_before_this_version(tmp_path: Path) -> None:
     """A manifest saved by an earlier version (no judgement of the start window, no new
     keys) still gives a config to resume with."""

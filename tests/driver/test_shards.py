@@ -154,9 +154,6 @@ async def record_with(rollouts: Any, rows: Any, folder: Path, body: Any) -> None
 
 def test_aggregate_over_step_shards_counts_every_rollout(fake: FakeUrls, tmp_path: Path) -> None:
     """Five steps of the same N rows (RL epochs) aggregate to 5 x N rollouts, no duplicates."""
-    pytest.importorskip(
-        "trollout.metrics.identity", reason="cross-run rollout identity lands with issue 10"
-    )
     n = 6
     steps = {f"step-{step}": dataset(n) for step in range(5)}
     trio.run(record, fake, tmp_path, steps)
