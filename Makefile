@@ -22,7 +22,7 @@ run: $(STAMP)  ## start the bundled fake deployment, collect the example dataset
 	$(BIN)/trollout demo
 
 test: $(RAY_STAMP)  ## the whole suite, slow tests included, with the coverage gate
-	$(BIN)/pytest -q -p no:cacheprovider --cov --cov-report=term
+	$(BIN)/pytest -q -rs -p no:cacheprovider --cov --cov-report=term
 
 test-fast: $(STAMP)  ## skip the suites marked slow
 	$(BIN)/pytest -q -p no:cacheprovider -m 'not slow'
