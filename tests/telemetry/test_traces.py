@@ -84,8 +84,10 @@ async def test_traces_one_job_span_and_one_linked_trace_per_attempt(
     assert len(jobs) == 1
     job = jobs[0]
     assert format(job.context.trace_id, "032x") == PARENT_TRACE
-    assert job.parent is not None and format(job.parent.span_id, "016x") == PARENT_SPAN
-    assert job.attributes is not None and job.attributes["trollout.run.id"] == "r1"
+    assert job.parent is not None
+    assert format(job.parent.span_id, "016x") == PARENT_SPAN
+    assert job.attributes is not None
+    assert job.attributes["trollout.run.id"] == "r1"
     assert job.attributes["trollout.rollouts.landed"] == 4
 
     attempts = dispatch_spans(spans)
@@ -124,7 +126,8 @@ async def test_traces_one_job_span_and_one_linked_trace_per_attempt(
         assert run.traceparent is not None
         version, trace_id, span_id, flags = run.traceparent.split("-")
         span = attempts[(run.task_index, run.attempt_index)]
-        assert version == "00" and int(flags, 16) & 1  # sampled
+        assert version == "00"
+        assert int(flags, 16) & 1
         assert trace_id == format(span.context.trace_id, "032x")
         assert span_id == format(span.context.span_id, "016x")
 
