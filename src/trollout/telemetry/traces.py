@@ -22,7 +22,6 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from ..collector.http11 import FramingError, check_field_value
 from ..records import Failed, Landed, MaterializedRow
 
 __all__ = ["ROLLOUT_REPEAT_ATTRIBUTE", "TASK_ID_ATTRIBUTE", "AttemptSpan", "Tracing"]
@@ -137,14 +136,16 @@ class Tracing:
 
 
 def _headers(span: trace.Span) -> bytes:
-    """Return the request header lines carrying `span`'s context (W3C trace context)."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=trace.set_span_in_context(span, _EMPTY))
-    lines = []
-    for name, value in carrier.items():
-        try:
-            check_field_value(value.encode("ascii"))
-        except (FramingError, UnicodeEncodeError):
-            continue  # a header that cannot be sent is dropped: telemetry never fails a rollout
-        lines.append(f"{name}: {value}\r\n")
-    return "".join(lines).encode("ascii")
+    """Return the request header lines carrying `span`'s context (W3C trace context).
+
+    Formatted here rather than through ``propagate.inject`` (7 us per attempt against 1 us):
+    the fields are hex numbers, and a non-empty ``tracestate`` was validated by `TraceState`.
+    """
+    context = span.get_span_context()
+    head = b"traceparent: 00-%032x-%016x-%02x\r\n" % (
+        context.trace_id,
+        context.span_id,
+        context.trace_flags,
+    )
+    state = context.trace_state
+    return head + b"tracestate: %s\r\n" % state.to_header().encode("ascii") if state else head
