@@ -43,6 +43,7 @@ bench: $(RAY_STAMP)  ## print the benchmark figures (never part of make test); s
 	$(BIN)/python bench/reply_memory.py
 	$(BIN)/python bench/scaleout.py
 	$(BIN)/python bench/frontends.py
+	$(BIN)/python bench/telemetry.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage

@@ -164,3 +164,24 @@ def test_collect_refuses_a_bad_otel_variable_before_writing(tmp_path: Path) -> N
     assert "OTEL_TRACES_EXPORTER" in result.output
     assert "'zipkin'" in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_collect_without_the_extra_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Telemetry asked for but not installed: exit 2 naming the extra, nothing written."""
+    from builders import invoke
+
+    monkeypatch.setitem(sys.modules, "trollout.telemetry.runtime", None)  # import fails
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 2)
+    result = invoke(
+        "collect",
+        str(source),
+        "-o",
+        str(tmp_path / "run" / "r.jsonl"),
+        *("--agent-url", "math_agent=http://127.0.0.1:9", "--agent", "math_agent"),
+        *("--metrics-port", "0"),
+    )
+    assert result.exit_code == 2, result.output
+    assert "trollout[telemetry]" in result.output
+    assert not (tmp_path / "run").exists()

@@ -20,7 +20,7 @@ from trollout.config import RunConfig
 from trollout.records import Failed, Landed
 from trollout.telemetry import TelemetrySettings
 from trollout.telemetry.runtime import open_telemetry
-from trollout.telemetry.traces import ROLLOUT_REPEAT_ATTRIBUTE, TASK_ID_ATTRIBUTE
+from trollout.telemetry.traces import ROLLOUT_REPEAT_ATTRIBUTE, TASK_ID_ATTRIBUTE, Tracing
 from trollout.testing import AgentSpec, DeploymentSpec, Fault, FaultContext, open_fake_deployment
 
 SPEC = DeploymentSpec(agents=(AgentSpec(name=AGENT),))
@@ -140,3 +140,29 @@ async def test_traces_off_sends_no_traceparent() -> None:
     ):
         await collector.collect(materialized_rows(3))
     assert [run.traceparent for run in fake.stats.runs] == [None, None, None]
+
+
+async def test_traces_a_failing_hook_never_fails_a_rollout(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tracer that raises: every rollout still lands, sent without a trace header."""
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("tracer broke")
+
+    monkeypatch.setattr(Tracing, "start_attempt", broken)
+    async with (
+        open_fake_deployment(SPEC) as fake,
+        open_telemetry(
+            TelemetrySettings(), max_attempts=3, span_exporter=InMemorySpanExporter()
+        ) as telemetry,
+        open_collector(
+            config=CONFIG, urls=fake.run_urls, observer=telemetry, retain_outcomes=True
+        ) as collector,
+    ):
+        telemetry.watch(collector, expected=4)
+        await collector.collect(materialized_rows(4))
+        outcomes = collector.drain_nowait()
+    assert [type(o) for o in outcomes] == [Landed] * 4
+    assert [run.traceparent for run in fake.stats.runs] == [None] * 4
+    assert sum("tracer broke" in r.getMessage() for r in caplog.records) == 1  # logged once

@@ -220,8 +220,13 @@ async def _telemetry(
     if settings is None:
         yield None
         return
-    from ..telemetry.runtime import open_telemetry
-
+    try:
+        from ..telemetry.runtime import open_telemetry
+    except ImportError as exc:
+        raise ConfigError(
+            f"telemetry was asked for (--otlp-endpoint, --metrics-port or OTEL_*) but cannot "
+            f"load: {exc}; pip install 'trollout[telemetry]', or unset it"
+        ) from exc
     async with open_telemetry(settings, max_attempts=config.max_attempts, stream=stream) as t:
         yield t
 
