@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final
 
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 
 from ..collector.retry import BreakerState
@@ -92,7 +92,7 @@ class RunMetrics:
         )
         self._observe(meter)
 
-    def _observe(self, meter: object) -> None:
+    def _observe(self, meter: Meter) -> None:
         gauges: list[tuple[str, str, Callable[[CallbackOptions], Iterable[Observation]]]] = [
             ("trollout.in_flight", "Requests in flight now", self._in_flight),
             ("trollout.queued", "Rollouts held by workers, waiting to send", self._queued),
@@ -105,8 +105,8 @@ class RunMetrics:
             ),
         ]
         for name, description, callback in gauges:
-            meter.create_observable_gauge(name, [callback], description=description)  # type: ignore[attr-defined]
-        meter.create_observable_counter(  # type: ignore[attr-defined]
+            meter.create_observable_gauge(name, [callback], description=description)
+        meter.create_observable_counter(
             "trollout.breaker.transitions",
             [self._transitions],
             description="Circuit breaker transitions, by the state entered",
@@ -116,15 +116,12 @@ class RunMetrics:
 
     def settled(self, outcome: Outcome, final: bool) -> None:
         """Count one outcome the writer settled (`final`: the rollout's last in this run)."""
-        kind = type(outcome)
-        if kind is Failed:
-            assert isinstance(outcome, Failed)
+        if isinstance(outcome, Failed):
             self._failed(outcome, final)
-        elif kind is Landed:
-            assert isinstance(outcome, Landed)
+        elif isinstance(outcome, Landed):
             self._landed(outcome)
         else:
-            drained = outcome.reason is OmitReason.DRAINED  # type: ignore[union-attr]
+            drained = outcome.reason is OmitReason.DRAINED
             self.rollouts.add(1, {"outcome": "drained" if drained else "omitted"})
         if final and outcome.attempt_index > 0:
             self._retried.add(outcome.identity.key)

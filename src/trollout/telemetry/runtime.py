@@ -93,7 +93,11 @@ class Telemetry:
         self.collector: Collector | None = None
 
     def watch(
-        self, collector: Collector, *, expected: int, attributes: Mapping[str, str | int] = {}
+        self,
+        collector: Collector,
+        *,
+        expected: int,
+        attributes: Mapping[str, str | int] | None = None,
     ) -> None:
         """Start watching `collector`: its gauges, and the job span (with `attributes`)."""
         self.collector = collector
@@ -101,7 +105,7 @@ class Telemetry:
             self.metrics.collector = collector
             self.metrics.expected = expected
         if self.tracing is not None:
-            self.tracing.start_job({"trollout.rollouts.expected": expected, **attributes})
+            self.tracing.start_job({"trollout.rollouts.expected": expected, **(attributes or {})})
 
     # --- the Observer hooks (collector/observer.py) ---------------------------------------
 
