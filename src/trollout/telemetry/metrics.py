@@ -67,9 +67,9 @@ class RunMetrics:
         self.expected: int | None = None
         self.exports: Counter[str] = Counter({"retries/attempts": 0, "retries/at_cap": 0})
         self._retried: set[tuple[int, int]] = set()
-        self.rollouts = meter.create_counter(
-            "trollout.rollouts", description="Rollouts settled, by outcome and failure class"
-        )
+        # Counted in a plain Counter (0.3 us) and read when collected, rather than a pushed
+        # OTel counter (13 us per call): settled outcomes are the one per-rollout event here.
+        self.rollouts: Counter[tuple[str, str | None]] = Counter()
         self.reward = meter.create_histogram(
             "trollout.reward",
             description="Rewards of landed, scored rollouts",
@@ -107,6 +107,11 @@ class RunMetrics:
         for name, description, callback in gauges:
             meter.create_observable_gauge(name, [callback], description=description)
         meter.create_observable_counter(
+            "trollout.rollouts",
+            [self._rollouts],
+            description="Rollouts settled, by outcome and failure class",
+        )
+        meter.create_observable_counter(
             "trollout.breaker.transitions",
             [self._transitions],
             description="Circuit breaker transitions, by the state entered",
@@ -122,12 +127,12 @@ class RunMetrics:
             self._landed(outcome)
         else:
             drained = outcome.reason is OmitReason.DRAINED
-            self.rollouts.add(1, {"outcome": "drained" if drained else "omitted"})
+            self.rollouts["drained" if drained else "omitted", None] += 1
         if final and outcome.attempt_index > 0:
             self._retried.add(outcome.identity.key)
 
     def _landed(self, outcome: Landed) -> None:
-        self.rollouts.add(1, {"outcome": "landed"})
+        self.rollouts["landed", None] += 1
         if outcome.elapsed_seconds is not None:
             self.latency.record(outcome.elapsed_seconds, {"outcome": "landed"})
         reward = outcome.reward
@@ -137,14 +142,14 @@ class RunMetrics:
     def _failed(self, outcome: Failed, final: bool) -> None:
         label = metric_failure_class(outcome.failure_class)
         if outcome.no_persist:
-            self.rollouts.add(1, {"outcome": "no_persist", "failure_class": label})
+            self.rollouts["no_persist", label] += 1
             return
         self.exports["retries/attempts"] += 1
         if outcome.elapsed_seconds is not None:
             self.latency.record(outcome.elapsed_seconds, {"outcome": "failed"})
         if not final:
             return  # superseded by a new attempt: the rollout goes on
-        self.rollouts.add(1, {"outcome": "failed", "failure_class": label})
+        self.rollouts["failed", label] += 1
         self.exports[f"coverage/failed/{label}"] += 1
         if outcome.attempt_index + 1 >= self.max_attempts:
             self.exports["retries/at_cap"] += 1
@@ -155,6 +160,13 @@ class RunMetrics:
         self.retry_wait.record(delay_s, {"reason": reason})
 
     # --- read when collected ------------------------------------------------------------
+
+    def _rollouts(self, options: CallbackOptions) -> Iterable[Observation]:
+        for (outcome, label), count in list(self.rollouts.items()):
+            attributes = {"outcome": outcome}
+            if label is not None:
+                attributes["failure_class"] = label
+            yield Observation(count, attributes)
 
     def _in_flight(self, options: CallbackOptions) -> Iterable[Observation]:
         if self.collector is not None:
