@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import re
+import socket
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -120,3 +121,26 @@ async def test_prometheus_mid_run_scrape_agrees_with_the_folder(tmp_path: Path) 
     assert exports["retries/max_attempts"] == config.max_attempts
     for name, n in failures.items():
         assert exports[f"coverage/failed/{name}"] == n
+
+
+def test_prometheus_port_in_use_is_refused_before_writing(tmp_path: Path) -> None:
+    """--metrics-port on a port already bound: exit 2 naming it, no run folder, nothing sent."""
+    from builders import invoke
+
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke(
+            "collect",
+            str(source),
+            "-o",
+            str(tmp_path / "run" / "r.jsonl"),
+            *("--agent-url", "math_agent=http://127.0.0.1:9", "--agent", "math_agent"),
+            *("--metrics-port", str(port)),
+        )
+    assert result.exit_code == 2, result.output
+    assert f"127.0.0.1:{port}" in result.output
+    assert "--metrics-port" in result.output
+    assert not (tmp_path / "run").exists()
