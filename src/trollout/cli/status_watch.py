@@ -195,4 +195,4 @@ def watch(layout: RunLayout, status: StatusFn, *, interval_s: float, console: Co
                 console.print(text)
             if doc["collector_pid"] is None:
                 return
-            time.sleep(interval_s)
+            time.sleep(max(0.0, interval_s - (time.monotonic() - now)))  # a refresh per interval
