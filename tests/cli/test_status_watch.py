@@ -130,3 +130,45 @@ def test_status_watch_refuses_json(tmp_path: Path) -> None:
     result = invoke("status", str(tmp_path / "r.jsonl"), "--watch", "--json")
     assert result.exit_code == 2
     assert "--watch" in result.output
+
+
+def test_status_watch_on_a_finished_run_shows_it_once_and_exits(tmp_path: Path) -> None:
+    """No collector holds the lock: one frame (progress, failures, retries), exit 0."""
+    from builders import invoke
+    from resume_folders import Folder, failure, landed
+
+    keys = [(t, 0) for t in range(4)]
+    folder = Folder(tmp_path, keys).reserve((0, 0, 0), (1, 0, 0), (2, 0, 0), (2, 0, 1))
+    folder.land(landed(0, 0), landed(2, 0, 1)).fail(failure(1, 0, cls="skipped", terminal=True))
+    folder.fail(failure(2, 0, 0, cls="transient"))
+    result = invoke("status", str(folder.layout.output), "--watch", "--interval", "0.05")
+    assert result.exit_code == 0, result.output
+    assert result.output.count(" settled (") == 1
+    assert "3/4 settled (75.0%), 2 landed" in result.output
+    assert "failed: skipped 1" in result.output
+    assert "retries: 2 failed attempts, 1 rollouts retried" in result.output
+    assert result.output.rstrip().endswith("collector: ended")
+
+
+def test_status_watch_outstanding_follows_the_ledger_and_the_outcomes(tmp_path: Path) -> None:
+    """Reserved attempts without an outcome are outstanding, oldest first; outcomes clear them."""
+    from resume_folders import Folder, failure, landed
+    from trollout.cli.status_watch import Outstanding
+
+    folder = Folder(tmp_path, [(t, 0) for t in range(3)]).reserve((0, 0, 0), (1, 0, 0))
+    outstanding = Outstanding(folder.layout)
+    outstanding.update(now=100.0)
+    folder.reserve((2, 0, 0))
+    outstanding.update(now=105.0)
+    assert [(key, age) for key, _, age in outstanding.oldest(110.0)] == [
+        ((0, 0), 10.0),
+        ((1, 0), 10.0),
+        ((2, 0), 5.0),
+    ]
+    folder.land(landed(0, 0)).fail(failure(1, 0, 0))
+    outstanding.update(now=111.0)
+    assert list(outstanding.since) == [(2, 0)]
+    folder.reserve((1, 0, 1))  # a retry of task 1: outstanding again, from now
+    outstanding.update(now=112.0)
+    assert outstanding.since[(1, 0)] == (1, 112.0)
+    assert outstanding.oldest(113.0) == [((2, 0), 0, 8.0)]  # younger than 2 s: not listed

@@ -185,3 +185,12 @@ def test_collect_without_the_extra_says_how_to_install_it(
     assert result.exit_code == 2, result.output
     assert "trollout[telemetry]" in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_resume_takes_the_telemetry_options() -> None:
+    """resume and resubmit can be watched like collect: the same three options."""
+    from builders import invoke
+
+    for command in ("resume", "resubmit"):
+        shown = invoke(command, "--help").output
+        assert all(o in shown for o in ("--otlp-endpoint", "--metrics-port", "--metrics-host"))
