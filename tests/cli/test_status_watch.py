@@ -14,6 +14,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import trio
 
 from builders import cli_command, collect_config, count_lines, wait_until, write_tasks_input
@@ -75,6 +76,7 @@ def frames(log: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if " settled (" in line]
 
 
+@pytest.mark.slow  # waits for the held rollouts to be 2 s old (stragglers)
 async def test_status_watch_updates_and_exits_when_the_run_ends(tmp_path: Path) -> None:
     """Held: 6/12 and stragglers shown; released: 12/12, then the watch exits 0 by itself."""
     log = tmp_path / "watch.log"
