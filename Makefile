@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The ray extra (collect --ray): tests, lint and bench need it; `make run` stays light.
+# The telemetry extra (OpenTelemetry, Prometheus) is part of every dev install: its tests run.
 RAY_STAMP := $(VENV)/.installed-ray
 
 .PHONY: run test test-fast lint bench clean
@@ -11,11 +12,11 @@ RAY_STAMP := $(VENV)/.installed-ray
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,telemetry]'
 	touch $(STAMP)
 
 $(RAY_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,ray]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,telemetry,ray]'
 	touch $(RAY_STAMP)
 
 run: $(STAMP)  ## start the bundled fake deployment, collect the example dataset, print the summary
@@ -42,6 +43,7 @@ bench: $(RAY_STAMP)  ## print the benchmark figures (never part of make test); s
 	$(BIN)/python bench/reply_memory.py
 	$(BIN)/python bench/scaleout.py
 	$(BIN)/python bench/frontends.py
+	$(BIN)/python bench/telemetry.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage

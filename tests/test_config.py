@@ -434,6 +434,7 @@ ZERO_ALLOWED = {
     "long_rollout_max_fraction",
     "max_connect_retries",
     "max_request_retries",
+    "metrics_port",  # any free port
     "retry_backoff_base_s",
     "retry_backoff_max_s",
     "retry_budget_per_endpoint",

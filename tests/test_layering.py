@@ -154,3 +154,40 @@ def test_layering_only_the_ray_modules_import_ray() -> None:
     assert importers == RAY_MODULES
     reaching_ray = {m for m in graph() if graph()[m] & RAY_MODULES} - RAY_MODULES
     assert reaching_ray == {"trollout.cli.scaleout"}
+
+
+TELEMETRY_IMPORTS = ("opentelemetry", "prometheus_client")
+TELEMETRY_LIBRARY_MODULES = frozenset(
+    {
+        "trollout.telemetry.metrics",
+        "trollout.telemetry.prometheus",
+        "trollout.telemetry.runtime",
+        "trollout.telemetry.traces",
+    }
+)
+
+
+def test_layering_telemetry_sits_beside_the_engine() -> None:
+    """The engine knows only its observer hook: nothing below cli reaches telemetry, and
+    telemetry (which watches the collector) reaches neither recovery nor cli."""
+    below = [m for m in sorted(graph()) if not within(m, "trollout.cli")]
+    below = [m for m in below if not within(m, "trollout.telemetry")]
+    assert reaching(below, ("trollout.telemetry",)) == []
+    forbidden = ("trollout.recovery", "trollout.cli")
+    assert reaching(modules_in("trollout.telemetry"), forbidden) == []
+
+
+def test_layering_only_telemetry_modules_import_opentelemetry() -> None:
+    """OpenTelemetry and prometheus-client are imported by the telemetry modules alone, and
+    nothing imports those modules at module level (off means off)."""
+    importers = set()
+    for path in (SRC / ROOT).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            if any(name.split(".")[0] in TELEMETRY_IMPORTS for name in names):
+                importers.add(module_name(path))
+    assert importers == TELEMETRY_LIBRARY_MODULES

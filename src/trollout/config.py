@@ -64,6 +64,7 @@ __all__ = [
     "MAX_VALUE_DEPTH",
     "NULL_MEANS_DEFAULT",
     "ORDER_KEYS",
+    "PORT",
     "POSITIVE_COUNT",
     "POSITIVE_SECONDS",
     "SECONDS",
@@ -197,6 +198,7 @@ POSITIVE_RATIO: Final = NumberRange("a number > 0 and at most 1e9", 0, MAX_SECON
 COUNT: Final = NumberRange("an integer from 0 to 2**63 - 1", 0, MAX_COUNT, integer=True)
 POSITIVE_COUNT: Final = NumberRange("an integer from 1 to 2**63 - 1", 1, MAX_COUNT, integer=True)
 SEED: Final = NumberRange("an integer from 0 to 2**64 - 1", 0, MAX_SEED, integer=True)
+PORT: Final = NumberRange("a port from 0 to 65535 (0: any free port)", 0, 65535, integer=True)
 
 
 def _flag(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -384,6 +386,10 @@ class RunConfig:
     max_attempts: int = attrs.field(factory=default_max_attempts, validator=POSITIVE_COUNT)
     retry_terminal_timeouts: bool = attrs.field(default=False, validator=_flag)
     dispatch_longest_first: bool = attrs.field(default=False, validator=_flag)
+    # telemetry (trollout.telemetry; the OTEL_* environment variables configure the rest)
+    otlp_endpoint: str | None = None  # OTLP/HTTP base URL (OTEL_EXPORTER_OTLP_ENDPOINT's role)
+    metrics_port: int | None = attrs.field(default=None, validator=PORT.or_none)  # Prometheus
+    metrics_host: str = "127.0.0.1"  # where the Prometheus endpoint binds
 
     @property
     def resident_rollouts(self) -> int:

@@ -17,10 +17,11 @@ import shutil
 import signal
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import click
@@ -43,6 +44,7 @@ from ..recovery.manifest import FolderState, folder_state
 from ..recovery.resume import Fate, Resubmit, ResumeRules, RunTally, scan_run
 from ..recovery.run_folder import open_run_folder
 from ..recovery.store import check_run_folder
+from ..telemetry import TelemetrySettings, telemetry_settings
 from ..text import visible
 from .common import (
     EXIT_FAILED,
@@ -56,6 +58,9 @@ from .common import (
 )
 from .scaleout import collect_any, scaleout_options
 from .session import StopWhen, run_session, timing_report
+
+if TYPE_CHECKING:
+    from ..telemetry.runtime import Telemetry
 
 __all__ = [
     "RunResult",
@@ -149,6 +154,7 @@ async def collect_run(
         raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
     layout = RunLayout.for_output(config.output_jsonl_fpath)
     check_run_folder(layout, config, fresh=not resuming)  # before slow work; the store rechecks
+    watching = telemetry_settings(config)  # a bad OTEL_* value is refused before any write
     if deployment is None:
         deployment = await load_deployment(config)
     stream = progress_stream or sys.stderr
@@ -160,9 +166,12 @@ async def collect_run(
     started = trio.current_time()
     later = partial(_plan, config, deployment)
     warn = partial(_warn, stream)
-    async with open_run_folder(
-        config, deployment, plan=plan or later, resubmit=resubmit, warn=warn
-    ) as run:
+    async with (
+        _telemetry(watching, config, stream) as telemetry,
+        open_run_folder(
+            config, deployment, plan=plan or later, resubmit=resubmit, warn=warn
+        ) as run,
+    ):
         end = await run_session(
             run.store,
             config,
@@ -174,6 +183,11 @@ async def collect_run(
             transport=transport,
             policy_model_servers=deployment.policy_model_servers(),
             stop_when=stop_when,
+            telemetry=telemetry,
+            job_attributes={
+                "trollout.run.id": run.manifest.run_id,
+                "trollout.run": str(layout.output),
+            },
         )
     collector = end.collector
     aggregate = None
@@ -196,6 +210,25 @@ async def collect_run(
         differences=tuple(differences(config)),
         stopped=end.stopped,
     )
+
+
+@asynccontextmanager
+async def _telemetry(
+    settings: TelemetrySettings | None, config: RunConfig, stream: IO[str]
+) -> AsyncIterator[Telemetry | None]:
+    """Open the run's telemetry when asked for (OpenTelemetry is imported only then)."""
+    if settings is None:
+        yield None
+        return
+    try:
+        from ..telemetry.runtime import open_telemetry
+    except ImportError as exc:
+        raise ConfigError(
+            f"telemetry was asked for (--otlp-endpoint, --metrics-port or OTEL_*) but cannot "
+            f"load: {exc}; pip install 'trollout[telemetry]', or unset it"
+        ) from exc
+    async with open_telemetry(settings, max_attempts=config.max_attempts, stream=stream) as t:
+        yield t
 
 
 def _warn(stream: IO[str], text: str) -> None:

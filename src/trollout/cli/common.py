@@ -325,6 +325,23 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
         default=None,
         help="Skip the metrics at the end of the run.",
     ),
+    "otlp-endpoint": click.option(
+        "--otlp-endpoint",
+        "otlp_endpoint",
+        help="Send traces and metrics over OTLP/HTTP to this URL (default: "
+        "OTEL_EXPORTER_OTLP_ENDPOINT; unset: no telemetry).",
+    ),
+    "metrics-port": click.option(
+        "--metrics-port",
+        "metrics_port",
+        type=int,
+        help="Serve Prometheus metrics on this port while the run lasts (0: any free port).",
+    ),
+    "metrics-host": click.option(
+        "--metrics-host",
+        "metrics_host",
+        help="Address the Prometheus endpoint binds (default 127.0.0.1, loopback only).",
+    ),
     "progress": click.option(
         "--progress",
         "live",

@@ -102,6 +102,8 @@ async def _run_block(
 ) -> BlockReport:
     watcher = _Watcher(key, control)
     progress = Progress()
+    # Blocks may share a host: one --metrics-port cannot serve them all (OTLP still goes out).
+    config = attrs.evolve(config, metrics_port=None)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watcher.poll, nursery.cancel_scope)

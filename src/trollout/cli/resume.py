@@ -51,6 +51,9 @@ def _session_options(f: Any) -> Any:
         "require-complete",
         "no-aggregate",
         "fsync",
+        "otlp-endpoint",
+        "metrics-port",
+        "metrics-host",
         "progress",
     )(f)
     f = click.argument("overrides", nargs=-1, type=click.UNPROCESSED, metavar="[+key=value ...]")(f)

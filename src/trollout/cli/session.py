@@ -22,7 +22,7 @@ import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import attrs
 import trio
@@ -34,6 +34,9 @@ from ..records import Identity, MaterializedRow
 from ..recovery.store import RunStore
 from .common import http_client
 from .progress import ProgressReporter
+
+if TYPE_CHECKING:
+    from ..telemetry.runtime import Telemetry
 
 __all__ = ["SessionEnd", "StopWhen", "run_session"]
 
@@ -75,8 +78,13 @@ async def run_session(
     transport: PostTransport | None = None,
     policy_model_servers: Mapping[str, str] | None = None,
     stop_when: StopWhen | None = None,
+    telemetry: Telemetry | None = None,
+    job_attributes: Mapping[str, str | int] | None = None,
 ) -> SessionEnd:
     """Dispatch ``rows`` into ``store`` with the watchers beside the engine.
+
+    With `telemetry` (`trollout.telemetry.runtime.open_telemetry`), the collector reports to it
+    and its job span (with `job_attributes`) covers the session.
 
     Cancellation: cancelling interrupts rollouts in flight (settled as omitted) after every
     settled outcome reached the store.
@@ -89,11 +97,14 @@ async def run_session(
             sink=store,
             transport=transport,
             policy_model_servers=policy_model_servers,
+            observer=telemetry,
         ) as collector,
         trio.open_nursery() as nursery,
     ):
         end = SessionEnd(collector)
         collector.timer.expected = total
+        if telemetry is not None:
+            telemetry.watch(collector, expected=total, attributes=job_attributes or {})
         nursery.start_soon(reporter.run, collector)
         await nursery.start(store.run_housekeeping)
         _start_watchers(nursery, end, config, stream)

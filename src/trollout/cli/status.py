@@ -16,13 +16,18 @@ Shards not started yet count as missing; when no manifest says how many rollouts
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import sys
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import click
 import orjson
+from rich.console import Console
 
 from ..config import default_max_attempts
 from ..errors import ConfigError, TrolloutError
@@ -194,6 +199,19 @@ def _document(
     }
 
 
+def _watch(layout: RunLayout, of_run: Callable[[], dict[str, Any]], interval_s: float) -> None:
+    """Run the live view; Ctrl-C ends it with exit 130 (128 + SIGINT), no traceback."""
+    from .status_watch import watch
+
+    try:
+        watch(
+            layout, of_run, interval_s=interval_s, console=Console(highlight=False, soft_wrap=True)
+        )
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+        sys.exit(128 + signal.SIGINT)
+
+
 def _live_owner(layout: RunLayout) -> int | None:
     """Return the pid holding the run's lock, when its record names a live local process."""
     owner = read_owner(layout.lock)
@@ -262,21 +280,48 @@ def _human_lines(doc: dict[str, Any]) -> list[str]:
     default=None,
     help="Judge terminal timeouts as retryable.",
 )
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Keep showing progress, rate, ETA, failures, retries and stragglers until the run "
+    "ends (Ctrl-C to stop watching).",
+)
+@click.option(
+    "--interval",
+    "interval_s",
+    type=click.FloatRange(min=0.05, max=3600),
+    default=1.0,
+    show_default=True,
+    help="Seconds between refreshes of --watch.",
+)
 def status(
-    run: str, as_json: bool, max_attempts: int | None, retry_terminal_timeouts: bool | None
+    run: str,
+    as_json: bool,
+    max_attempts: int | None,
+    retry_terminal_timeouts: bool | None,
+    watch: bool,
+    interval_s: float,
 ) -> None:
     """Show where RUN stands, from its files alone.
 
     Landed, failed by class, missing, at the attempt cap, terminal, and whether retryable work
     remains. Read from the run's files alone; no server is needed, and a collector may be running.
     """
+    if watch and as_json:
+        fail("--watch shows a live view for people; for machines, poll status --json instead")
     try:
         sharded = locate_sharded(run)
-        doc = (sharded_status if sharded is not None else run_status)(
-            sharded or locate_run(run),
+        layout = sharded or locate_run(run)
+        of_run = partial(
+            sharded_status if sharded is not None else run_status,
+            layout,
             max_attempts=max_attempts,
             retry_terminal_timeouts=retry_terminal_timeouts,
         )
+        if watch:
+            _watch(layout, of_run, interval_s)
+            return
+        doc = of_run()
     except TrolloutError as exc:
         fail(str(exc))
     if as_json:

@@ -45,6 +45,7 @@ from .classify import (
     outcome_from_response,
 )
 from .episodes import IDENTITY_VIOLATION, outcome_from_episode_response
+from .observer import AttemptTrace, Observer
 from .retry import (
     REFUSAL_STATUSES,
     Admission,
@@ -147,6 +148,7 @@ async def dispatch(
     retry_state: RetryState | None = None,
     new_attempt: NewAttempt | None = None,
     policy_model_server: str | None = None,
+    observer: Observer | None = None,
 ) -> Landed | Failed:
     """Run one rollout of `row` against `url` (the full ``.../run`` URL), starting at an attempt.
 
@@ -166,6 +168,8 @@ async def dispatch(
             without it such requests are not re-sent.
         policy_model_server: the executing agent's model server, stamped on the outcome as
             ``ng_policy_model_server`` (None: not known, not stamped).
+        observer: telemetry's hook (`observer.Observer`): told when each attempt starts,
+            waits and ends; its trace headers go on every POST (None: off, nothing called).
 
     Raises:
         ConfigError: `url` is not a plain ``http://`` URL.
@@ -179,12 +183,35 @@ async def dispatch(
         identity = attrs.evolve(row.identity, policy_model_server=policy_model_server)
         row = MaterializedRow(identity, row.body)
     rollout = _Rollout(transport, url, row, attempt_index, policy, rng, retry_state, new_attempt)
+    if observer is not None:
+        return await _observed(rollout, observer)
     limit = policy.rollout_timeout_s
     if limit is None:
         return await rollout.run()  # no scope: it would cost ~8 us per rollout for nothing
     with trio.move_on_after(limit):
         return await rollout.run()
     return rollout.timed_out()
+
+
+async def _observed(rollout: _Rollout, observer: Observer) -> Landed | Failed:
+    """`dispatch` with an observer told of every attempt (the off path never comes here)."""
+    rollout.observer = observer
+    rollout.trace = observer.attempt_started(rollout.row, rollout.attempt, rollout.url)
+    try:
+        limit = rollout.policy.rollout_timeout_s
+        outcome = None
+        if limit is None:
+            outcome = await rollout.run()
+        else:
+            with trio.move_on_after(limit):
+                outcome = await rollout.run()
+        if outcome is None:
+            outcome = rollout.timed_out()
+    except BaseException:
+        observer.attempt_ended(rollout.trace, None, rollout.retries)
+        raise
+    observer.attempt_ended(rollout.trace, outcome, rollout.retries)
+    return outcome
 
 
 class _Rollout:
@@ -213,6 +240,8 @@ class _Rollout:
         self.last: Failed | None = None
         self.note = ""
         self.echo: list[tuple[str, Any]] = []
+        self.observer: Observer | None = None
+        self.trace: AttemptTrace | None = None
         self.classify: Callable[..., Landed | Failed] = (
             outcome_from_episode_response if row.is_episode else outcome_from_response
         )
@@ -231,10 +260,25 @@ class _Rollout:
             if outcome.delivery is Delivery.POSSIBLY_DELIVERED:
                 # The superseded attempt is recorded before the wait, the next one is new.
                 assert self.new_attempt is not None
-                self.attempt = await self.new_attempt(self._final(outcome))
+                superseded = self._final(outcome)
+                self.attempt = await self.new_attempt(superseded)
                 self.delivery = Delivery.NOT_SENT
                 body = self._request()
+                if self.observer is not None:
+                    self._next_trace(superseded)
             await trio.sleep(delay)
+
+    @property
+    def retries(self) -> int:
+        """Re-sends so far, connect and request retries together."""
+        return self.connect_retries + self.request_retries
+
+    def _next_trace(self, superseded: Failed) -> None:
+        """End the superseded attempt's trace and start the new attempt's."""
+        assert self.observer is not None
+        assert self.trace is not None
+        self.observer.attempt_ended(self.trace, superseded, self.retries)
+        self.trace = self.observer.attempt_started(self.row, self.attempt, self.url)
 
     def _request(self) -> bytes:
         """Return the current attempt's body, noting the identity its reply may echo."""
@@ -265,7 +309,10 @@ class _Rollout:
         # What a timeout during the request must assume; between requests the last one decides.
         self.delivery = Delivery.POSSIBLY_DELIVERED
         try:
-            response = await self.transport.post(self.url, body)
+            if self.trace is None:
+                response = await self.transport.post(self.url, body)
+            else:
+                response = await self.transport.post(self.url, body, headers=self.trace.headers)
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise ConfigError(
                 f"cannot POST to {self.url!r}: {exc}; give agent URLs as http://host:port"
@@ -320,6 +367,9 @@ class _Rollout:
         if self.state is not None:
             self.state.counters.retries[reason] += 1
             self.state.counters.retry_wait_s += delay
+        if self.trace is not None:
+            assert self.observer is not None
+            self.observer.retry_wait(self.trace, reason, delay)
         return delay
 
     def _rule(self, failed: Failed) -> tuple[str, float | None]:

@@ -66,6 +66,7 @@ from ..config import RunConfig
 from ..errors import ConfigError, RunStoppedError, UnknownAgentError
 from ..records import Identity, MaterializedRow, Omitted, Outcome
 from .dispatch import DispatchPolicy
+from .observer import Observer
 from .pool import SHIELDED_FLUSH_S, Pool, Settled
 from .progress import Progress
 from .retry import RetryState
@@ -120,8 +121,10 @@ class Collector:
         retain_outcomes: bool,
         rng: random.Random,
         policy_model_servers: Mapping[str, str] | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.config = config
+        self.observer = observer
         self.policy_servers = policy_model_servers or {}
         self.progress = Progress(started_at=trio.current_time())
         self.limiter = trio.CapacityLimiter(config.num_samples_in_parallel)
@@ -348,8 +351,11 @@ class Collector:
 
     async def _settle(self, batch: list[Settled]) -> None:
         by_pool: dict[Pool, list[tuple[Outcome, MaterializedRow | None]]] = {}
+        observer = self.observer
         for pool, outcome, row in batch:
             self.progress.record(outcome)
+            if observer is not None:
+                observer.outcome_settled(outcome, row is not None)
             self.timer.finished(outcome)
             if type(outcome) is not Omitted:
                 self.window.finished(outcome.elapsed_seconds)
@@ -392,6 +398,7 @@ async def open_collector(
     retain_outcomes: bool = False,
     seed: int | None = None,
     policy_model_servers: Mapping[str, str] | None = None,
+    observer: Observer | None = None,
 ) -> AsyncIterator[Collector]:
     """Open a collection engine: worker pools and a writer inside one nursery.
 
@@ -409,6 +416,7 @@ async def open_collector(
         policy_model_servers: ``{agent or environment server name: model server name}``;
             each outcome is stamped ``ng_policy_model_server`` from its agent, else its
             environment server (`Deployment.policy_model_servers`).
+        observer: telemetry's hook (`observer.Observer`, `trollout.telemetry`); None: off.
 
     On a normal exit the block waits for every submitted rollout to settle. On an exception, or
     when the surrounding scope is cancelled, rollouts in flight are cancelled and settle as
@@ -437,6 +445,7 @@ async def open_collector(
         retain_outcomes=retain_outcomes,
         rng=random.Random(seed),
         policy_model_servers=policy_model_servers,
+        observer=observer,
     )
     try:
         async with _running(collector) as driver_error:

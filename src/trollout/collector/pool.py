@@ -265,6 +265,7 @@ class Pool:
                     retry_state=engine.retry_state,
                     new_attempt=self._new_attempt(row, current, outcomes),
                     policy_model_server=engine.policy_servers.get(who),
+                    observer=engine.observer,
                 )
         except trio.Cancelled:
             elapsed = trio.current_time() - start

@@ -193,8 +193,11 @@ class PostTransport(Protocol):
     stand-in, a transport with its own TLS or proxying) to `open_collector`.
     """
 
-    async def post(self, url: str, body: bytes) -> RawResponse:
-        """POST ``body`` (JSON bytes) to ``url``; raise httpx transport errors on failure."""
+    async def post(self, url: str, body: bytes, *, headers: bytes = b"") -> RawResponse:
+        """POST ``body`` (JSON bytes) to ``url``; raise httpx transport errors on failure.
+
+        ``headers`` are extra header lines, each ending in CRLF (telemetry's ``traceparent``).
+        """
         ...
 
     async def aclose(self) -> None:
@@ -240,11 +243,14 @@ class Http11Transport(httpx.AsyncBaseTransport):
         """Return how many idle connections the pool holds (all hosts)."""
         return sum(len(idle) for idle in self._idle.values())
 
-    async def post(self, url: str, body: bytes, *, content_type: bytes = _JSON) -> RawResponse:
+    async def post(
+        self, url: str, body: bytes, *, content_type: bytes = _JSON, headers: bytes = b""
+    ) -> RawResponse:
         """POST `body` to `url` and return the response (non-2xx bodies bounded).
 
         A final response that arrives before the request was fully sent is returned (its
-        connection is closed).
+        connection is closed). `headers` are extra header lines, each ending in CRLF, sent as
+        given: the caller checks them (telemetry's ``traceparent`` and ``tracestate``).
 
         Raises:
             httpx.ConnectError, httpx.ConnectTimeout: the request was never sent.
@@ -262,7 +268,12 @@ class Http11Transport(httpx.AsyncBaseTransport):
             target = self._remember(url)
         if content_type not in self._content_types:
             self._check_content_type(content_type)
-        head = b"%s%s\r\ncontent-length: %d\r\n\r\n" % (target.prefix, content_type, len(body))
+        head = b"%s%s\r\ncontent-length: %d\r\n%s\r\n" % (
+            target.prefix,
+            content_type,
+            len(body),
+            headers,
+        )
         if len(body) <= _COALESCE_BYTES:
             return await self._exchange(target, url, head + body, limit=self._max_error_body_bytes)
         return await self._exchange(target, url, head, body, limit=self._max_error_body_bytes)

@@ -57,8 +57,10 @@ class AsyncioAgentTransport:
         self._call = call
         self.urls = {name: f"http://{_HOST}/{name}" for name in self._agents}
 
-    async def post(self, url: str, body: bytes) -> RawResponse:
+    async def post(self, url: str, body: bytes, *, headers: bytes = b"") -> RawResponse:
         """Run the agent ``url`` names on ``body``; return its reply as a 200.
+
+        ``headers`` (telemetry's trace context) have no use in process and are ignored.
 
         Raises:
             UnknownAgentError: no agent of that name (a routing mistake).

@@ -59,7 +59,14 @@ __all__ = [
 ]
 
 # Settings that belong to one invocation, not to the run: never saved, never reused.
-_PER_INVOCATION = ("resume_from_cache", "allow_unsafe_resume", "resubmit")
+_PER_INVOCATION = (
+    "resume_from_cache",
+    "allow_unsafe_resume",
+    "resubmit",
+    "otlp_endpoint",  # telemetry is how this invocation is watched, not part of the run
+    "metrics_port",
+    "metrics_host",
+)
 _PATH_KEYS = ("input_jsonl_fpath", "output_jsonl_fpath")
 _HASH_CHUNK = 1 << 20
 

@@ -230,7 +230,8 @@ class FakeServer:
         plan = agent.faults or self.state.spec.faults
         fault = self._fault_for(row, row, key, agent.name, plan)
         kind = None if fault is None else fault.kind.value
-        self.state.stats.run_seen(self.name, agent.name, key, kind)
+        trace = request.headers.get("traceparent")
+        self.state.stats.run_seen(self.name, agent.name, key, kind, traceparent=trace)
         latency = agent.latency or self.state.spec.latency
         return await self._run_in_flight(key, fault, latency, partial(self._flat_reply, row))
 
@@ -245,7 +246,8 @@ class FakeServer:
         plan = episode.faults or FaultPlan()
         fault = self._fault_for(data["task"]["task_input"], data, key, episode.agent, plan)
         kind = None if fault is None else fault.kind.value
-        self.state.stats.run_seen(self.name, episode.agent, key, kind)
+        trace = request.headers.get("traceparent")
+        self.state.stats.run_seen(self.name, episode.agent, key, kind, traceparent=trace)
         latency = episode.latency or self.state.spec.latency
         answer = partial(self._episode_reply, data, episode, key[1])
         return await self._run_in_flight(key, fault, latency, answer)

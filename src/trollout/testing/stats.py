@@ -24,6 +24,7 @@ class RunSeen:
     rollout_index: int
     attempt_index: int
     fault: str | None  # the fault kind applied, or None
+    traceparent: str | None = None  # the request's W3C ``traceparent`` header, if it had one
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -73,14 +74,20 @@ class FakeStats:
         self.in_flight_by_server[server] -= 1
 
     def run_seen(
-        self, server: str, agent: str | None, key: tuple[int, int, int], fault: str | None
+        self,
+        server: str,
+        agent: str | None,
+        key: tuple[int, int, int],
+        fault: str | None,
+        *,
+        traceparent: str | None = None,
     ) -> None:
         """Record one ``/run``: who got it, its (task, rollout, attempt), the fault applied."""
         self.runs_total += 1
         if fault is not None:
             self.by_fault[fault] += 1
         if self.record_runs:
-            self.runs.append(RunSeen(server, agent, *key, fault))
+            self.runs.append(RunSeen(server, agent, *key, fault, traceparent))
 
     def run_keys(self) -> Counter[tuple[int, int, int]]:
         """Return how often each ``(task, rollout, attempt)`` was received."""

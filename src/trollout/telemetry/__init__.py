@@ -1,0 +1,141 @@
+"""Watching a run while it runs: OpenTelemetry traces and metrics, a Prometheus endpoint.
+
+This module decides, from a `RunConfig` and the standard ``OTEL_*`` environment variables,
+whether telemetry is on and where it goes (`telemetry_settings`); it imports nothing beyond the
+standard library, so a run with telemetry off never loads OpenTelemetry or prometheus-client
+("off means off"). `runtime.open_telemetry` (imported only when the settings say so) builds
+the providers and the engine's observer; `traces`, `metrics` and `prometheus` hold the parts.
+
+What turns telemetry on:
+
+- traces and metrics over OTLP/HTTP: ``--otlp-endpoint URL`` (``+otlp_endpoint``), or
+  ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT``, or
+  ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` set to ``otlp`` or ``console``;
+  ``none`` turns one signal off, and ``OTEL_SDK_DISABLED=true`` turns both off;
+- a Prometheus endpoint: ``--metrics-port PORT`` (bound to ``--metrics-host``, 127.0.0.1 by
+  default), or ``OTEL_METRICS_EXPORTER=prometheus`` (``OTEL_EXPORTER_PROMETHEUS_HOST`` /
+  ``_PORT``, default 127.0.0.1:9464). It is served even under ``OTEL_SDK_DISABLED``: it is
+  trollout's own endpoint, asked for by name.
+
+Every other ``OTEL_*`` variable (headers, timeouts, compression, the sampler, resource
+attributes, ``TRACEPARENT`` for the job span's parent) is read where OpenTelemetry reads it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Final
+from urllib.parse import urlsplit
+
+from attrs import frozen
+
+from ..config import RunConfig
+from ..errors import ConfigError
+
+__all__ = ["TelemetrySettings", "telemetry_settings"]
+
+_EXPORTERS: Final = frozenset({"otlp", "console", "none"})
+_ENDPOINT_VARS: Final = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
+_PROMETHEUS_PORT: Final = 9464  # OpenTelemetry's default for OTEL_EXPORTER_PROMETHEUS_PORT
+
+
+@frozen
+class TelemetrySettings:
+    """Where a run's telemetry goes (see the module docstring for how it is chosen).
+
+    Attributes:
+        traces: the span exporter: ``"otlp"``, ``"console"`` or None (no traces).
+        metrics: the OTel metric exporter: ``"otlp"``, ``"console"`` or None.
+        otlp_endpoint: the OTLP/HTTP base URL given on the command line; None leaves it to
+            the ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variables (default ``http://localhost:4318``).
+        prometheus: ``(host, port)`` of the Prometheus endpoint, or None.
+    """
+
+    traces: str | None = None
+    metrics: str | None = None
+    otlp_endpoint: str | None = None
+    prometheus: tuple[str, int] | None = None
+
+    @property
+    def metrics_on(self) -> bool:
+        """Whether any metrics are kept (an exporter, the Prometheus endpoint, or both)."""
+        return self.metrics is not None or self.prometheus is not None
+
+
+def telemetry_settings(
+    config: RunConfig, environ: Mapping[str, str] | None = None
+) -> TelemetrySettings | None:
+    """Return where a run's telemetry goes, or None when nothing asks for any.
+
+    Raises:
+        ConfigError: an exporter variable, the OTLP endpoint or the Prometheus port is not
+            valid (checked before anything is written or dispatched).
+    """
+    env = os.environ if environ is None else environ
+    endpoint = _endpoint(config.otlp_endpoint)
+    asked = endpoint is not None or any(env.get(name) for name in _ENDPOINT_VARS)
+    disabled = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+    traces = _exporter(env, "OTEL_TRACES_EXPORTER", asked)
+    metrics = _exporter(env, "OTEL_METRICS_EXPORTER", asked, extra={"prometheus"})
+    prometheus = _prometheus(config, env, metrics == "prometheus")
+    if disabled:
+        traces = metrics = None
+    settings = TelemetrySettings(
+        traces=traces,
+        metrics=None if metrics == "prometheus" else metrics,
+        otlp_endpoint=endpoint,
+        prometheus=prometheus,
+    )
+    return settings if settings.traces is not None or settings.metrics_on else None
+
+
+def _exporter(
+    env: Mapping[str, str],
+    name: str,
+    asked: bool,
+    *,
+    extra: frozenset[str] | set[str] = frozenset(),
+) -> str | None:
+    raw = env.get(name)
+    value = (raw or ("otlp" if asked else "none")).strip().lower()
+    known = _EXPORTERS | extra
+    if value not in known:
+        raise ConfigError(
+            f"{name} must be one of {', '.join(sorted(known))} (got {raw!r}); trollout exports "
+            "over OTLP/HTTP: set it to otlp, or unset it"
+        )
+    return None if value == "none" else value
+
+
+def _endpoint(url: str | None) -> str | None:
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in {"http", "https"} or not parts.hostname or "@" in parts.netloc:
+        shown = url if "@" not in url else "<a URL with credentials>"
+        raise ConfigError(
+            f"otlp_endpoint (--otlp-endpoint) must be an http:// or https:// base URL such as "
+            f"http://127.0.0.1:4318 (got {shown!r}); put credentials in OTEL_EXPORTER_OTLP_HEADERS"
+        )
+    return url.rstrip("/")
+
+
+def _prometheus(
+    config: RunConfig, env: Mapping[str, str], from_env: bool
+) -> tuple[str, int] | None:
+    if config.metrics_port is not None:
+        return (config.metrics_host, config.metrics_port)
+    if not from_env:
+        return None
+    raw = env.get("OTEL_EXPORTER_PROMETHEUS_PORT", str(_PROMETHEUS_PORT))
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ConfigError(
+            f"OTEL_EXPORTER_PROMETHEUS_PORT must be a port from 0 to 65535 (got {raw!r}); fix "
+            "it, or pass --metrics-port"
+        )
+    return (env.get("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1"), int(raw))
