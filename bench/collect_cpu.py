@@ -1,7 +1,7 @@
 """Marginal CPU per rollout of the real ``trollout collect`` command, end to end.
 
     .venv/bin/python bench/collect_cpu.py [--sizes 200,20000] [--concurrency 1,64,512,4096]
-        [--repeats 3] [--compare-src OTHER_CHECKOUT/src] [--no-engine] [--no-profile]
+        [--repeats 3] [--src SRC] [--compare-src OTHER_CHECKOUT/src] [--no-engine] [--no-profile]
         [--no-memory]
 
 What users pay is the whole command: start-up, planning, the materialized inputs written and
@@ -168,9 +168,7 @@ def marginal_table(args: argparse.Namespace, folder: Path, urls: Any) -> None:
     for n in (small, large):
         inputs[n] = folder / f"in{n}.jsonl"
         write_input(inputs[n], n)
-    variants = {"now": SRC}
-    if args.compare_src:
-        variants["before"] = Path(args.compare_src).resolve()
+    variants = _variants(args)
     head_port = urls.ports["head_server"]
     print(
         f"trollout collect, {small} and {large} rows, medians of {args.repeats} alternated runs; "
@@ -200,6 +198,13 @@ def marginal_table(args: argparse.Namespace, folder: Path, urls: Any) -> None:
             print(_row(name, k, rs), flush=True)
         if not args.no_engine:
             engine_only(args, folder, urls, variants, k, large)
+
+
+def _variants(args: argparse.Namespace) -> dict[str, Path]:
+    variants = {"now": Path(args.src).resolve()}
+    if args.compare_src:
+        variants["before"] = Path(args.compare_src).resolve()
+    return variants
 
 
 def _row(name: str, k: int, rs: list[dict[str, float]]) -> str:
@@ -244,9 +249,7 @@ def memory_in_flight(args: argparse.Namespace, folder: Path) -> None:
     n = 10000
     rows = folder / f"inflight{n}.jsonl"
     write_input(rows, n)
-    variants = {"now": SRC}
-    if args.compare_src:
-        variants["before"] = Path(args.compare_src).resolve()
+    variants = _variants(args)
     with fake(folder / "sleepy", 5.0) as urls:
         for name, src in variants.items():
             out = folder / f"inflight_{name}"
@@ -331,7 +334,7 @@ def profile_by_layer(args: argparse.Namespace, folder: Path, urls: Any) -> None:
     for n in (small, large):
         prof = folder / f"profile{n}.prof"
         run_collect(
-            SRC,
+            Path(args.src),
             folder / f"in{n}.jsonl",
             folder / f"profiled{n}",
             urls.ports["head_server"],
@@ -364,6 +367,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="200,20000", help="small,large input rows")
     parser.add_argument("--concurrency", default="1,64,512,4096")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--src", default=str(SRC), help="the src folder measured as 'now'")
     parser.add_argument("--compare-src", help="also run trollout imported from this src folder")
     parser.add_argument("--profile-concurrency", type=int, default=64)
     parser.add_argument("--no-engine", action="store_true", help="skip the engine-only figure")
