@@ -196,8 +196,8 @@ class Pool:
         ready = self._ready
         resident = self.engine.config.resident_rollouts
         while ready:
-            if not self.admits():
-                return False
+            if not self.admits() or self._no_more_rows.is_set():
+                return False  # admission closed, or the workers are gone
             if self._waiting:  # a worker waits in receive: hand it the next row
                 row, attempt, url = ready.popleft()
                 await self.offer(row, attempt, url)
@@ -235,6 +235,7 @@ class Pool:
         self.rows_tx.close()
         self._rows_rx.close()
         self._no_more_rows.set()
+        self._need.set()  # a feeder lending rows stops: no worker can take them any more
 
     async def settle_at_door(self, row: MaterializedRow, attempt: int) -> None:
         """Settle a row admission refused as drained (never started), exactly once."""
