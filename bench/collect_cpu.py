@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/collect_cpu.py [--sizes 200,20000] [--concurrency 1,64,512,4096]
         [--repeats 3] [--src SRC] [--compare-src OTHER_CHECKOUT/src] [--no-engine] [--no-profile]
-        [--no-memory]
+        [--no-memory] [--no-table]
 
 What users pay is the whole command: start-up, planning, the materialized inputs written and
 read back, the attempt ledger, the status file, progress, classification and the writer, not
@@ -152,6 +152,7 @@ def fake(folder: Path, sleep_s: float) -> Iterator[Any]:
     """Serve the one-agent 0.7.0 spec in a subprocess (`spawn_fake_deployment`)."""
     from trollout.testing import spawn_fake_deployment
 
+    folder.mkdir(parents=True, exist_ok=True)
     spec = folder / "spec.yaml"
     spec.write_text(SPEC)
     with spawn_fake_deployment(spec, sleep_s=sleep_s, record_runs=False) as urls:
@@ -329,6 +330,9 @@ def layer_times(profile: Path) -> dict[str, float]:
 def profile_by_layer(args: argparse.Namespace, folder: Path, urls: Any) -> None:
     """Print where the marginal time goes, by layer, from cProfile runs of both sizes."""
     small, large = (int(s) for s in args.sizes.split(","))
+    for n in (small, large):
+        if not (folder / f"in{n}.jsonl").exists():
+            write_input(folder / f"in{n}.jsonl", n)
     k = args.profile_concurrency
     times = {}
     for n in (small, large):
@@ -373,8 +377,11 @@ def main() -> None:
     parser.add_argument("--no-engine", action="store_true", help="skip the engine-only figure")
     parser.add_argument("--no-profile", action="store_true", help="skip the profile by layer")
     parser.add_argument("--no-memory", action="store_true", help="skip 10,000 in flight")
+    parser.add_argument("--no-table", action="store_true", help="skip the marginal CPU table")
     args = parser.parse_args()
-    steps: list[Callable[[Path, Any], None]] = [lambda f, u: marginal_table(args, f, u)]
+    steps: list[Callable[[Path, Any], None]] = []
+    if not args.no_table:
+        steps.append(lambda f, u: marginal_table(args, f, u))
     if not args.no_profile:
         steps.append(lambda f, u: profile_by_layer(args, f, u))
     with tempfile.TemporaryDirectory(prefix="trollout-collect-cpu-") as tmp:
