@@ -24,8 +24,8 @@ Beside it: the engine-only figure (bench/throughput.py's client: `open_collector
 sleeps 5 s per ``/run``), and a profile by layer: the command run under cProfile at the
 ``--profile-concurrency`` for both sizes, each function's own time attributed to a layer of
 trollout (a builtin or a library function to the layer of trollout or Trio that called it), and
-the layer's marginal share printed in ms per rollout (cProfile inflates every figure; the shares
-are what it is for).
+the layer's marginal share printed in ms of CPU per rollout (cProfile, timed by the process's CPU
+clock, inflates every figure; the shares are what it is for).
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def child_main(argv: list[str]) -> None:
     sys.argv = ["trollout", *argv]
     from trollout.cli.main import main as trollout_main
 
-    profiler = cProfile.Profile() if profile_out else None
+    # CPU time, not wall time: on a shared machine the wall clock also counts time preempted.
+    profiler = cProfile.Profile(time.process_time) if profile_out else None
     try:
         if profiler is not None:
             profiler.enable()
