@@ -34,6 +34,7 @@ lint: $(RAY_STAMP)
 	$(BIN)/mypy
 
 bench: $(RAY_STAMP)  ## print the benchmark figures (never part of make test); slow, noisy machine
+	$(BIN)/python bench/collect_cpu.py
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/fake_server_ceiling.py
 	$(BIN)/python bench/transport_cpu.py

@@ -301,15 +301,19 @@ class MaterializedRow:
         identity: the rollout's stamps, read from `body`.
         body: the whole materialized row as written to the materialized-inputs file; the identity
             keys are already stamped on it. Treat as immutable.
+        raw: `body` as JSON text, exactly as read from the materialized-inputs file, or None. A
+            flat row's first attempt sends it as it is (`request_bytes`): the row was parsed
+            once to read its identity and is not serialized again.
     """
 
     identity: Identity
     body: Mapping[str, Any] = attrs.field(eq=False, repr=False)
+    raw: bytes | None = attrs.field(default=None, eq=False, repr=False)
 
     @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> MaterializedRow:
-        """Wrap a stamped body, reading its identity from the stamps."""
-        return cls(Identity.from_row(body), body)
+    def from_body(cls, body: Mapping[str, Any], raw: bytes | None = None) -> MaterializedRow:
+        """Wrap a stamped body (and its JSON text `raw`), reading its identity from the stamps."""
+        return cls(Identity.from_row(body), body, raw)
 
     @property
     def is_episode(self) -> bool:

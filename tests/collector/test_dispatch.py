@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from trollout.collector.dispatch import DispatchPolicy, dispatch
-from trollout.collector.transport import H11Transport
+from trollout.collector.transport import H11Transport, RawResponse
 from trollout.config import RunConfig
 from trollout.errors import ConfigError
 from trollout.records import Delivery, Failed, Landed, MaterializedRow
@@ -361,3 +361,33 @@ async def test_dispatch_stamps_the_policy_model_server_on_flat_failures(
         )
     assert isinstance(outcome, Failed)
     assert outcome.identity.policy_model_server == "pm"
+
+
+class _Recorder:
+    """A `PostTransport` that keeps each request body and answers 200 with a reward."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    async def post(self, url: str, body: bytes) -> RawResponse:
+        self.bodies.append(body)
+        return RawResponse(status=200, headers=[], body=b'{"reward": 1.0}', truncated=False)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_dispatch_sends_a_read_rows_first_attempt_as_it_was_read() -> None:
+    """A flat row read from the materialized inputs goes out as its line: never re-serialized.
+
+    A later attempt adds ``_ng_attempt_index``, so it is serialized from the row.
+    """
+    line = b'{"_ng_task_index": 7, "_ng_rollout_index": 3, "agent_ref": {"name": "math"}}'
+    row = MaterializedRow.from_body(orjson.loads(line), line)
+    transport = _Recorder()
+    for attempt in (0, 1):
+        outcome = await dispatch(transport, URL, row, attempt, POLICY, rng=random.Random(0))
+        assert isinstance(outcome, Landed)
+    first, second = transport.bodies
+    assert first is line
+    assert orjson.loads(second) == {**orjson.loads(line), "_ng_attempt_index": 1}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trollout.errors import RunFolderError, RunFolderLockedError
+from trollout.errors import RunFolderError, RunFolderLockedError, RunFolderWriteError
+from trollout.recovery import lock as lock_module
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.lock import LockOwner, RunLock, read_owner
 
@@ -135,3 +136,30 @@ def test_lock_owner_on_another_host_is_named() -> None:
     """An owner record from another host names the host (its pid means nothing here)."""
     owner = LockOwner(pid=42, host="elsewhere.example", started_at=0.0)
     assert owner.describe() == "pid 42 on host 'elsewhere.example'"
+
+
+def test_lock_verify_reads_the_owner_record_only_when_the_file_changed(
+    layout: RunLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verifying an unchanged lock file is one stat: the record is not read again per batch."""
+    reads: list[object] = []
+    real = lock_module.read_owner
+
+    def counting(path: str | os.PathLike[str]) -> LockOwner | None:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(lock_module, "read_owner", counting)
+    with RunLock.for_layout(layout) as lock:
+        for _ in range(5):
+            lock.verify()
+    assert len(reads) == 1
+
+
+def test_lock_verify_still_sees_a_record_rewritten_in_place(layout: RunLayout) -> None:
+    """After a verified check, another token written into the same file still stops the writer."""
+    with RunLock.for_layout(layout) as lock:
+        lock.verify()
+        layout.lock.write_text('{"pid": 1, "host": "elsewhere", "started_at": 0, "token": "x"}')
+        with pytest.raises(RunFolderWriteError, match="was replaced while this writer held it"):
+            lock.verify()

@@ -12,16 +12,18 @@ quickest way to see every file a run writes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import click
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..testing import DeploymentSpec, load_spec, open_fake_deployment
 from .collect import RunResult, collect_run, report_run
 from .common import build_run_config, collect_options, fail, live_mode, run_trio
+
+if TYPE_CHECKING:  # the fake deployment is imported by the demo only, not by every command
+    from ..testing import DeploymentSpec
 
 __all__ = ["demo"]
 
@@ -71,10 +73,14 @@ def _load_spec(path: str) -> DeploymentSpec:
         raise ConfigError(
             f"fake deployment spec {path!r} not found; run from the repository root or pass --spec"
         )
+    from ..testing import load_spec
+
     return load_spec(path)
 
 
 async def _demo(spec: DeploymentSpec, config: RunConfig, live: bool | None) -> RunResult:
+    from ..testing import open_fake_deployment
+
     async with open_fake_deployment(spec) as fake:
         config = attrs.evolve(config, head_server=fake.head_url)
         return await collect_run(config, live=live)

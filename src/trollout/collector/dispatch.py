@@ -181,7 +181,7 @@ async def dispatch(
     """
     if policy_model_server is not None:
         identity = attrs.evolve(row.identity, policy_model_server=policy_model_server)
-        row = MaterializedRow(identity, row.body)
+        row = MaterializedRow(identity, row.body, row.raw)
     rollout = _Rollout(transport, url, row, attempt_index, policy, rng, retry_state, new_attempt)
     if observer is not None:
         return await _observed(rollout, observer)
@@ -282,7 +282,11 @@ class _Rollout:
 
     def _request(self) -> bytes:
         """Return the current attempt's body, noting the identity its reply may echo."""
-        request = self.row.request_body(self.attempt)
+        row = self.row
+        if row.raw is not None and not self.attempt and not row.is_episode:
+            self.echo = expected_echo(row.body)  # the request is the row, as it was read
+            return row.raw
+        request = row.request_body(self.attempt)
         self.echo = expected_echo(request)
         return orjson.dumps(request)
 

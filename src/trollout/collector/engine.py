@@ -10,8 +10,9 @@ Shape (design.md, Concurrency)::
 
 - **Workers bound memory.** Each pool (`pool.Pool`: the collector's own for `submit`/`collect`,
   one per open batch) runs at most N = ``max_resident_rollout_tasks`` (default: the concurrency)
-  workers, each holding one rollout, started on demand; rows reach them over a zero-buffer
-  channel, so the feeder blocks until a worker is free (back-pressure all the way to the input).
+  workers, each holding one rollout, started on demand; the feeder lends them one batch of rows
+  at a time (`Pool.feed`), which a worker that finishes takes from without a task switch, and
+  takes no more input until the batch is taken (back-pressure all the way to the input).
 - **The limiter bounds requests in flight,** across every pool: workers take a token of one
   `trio.CapacityLimiter` around the request only.
 - **One writer.** Workers send outcomes to a single writer task that batches what is ready,

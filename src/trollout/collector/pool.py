@@ -1,12 +1,22 @@
 """The workers of one source of rows: the collector's own (`submit`, `collect`) or one batch.
 
-A `Pool` owns a nursery of workers that read its zero-buffer rows channel, each holding at most
-one rollout; the collector owns everything the pools share (the limiter, the transport, the
-retry state, the dispatch window, the single writer). Every outcome a worker settles goes to the
-collector's writer tagged with its pool, and the writer hands it back to that pool
-(`Pool.deliver`) once the pool's sink has it.
+A `Pool` owns a nursery of workers, each holding at most one rollout; the collector owns
+everything the pools share (the limiter, the transport, the retry state, the dispatch window,
+the single writer). Every outcome a worker settles goes to the collector's writer tagged with
+its pool, and the writer hands it back to that pool (`Pool.deliver`) once the pool's sink has it.
 
-- **Started on demand.** A worker is started when a row is handed over and none is idle, so a
+- **Rows are lent, one reserved batch at a time.** `feed` puts a batch of rows whose attempts
+  are on record (at most 256) in the pool's ready queue, and a worker that finishes a rollout
+  takes the next row from it itself, synchronously: no task switch and no channel hop per row.
+  A worker with nothing to take waits on a zero-buffer channel, over which the feeder hands it
+  a row (and `offer`, `submit`'s one row); a row offered there is older than the queue's, so a
+  worker takes it first. The feeder wakes only when the queue is empty or a worker is waiting,
+  and moves to the next batch only once this one is taken, so back-pressure reaches the input
+  and memory holds one batch. A row still queued when admission closes (`stop_admission`, the
+  feeder's deadline) was never accepted: the feeder drops the queue, and no worker takes a row
+  once admission is closed or while it is cancelled.
+- **Started on demand.** A worker is started for a row no idle worker will take (the feeder
+  starts one per such lent row at once, so a batch's first rows all start together), so a
   pool never has more workers than rows (``--concurrency 1000000`` over 3 rows starts 3), and
   at most ``max_resident_rollout_tasks`` (default: the concurrency).
 - **Hosted outside the driver's code.** A pool's nursery lives in a task of the collector's
@@ -16,8 +26,9 @@ collector's writer tagged with its pool, and the writer hands it back to that po
 - **Exactly once.** Every row a pool accepts produces exactly one final outcome that reaches the
   writer: a worker cancelled in flight sends its `Omitted` under a shield; a finished one is
   handed over without a checkpoint (`hand_over`); a row refused at the door (admission closed)
-  is settled as drained by the caller that offered it. ``accepted`` and ``settled`` count rows;
-  a pool is complete when its workers have exited and both counts agree.
+  is settled as drained by the caller that offered it. ``accepted`` and ``settled`` count rows
+  (a row is accepted when a worker takes it, in the same step); a pool is complete when its
+  workers have exited and both counts agree.
 
 Rejected alternative: one pool shared by every batch, each rollout under a cancel scope of its
 batch. A scope per rollout costs 8-10 us (design.md), and a pool per batch gets the same
@@ -26,6 +37,8 @@ isolation from the nursery Trio gives every task group, at no cost per rollout.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, TypeAlias
@@ -42,7 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["SHIELDED_FLUSH_S", "Pool", "Settled", "hand_over", "reserve_batches"]
 
 SHIELDED_FLUSH_S = 30.0  # how long a cancelled run may spend flushing settled outcomes
-_RESERVE_BATCH = 256  # attempts reserved with the sink in one call, at most
+_LEND_BATCH = 256  # rows taken from the input (and reserved with the sink) at once, at most
 _Job: TypeAlias = tuple[MaterializedRow, int, str]  # a row, its attempt number and its /run URL
 Settled: TypeAlias = tuple["Pool", Outcome, MaterializedRow | None]
 """What workers send the writer: the pool, the outcome, and the row when the outcome is the
@@ -74,7 +87,6 @@ class Pool:
         self.engine = engine
         self.sink = sink
         self.reserver = reserver
-        self.reserve_batch = _RESERVE_BATCH if reserver is not None and reserve_first else 1
         self._reserve_first = reserve_first
         self._deliver = deliver
         self.rows_tx, self._rows_rx = trio.open_memory_channel[_Job](0)
@@ -89,6 +101,10 @@ class Pool:
         self._no_more_rows = trio.Event()
         self._spawned = 0
         self._idle = 0  # workers ready for a row: waiting, or started and about to wait
+        self._ready: deque[_Job] = deque()  # the feeder's rows workers may take (see `_lend`)
+        self._need = trio.Event()  # set when the ready queue empties or a worker waits
+        self._offering = 0  # offers waiting on the channel (their rows are older than `_ready`)
+        self._waiting = 0  # workers waiting in the channel's receive
         self._cancel_reason: str | None = None
 
     @property
@@ -129,31 +145,68 @@ class Pool:
             return
         if self._idle == 0 and self._spawned < self.engine.config.resident_rollouts:
             self._spawn_worker()
+        self._offering += 1
         try:
             await self.rows_tx.send((row, attempt, url))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             await self.settle_at_door(row, attempt)  # the workers were cancelled meanwhile
             return
+        finally:
+            self._offering -= 1
         self._idle -= 1  # counted here: the worker that took it may not have run yet
         self.accepted += 1
         self.engine.progress.submitted += 1
 
     async def feed(self, rows: Iterable[tuple[MaterializedRow, int]], resolve: Resolve) -> None:
-        """Offer every row (resolving its URL), reserving first attempts in batches.
+        """Lend every row to the workers (resolving its URL), reserving first attempts in batches.
 
         Stops when `feed_scope` is cancelled (admission closed) or its deadline (the dispatch
-        budget) passes; rows not offered by then were never accepted.
+        budget) passes; rows not taken by then were never accepted. A row whose URL cannot be
+        resolved raises once the rows before it were taken.
 
-        Cancellation: a checkpoint between rows.
+        Cancellation: a checkpoint; rows not yet taken are never accepted.
         """
         with self.feed_scope:
-            for batch in reserve_batches(rows, self.reserve_batch):
-                if self._reserve_first:
-                    await self.reserve(batch)
-                for row, attempt in batch:
-                    if not self.admits():
+            try:
+                for batch in reserve_batches(rows, _LEND_BATCH):
+                    if self._reserve_first:
+                        await self.reserve(batch)
+                    error: Exception | None = None
+                    for row, attempt in batch:
+                        try:
+                            self._ready.append((row, attempt, resolve(row)))
+                        except Exception as exc:  # the rows before it still go out
+                            error = exc
+                            break
+                    if not await self._lend():
                         return  # the rest was never accepted: resume re-runs it
-                    await self.offer(row, attempt, resolve(row))
+                    if error is not None:
+                        raise error
+            finally:
+                self._ready.clear()
+
+    async def _lend(self) -> bool:
+        """Let the workers take the ready rows; return False if admission closed first.
+
+        A worker that finishes takes the next row itself (`_next_job`), and so does a worker
+        started for rows no idle worker will take; this task hands rows over the channel only
+        to workers waiting in ``receive``, and otherwise sleeps until the queue is empty or a
+        worker waits.
+        """
+        ready = self._ready
+        resident = self.engine.config.resident_rollouts
+        while ready:
+            if not self.admits() or self._no_more_rows.is_set():
+                return False  # admission closed, or the workers are gone
+            if self._waiting:  # a worker waits in receive: hand it the next row
+                row, attempt, url = ready.popleft()
+                await self.offer(row, attempt, url)
+                continue
+            for _ in range(min(len(ready) - self._idle, resident - self._spawned)):
+                self._spawn_worker()  # each takes a row from the queue as it starts
+            self._need = trio.Event()
+            await self._need.wait()
+        return True
 
     async def reserve(self, batch: list[tuple[MaterializedRow, int]]) -> None:
         """Put a batch's attempt numbers on record before any of them can be sent."""
@@ -182,6 +235,7 @@ class Pool:
         self.rows_tx.close()
         self._rows_rx.close()
         self._no_more_rows.set()
+        self._need.set()  # a feeder lending rows stops: no worker can take them any more
 
     async def settle_at_door(self, row: MaterializedRow, attempt: int) -> None:
         """Settle a row admission refused as drained (never started), exactly once."""
@@ -226,7 +280,8 @@ class Pool:
     ) -> None:
         engine = self.engine
         async with rows, outcomes:
-            async for row, attempt, url in rows:
+            while (job := await self._next_job(rows)) is not None:
+                row, attempt, url = job
                 engine.resident += 1
                 engine.max_resident = max(engine.max_resident, engine.resident)
                 try:
@@ -235,6 +290,44 @@ class Pool:
                     engine.resident -= 1
                 await hand_over(outcomes, (self, outcome, row))
                 self._idle += 1
+
+    async def _next_job(self, rows: trio.MemoryReceiveChannel[_Job]) -> _Job | None:
+        """Return the next row for this worker, or None once no row can come.
+
+        Without a checkpoint when a row is ready: one offered over the channel first (it is the
+        oldest), else the next lent one (`_lend`); the worker's next checkpoint is in
+        `dispatch`, before anything is sent. A cancelled worker takes nothing this way: it waits
+        in ``receive``, which raises `trio.Cancelled` before taking anything.
+        """
+        if trio.current_effective_deadline() != -math.inf:
+            if self._offering:
+                try:
+                    return rows.receive_nowait()
+                except trio.WouldBlock:
+                    pass
+                except trio.EndOfChannel:
+                    return None
+            if self._ready and self._may_take():
+                job = self._ready.popleft()
+                self._idle -= 1
+                self.accepted += 1
+                self.engine.progress.submitted += 1
+                if not self._ready:
+                    self._need.set()
+                return job
+        self._need.set()  # waiting: the feeder hands this worker a row over the channel
+        self._waiting += 1
+        try:
+            return await rows.receive()
+        except trio.EndOfChannel:
+            return None
+        finally:
+            self._waiting -= 1
+
+    def _may_take(self) -> bool:
+        """Whether a lent row may start: admission open and the feeder's deadline not passed."""
+        deadline = self.feed_scope.deadline
+        return self.admits() and (deadline == math.inf or trio.current_time() < deadline)
 
     async def _attempt(
         self,
@@ -246,8 +339,16 @@ class Pool:
         engine = self.engine
         start = trio.current_time()
         current = [attempt]  # the attempt in flight; a re-send moves it on
+        limiter = engine.limiter
         try:
-            async with engine.limiter:
+            # A free token is taken without a checkpoint: the task switch `async with limiter`
+            # pays on every acquire is ~7 us per rollout, and `dispatch` checkpoints before
+            # anything is sent, so a cancellation is still seen before the request leaves.
+            try:
+                limiter.acquire_nowait()
+            except trio.WouldBlock:
+                await limiter.acquire()
+            try:
                 if not engine.window.admits():
                     engine.stop_admission(engine.window.closed_reason or "admission closed")
                     return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
@@ -267,6 +368,8 @@ class Pool:
                     policy_model_server=engine.policy_servers.get(who),
                     observer=engine.observer,
                 )
+            finally:
+                limiter.release()
         except trio.Cancelled:
             elapsed = trio.current_time() - start
             omitted = Omitted(row.identity, current[0], OmitReason.INTERRUPTED, elapsed)

@@ -7,7 +7,12 @@ and a random writer token into it, so the loser's error can say who holds the fo
 to do. A holder checks before each write that the lock file is still the one it locked and
 still carries its token (`RunLock.verify`): a lock file deleted and recreated by someone else
 (a user clearing the folder while a trainer records into it, then another writer opening the
-same shard) would otherwise let two writers hold two different locks on one run.
+same shard) would otherwise let two writers hold two different locks on one run. The check runs
+before every batch of rows, so it costs one ``stat`` while the file is unchanged: the owner record
+is read again only when the file's inode, size or times differ from the last verified ones (a
+replaced file is a new inode, since this holder keeps the old one open; a rewritten one has new
+times). Only a rewrite in place within the same timestamp tick as the last check, by a process
+that writes the record without holding the ``flock``, would be seen late.
 
 Design note: ``flock`` is used rather than ``fcntl``/``lockf`` record locks, and rather than an
 ``O_EXCL`` pid file. Record locks belong to the *process*, so a second lock taken by the same
@@ -65,6 +70,11 @@ class LockOwner:
         return f"pid {self.pid} on host {self.host!r}"
 
 
+def _signature(st: os.stat_result) -> tuple[int, ...]:
+    """Return what changes whenever a file is replaced or rewritten: inode, size, times."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def read_owner(path: str | os.PathLike[str]) -> LockOwner | None:
     """Read the owner record of a lock file, or None when absent or unreadable.
 
@@ -97,6 +107,7 @@ class RunLock:
         self.output = Path(output)
         self.token = secrets.token_hex(16)
         self._fd: int | None = None
+        self._verified: tuple[int, ...] | None = None  # `_signature` of the file last verified
 
     @classmethod
     def for_layout(cls, layout: RunLayout) -> RunLock:
@@ -165,6 +176,9 @@ class RunLock:
             st = os.stat(self.path, follow_symlinks=False)
         except OSError:
             st = None
+        seen = _signature(st) if st is not None else None
+        if seen is not None and seen == self._verified:
+            return  # the very file whose record was checked, unchanged since: one stat call
         mine = os.fstat(fd)
         owner = read_owner(self.path)
         if (
@@ -178,10 +192,12 @@ class RunLock:
                 f"writer held it (its owner record names {who}); another writer may be writing "
                 "the same run, so this one stops; keep one writer per run folder, then resume it"
             )
+        self._verified = seen
 
     def release(self) -> None:
         """Drop the lock (a no-op when not held); the lock file itself stays."""
         fd, self._fd = self._fd, None
+        self._verified = None
         if fd is None:
             return
         try:

@@ -188,8 +188,10 @@ def _stderr(text: str) -> None:
 
 
 def _materialized(layout: RunLayout) -> Iterator[MaterializedRow]:
-    for row in jsonl.read_rows(layout.materialized_inputs):
-        yield MaterializedRow.from_body(row)
+    path = layout.materialized_inputs
+    for number, line in jsonl.iter_lines(path):
+        # The line is kept: it is the first attempt's request as it is (MaterializedRow.raw).
+        yield MaterializedRow.from_body(jsonl.parse_line(path, number, line), line)
 
 
 async def _start(
