@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
 from ..collector.batch import BatchOutcome, BatchRows
 from ..collector.deployment import Deployment
-from ..collector.plan import plan_rows
-from ..config import RunConfig
-from ..errors import TrolloutError
-from ..records import MaterializedRow
-from .bridge import BatchCallbacks, RolloutsThread
+from .bridge import BatchCallbacks, FrontEndBatch, FrontEndRollouts, RolloutsThread
 
 __all__ = ["AioBatch", "AioRollouts", "open_rollouts"]
 
@@ -69,25 +64,15 @@ class _ToLoop(BatchCallbacks):
         self._put(("done", drained, error))
 
 
-class AioBatch:
+class AioBatch(FrontEndBatch):
     """A batch in flight, for asyncio code; ``async for`` it for `BatchOutcome` values.
 
-    Open with `AioRollouts.open_batch` (``async with``).
-
-    Attributes:
-        run_id: the batch's run id (its rollout ids' prefix, a shard's run id).
+    Open with `AioRollouts.open_batch` (``async with``). ``run_id``: the batch's run id.
     """
 
     def __init__(self, thread: RolloutsThread, rows: BatchRows, options: Mapping[str, Any]):
-        self._thread = thread
-        self._rows = rows
-        self._options = options
+        super().__init__(thread, rows, options)
         self._report = _ToLoop(asyncio.get_running_loop())
-        self._buffer: deque[BatchOutcome] = deque()
-        self._ended = False
-        self._done: tuple[list[BatchOutcome], BaseException | None] | None = None
-        self._task: Any = None
-        self.run_id = ""
 
     async def __aenter__(self) -> AioBatch:
         self._task = self._thread.open_batch(self._rows, self._options, self._report)
@@ -135,11 +120,7 @@ class AioBatch:
     async def aclose_and_drain(self) -> list[BatchOutcome]:
         """Close the batch (as `aclose`) and return what settled but was not consumed."""
         await self._finish(drain=True)
-        assert self._done is not None
-        drained = [*self._buffer, *self._done[0]]
-        self._buffer.clear()
-        self._done = ([], self._done[1])  # a second drain returns nothing
-        return drained
+        return self._take_drained()
 
     async def _finish(self, *, drain: bool) -> None:
         """Close the batch on the Trio side and wait, through cancellations, until it has."""
@@ -171,27 +152,9 @@ class AioBatch:
         elif self._done is None:
             self._done = (value, error)
 
-    def _raise_error(self) -> None:
-        if self._done is None or self._done[1] is None:
-            return
-        error, self._done = self._done[1], (self._done[0], None)
-        if isinstance(error, Exception):
-            raise error
-        raise TrolloutError("the trollout front end closed while the batch was open") from error
 
-
-class AioRollouts:
+class AioRollouts(FrontEndRollouts):
     """`Rollouts` for asyncio code (see the module docstring); from `open_rollouts`."""
-
-    def __init__(self, thread: RolloutsThread) -> None:
-        self._thread = thread
-        assert thread.rollouts is not None
-        self.deployment: Deployment = thread.rollouts.deployment
-        self.config: RunConfig = thread.rollouts.config
-
-    def plan(self, rows: Sequence[Mapping[str, Any]]) -> list[MaterializedRow]:
-        """Materialize dataset rows with this run's settings (as `Rollouts.plan`)."""
-        return list(plan_rows(rows, self.config, self.deployment).rows())
 
     def open_batch(self, rows: BatchRows, **options: Any) -> AioBatch:
         """Open a batch (`Rollouts.open_batch`'s options): ``async with ro.open_batch(rows)``.

@@ -29,15 +29,18 @@ asyncio *agents* instead (`asyncio_agent`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
 
 from ..collector.batch import BatchOutcome, BatchRows
 from ..collector.deployment import Deployment
+from ..collector.plan import plan_rows
 from ..config import RunConfig
 from ..errors import TrolloutError
+from ..records import MaterializedRow
 from .rollouts import Rollouts, open_rollouts
 
 __all__ = ["BatchCallbacks", "BatchTask", "RolloutsThread"]
@@ -204,3 +207,53 @@ class RolloutsThread:
             self._ready.set()
             await self._stopped.wait()
             nursery.cancel_scope.cancel(reason="the trollout front end was closed")
+
+
+class FrontEndBatch:
+    """What both front ends' batches keep: outcomes handed over, and how the batch ended.
+
+    Attributes:
+        run_id: the batch's run id (its rollout ids' prefix, a shard's run id).
+    """
+
+    def __init__(self, thread: RolloutsThread, rows: BatchRows, options: Mapping[str, Any]):
+        self._thread = thread
+        self._rows = rows
+        self._options = options
+        self._buffer: deque[BatchOutcome] = deque()
+        self._ended = False
+        # Set once the Trio side closed the batch: (settled but not handed over, its error).
+        self._done: tuple[list[BatchOutcome], BaseException | None] | None = None
+        self._task: Any = None
+        self.run_id = ""
+
+    def _take_drained(self) -> list[BatchOutcome]:
+        """Return what settled but was not consumed, once (a second drain returns nothing)."""
+        assert self._done is not None
+        drained = [*self._buffer, *self._done[0]]
+        self._buffer.clear()
+        self._done = ([], self._done[1])
+        return drained
+
+    def _raise_error(self) -> None:
+        """Raise the error the batch ended with, once."""
+        if self._done is None or self._done[1] is None:
+            return
+        error, self._done = self._done[1], (self._done[0], None)
+        if isinstance(error, Exception):
+            raise error
+        raise TrolloutError("the trollout front end closed while the batch was open") from error
+
+
+class FrontEndRollouts:
+    """What both front ends' `Rollouts` share: the thread, its deployment, settings, planning."""
+
+    def __init__(self, thread: RolloutsThread) -> None:
+        self._thread = thread
+        assert thread.rollouts is not None
+        self.deployment: Deployment = thread.rollouts.deployment
+        self.config: RunConfig = thread.rollouts.config
+
+    def plan(self, rows: Sequence[Mapping[str, Any]]) -> list[MaterializedRow]:
+        """Materialize dataset rows with this run's settings (as `Rollouts.plan`)."""
+        return list(plan_rows(rows, self.config, self.deployment).rows())

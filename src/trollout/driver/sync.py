@@ -16,19 +16,14 @@ Leaving `open_rollouts`'s ``with`` closes every batch still open and the collect
 from __future__ import annotations
 
 import queue
-from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
 from ..collector.batch import BatchOutcome, BatchRows
 from ..collector.deployment import Deployment
-from ..collector.plan import plan_rows
-from ..config import RunConfig
-from ..errors import TrolloutError
-from ..records import MaterializedRow
-from .bridge import BatchCallbacks, RolloutsThread
+from .bridge import BatchCallbacks, FrontEndBatch, FrontEndRollouts, RolloutsThread
 
 __all__ = ["SyncBatch", "SyncRollouts", "open_rollouts"]
 
@@ -54,21 +49,16 @@ class _ToQueue(BatchCallbacks):
         self.queue.put(("done", drained, error))
 
 
-class SyncBatch:
+class SyncBatch(FrontEndBatch):
     """A batch in flight, for blocking code; iterate it for `BatchOutcome` values.
 
-    Attributes:
-        run_id: the batch's run id (its rollout ids' prefix, a shard's run id).
+    ``run_id``: the batch's run id (its rollout ids' prefix, a shard's run id).
     """
 
     def __init__(self, thread: RolloutsThread, rows: BatchRows, options: Mapping[str, Any]):
-        self._thread = thread
+        super().__init__(thread, rows, options)
         self._report = _ToQueue()
-        self._buffer: deque[BatchOutcome] = deque()
-        self._ended = False
-        self._done: tuple[list[BatchOutcome], BaseException | None] | None = None
         self._task = thread.open_batch(rows, options, self._report)
-        self.run_id = ""
         self._next_message()  # "opened", or "done" with the error that refused the batch
         self._raise_refusal()
 
@@ -101,11 +91,7 @@ class SyncBatch:
     def close_and_drain(self) -> list[BatchOutcome]:
         """Close the batch (as `close`) and return what settled but was not consumed."""
         self._finish(drain=True)
-        assert self._done is not None
-        drained = [*self._buffer, *self._done[0]]
-        self._buffer.clear()
-        self._done = ([], self._done[1])  # a second drain returns nothing
-        return drained
+        return self._take_drained()
 
     def __enter__(self) -> SyncBatch:
         return self
@@ -141,27 +127,9 @@ class SyncBatch:
         if self._done is not None:
             self._raise_error()
 
-    def _raise_error(self) -> None:
-        if self._done is None or self._done[1] is None:
-            return
-        error, self._done = self._done[1], (self._done[0], None)
-        if isinstance(error, Exception):
-            raise error
-        raise TrolloutError("the trollout front end closed while the batch was open") from error
 
-
-class SyncRollouts:
+class SyncRollouts(FrontEndRollouts):
     """`Rollouts` for blocking code (see the module docstring); from `open_rollouts`."""
-
-    def __init__(self, thread: RolloutsThread) -> None:
-        self._thread = thread
-        assert thread.rollouts is not None
-        self.deployment: Deployment = thread.rollouts.deployment
-        self.config: RunConfig = thread.rollouts.config
-
-    def plan(self, rows: Sequence[Mapping[str, Any]]) -> list[MaterializedRow]:
-        """Materialize dataset rows with this run's settings (as `Rollouts.plan`)."""
-        return list(plan_rows(rows, self.config, self.deployment).rows())
 
     def open_batch(self, rows: BatchRows, **options: Any) -> SyncBatch:
         """Open a batch (`Rollouts.open_batch`'s options); use it with ``with``.
