@@ -307,19 +307,7 @@ async def _aggregate(
     """Compute local and server metrics of the run (skipped with ``disable_aggregation``)."""
     if config.disable_aggregation:
         return None
-    manifest = config.batch_manifest_fpath
-    options = AggregateOptions(
-        count_failure_classes_as_zero=(
-            None
-            if config.count_failure_classes_as_zero is None
-            else frozenset(config.count_failure_classes_as_zero)
-        ),
-        count_missing_rollouts_as_zero=config.count_missing_rollouts_as_zero,
-        seed=config.seed,
-        max_attempts=config.max_attempts,
-        batch_manifest=Path(manifest) if manifest else None,
-        retry_terminal_timeouts=config.retry_terminal_timeouts,
-    )
+    options = AggregateOptions.of_run(config)
     targets = deployment.aggregate_metrics_targets()
     timeouts = {"connect_timeout_s": config.connect_timeout_s, "read_timeout_s": 600.0}
     async with http_client(**timeouts) as client:

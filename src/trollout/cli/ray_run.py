@@ -38,7 +38,6 @@ import os
 import socket
 import sys
 from functools import partial
-from pathlib import Path
 from typing import IO, Any, Final
 from urllib.parse import urlsplit
 
@@ -325,19 +324,7 @@ async def _merge(run: RayRun, deployment: Deployment) -> AggregateResult | None:
     if run.config.disable_aggregation:
         return None
     config = run.config
-    manifest = config.batch_manifest_fpath
-    options = AggregateOptions(
-        count_failure_classes_as_zero=(
-            None
-            if config.count_failure_classes_as_zero is None
-            else frozenset(config.count_failure_classes_as_zero)
-        ),
-        count_missing_rollouts_as_zero=config.count_missing_rollouts_as_zero,
-        seed=config.seed,
-        max_attempts=config.max_attempts,
-        batch_manifest=Path(manifest) if manifest else None,
-        retry_terminal_timeouts=config.retry_terminal_timeouts,
-    )
+    options = AggregateOptions.of_run(config)
     shards = [shard_output(run.layout.output, b, run.blocks) for b in range(run.blocks)]
     targets = deployment.aggregate_metrics_targets()
     async with http_client(

@@ -33,7 +33,7 @@ import httpx
 import trio
 from attrs import frozen
 
-from ..config import default_max_attempts
+from ..config import RunConfig, default_max_attempts
 from ..errors import ConfigError
 from ..recovery.layout import RunLayout
 from .batch import read_batch_manifest, write_batch_status
@@ -78,6 +78,20 @@ class AggregateOptions:
     max_attempts: int = attrs.field(factory=default_max_attempts)
     batch_manifest: Path | None = None
     retry_terminal_timeouts: bool = False
+
+    @classmethod
+    def of_run(cls, config: RunConfig) -> AggregateOptions:
+        """The options a collection run's own aggregation uses (collect, resume, Ray)."""
+        classes = config.count_failure_classes_as_zero
+        manifest = config.batch_manifest_fpath
+        return cls(
+            count_failure_classes_as_zero=None if classes is None else frozenset(classes),
+            count_missing_rollouts_as_zero=config.count_missing_rollouts_as_zero,
+            seed=config.seed,
+            max_attempts=config.max_attempts,
+            batch_manifest=Path(manifest) if manifest else None,
+            retry_terminal_timeouts=config.retry_terminal_timeouts,
+        )
 
     def summary_options(self) -> SummaryOptions:
         """Return the interval settings."""
