@@ -313,7 +313,7 @@ class _Rollout:
         # What a timeout during the request must assume; between requests the last one decides.
         self.delivery = Delivery.POSSIBLY_DELIVERED
         try:
-            if self.trace is None:
+            if self.trace is None or not self.trace.headers:  # a transport may not take headers
                 response = await self.transport.post(self.url, body)
             else:
                 response = await self.transport.post(self.url, body, headers=self.trace.headers)

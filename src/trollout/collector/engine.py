@@ -67,7 +67,7 @@ from ..config import RunConfig
 from ..errors import ConfigError, RunStoppedError, UnknownAgentError
 from ..records import Identity, MaterializedRow, Omitted, Outcome
 from .dispatch import DispatchPolicy
-from .observer import Observer
+from .observer import Guarded, Observer
 from .pool import SHIELDED_FLUSH_S, Pool, Settled
 from .progress import Progress
 from .retry import RetryState
@@ -446,7 +446,7 @@ async def open_collector(
         retain_outcomes=retain_outcomes,
         rng=random.Random(seed),
         policy_model_servers=policy_model_servers,
-        observer=observer,
+        observer=None if observer is None else Guarded(observer),
     )
     try:
         async with _running(collector) as driver_error:

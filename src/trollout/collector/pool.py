@@ -102,7 +102,7 @@ class Pool:
         self._spawned = 0
         self._idle = 0  # workers ready for a row: waiting, or started and about to wait
         self._ready: deque[_Job] = deque()  # the feeder's rows workers may take (see `_lend`)
-        self._need = trio.Event()  # set when the ready queue empties or a worker waits
+        self._feeder: trio.lowlevel.Task | None = None  # the feeder, parked in `_wait_needed`
         self._offering = 0  # offers waiting on the channel (their rows are older than `_ready`)
         self._waiting = 0  # workers waiting in the channel's receive
         self._cancel_reason: str | None = None
@@ -204,9 +204,30 @@ class Pool:
                 continue
             for _ in range(min(len(ready) - self._idle, resident - self._spawned)):
                 self._spawn_worker()  # each takes a row from the queue as it starts
-            self._need = trio.Event()
-            await self._need.wait()
+            await self._wait_needed()
         return True
+
+    async def _wait_needed(self) -> None:
+        """Sleep until `_wake_feeder`: the ready queue emptied, a worker waits, or none can come.
+
+        Cancellation: the lent rows are taken back the moment the cancellation is delivered
+        (in the abort callback, before any other task runs), so no worker takes a row after the
+        feeder (the driver's `collect`, a batch's feeder) was cancelled.
+        """
+        self._feeder = trio.lowlevel.current_task()
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            self._feeder = None
+            self._ready.clear()
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _wake_feeder(self) -> None:
+        """Wake the feeder if it sleeps in `_wait_needed` (nothing to do otherwise)."""
+        if self._feeder is not None:
+            feeder, self._feeder = self._feeder, None
+            trio.lowlevel.reschedule(feeder)
 
     async def reserve(self, batch: list[tuple[MaterializedRow, int]]) -> None:
         """Put a batch's attempt numbers on record before any of them can be sent."""
@@ -235,7 +256,7 @@ class Pool:
         self.rows_tx.close()
         self._rows_rx.close()
         self._no_more_rows.set()
-        self._need.set()  # a feeder lending rows stops: no worker can take them any more
+        self._wake_feeder()  # a feeder lending rows stops: no worker can take them any more
 
     async def settle_at_door(self, row: MaterializedRow, attempt: int) -> None:
         """Settle a row admission refused as drained (never started), exactly once."""
@@ -297,9 +318,10 @@ class Pool:
         Without a checkpoint when a row is ready: one offered over the channel first (it is the
         oldest), else the next lent one (`_lend`); the worker's next checkpoint is in
         `dispatch`, before anything is sent. A cancelled worker takes nothing this way: it waits
-        in ``receive``, which raises `trio.Cancelled` before taking anything.
+        in ``receive``, which raises `trio.Cancelled` before taking anything; so does one whose
+        deadline has passed but not yet been delivered (nothing else would stop the send).
         """
-        if trio.current_effective_deadline() != -math.inf:
+        if trio.current_effective_deadline() > trio.current_time():
             if self._offering:
                 try:
                     return rows.receive_nowait()
@@ -313,9 +335,9 @@ class Pool:
                 self.accepted += 1
                 self.engine.progress.submitted += 1
                 if not self._ready:
-                    self._need.set()
+                    self._wake_feeder()
                 return job
-        self._need.set()  # waiting: the feeder hands this worker a row over the channel
+        self._wake_feeder()  # waiting: the feeder hands this worker a row over the channel
         self._waiting += 1
         try:
             return await rows.receive()
