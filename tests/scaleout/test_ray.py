@@ -31,7 +31,6 @@ from builders import (  # noqa: E402
     invoke,
     read_jsonl,
     wait_for,
-    write_jsonl,
     write_tasks_input,
 )
 from trollout.cli.ray_block import WIND_DOWN, Control, _run_block  # noqa: E402
@@ -40,7 +39,15 @@ from trollout.config import RunConfig  # noqa: E402
 from trollout.recovery.layout import RunLayout  # noqa: E402
 from trollout.recovery.lock import RunLock, read_owner  # noqa: E402
 from trollout.scaleout import shard_folders, shard_output  # noqa: E402
-from trollout.testing import FakeUrls, task_rows  # noqa: E402
+from trollout.testing import (  # noqa: E402
+    AgentSpec,
+    DeploymentSpec,
+    FakeUrls,
+    Fault,
+    FaultKind,
+    spawn_fake_deployment,
+    write_fault_script,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -213,20 +220,28 @@ async def test_ray_block_obeys_the_drivers_stop(
 
 
 def test_ray_max_run_time_stops_the_blocks_and_resume_finishes(
-    tmp_path: Path, fake: FakeUrls, cluster: str
+    tmp_path: Path, cluster: str
 ) -> None:
-    """--max-run-time on Ray: blocks wind down, exit 1, resumable; resume lands the rest."""
-    rows = [dict(r) for r in task_rows(12, seed=4)]
-    rows[3]["fake_fault"] = {"kind": "hang", "attempts": [0]}  # the run cannot end by itself
-    source = write_jsonl(tmp_path / "tasks.jsonl", rows)
+    """--max-run-time on Ray: blocks wind down, exit 1, resumable; resume lands the rest.
+
+    The fault is scripted for the first run only (a fake of its own follows a script file,
+    emptied before the resume): on a busy machine the first run may end before it reaches the
+    hanging task, whose first attempt then goes out in the resume.
+    """
+    script = tmp_path / "faults.jsonl"
+    write_fault_script(script, {(None, 3, 0, 0, 0): Fault(kind=FaultKind.HANG)})  # never ends
+    spec = DeploymentSpec(agents=(AgentSpec(name="math_agent"),), record_runs=False)
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 12, seed=4)
     out = tmp_path / "ray" / "run.jsonl"
-    args = collect_args(source, out, fake.head_url, "--ray", "--workers", "2")
-    result = invoke(*args, "--max-run-time", "3", "--grace", "0")
-    assert result.exit_code == 1, result.output
-    assert "--max-run-time reached before every rollout ran" in result.output
-    assert not status(out)["complete"]
-    again = invoke("resume", str(out), "--progress", "plain", "--max-run-time", "600")
-    assert again.exit_code == 0, again.output
+    with spawn_fake_deployment(spec, fault_script=script) as fake:
+        args = collect_args(source, out, fake.head_url, "--ray", "--workers", "2")
+        result = invoke(*args, "--max-run-time", "3", "--grace", "0")
+        assert result.exit_code == 1, result.output
+        assert "--max-run-time reached before every rollout ran" in result.output
+        assert not status(out)["complete"]
+        write_fault_script(script, {})
+        again = invoke("resume", str(out), "--progress", "plain", "--max-run-time", "600")
+        assert again.exit_code == 0, again.output
     assert status(out)["complete"]
     assert len(read_jsonl(out)) == 24
 
