@@ -159,7 +159,8 @@ def _sum_documents(
         "failures_by_class": dict(by_class),
         "retryable_remains": bool(not_started)
         or any(d["retryable_remains"] for d in docs.values()),
-        "complete": not not_started and total["landed"] == total["expected"],
+        # No shard found means nothing is known yet, not a run with nothing to do.
+        "complete": count > 0 and not not_started and total["landed"] == total["expected"],
         "collector_pid": pids[0] if pids else None,
         "shards": {
             "count": count,
@@ -260,7 +261,9 @@ def _human_lines(doc: dict[str, Any]) -> list[str]:
         if shards["not_started"]:
             listed = ", ".join(map(str, shards["not_started"][:20]))
             lines.append(f"    not started       {listed}")
-    if doc["complete"]:
+    if shards is not None and not shards["count"]:
+        verdict = "no shard has started yet: nothing is known of this run"
+    elif doc["complete"]:
         verdict = "complete: every rollout landed"
     elif doc["retryable_remains"]:
         verdict = f"retryable work remains: trollout resume would dispatch {doc['to_dispatch']}"
