@@ -625,6 +625,16 @@ def test_load_yaml_without_quote_never_shows_the_text() -> None:
     assert info.value.__context__ is None
 
 
+@pytest.mark.parametrize("text", ["{a: 1", "a: {b: 1}}\n", "x: [}\n", "a: {{b}}: 1\n"])
+def test_load_yaml_syntax_errors_with_braces_are_one_config_error(text: str) -> None:
+    """The parser's wording may quote braces: still a ConfigError naming the source and line,
+    never a ValueError from formatting the message."""
+    with pytest.raises(
+        ConfigError, match=r"^config file 'run\{1\}.yaml' is not valid YAML at line"
+    ):
+        load_yaml(text, source="config file 'run{1}.yaml'")
+
+
 def test_load_config_refuses_an_alias_bomb_file(tmp_path: Path) -> None:
     """--config with a billion-laughs file is refused naming the file and line."""
     path = tmp_path / "bomb.yaml"

@@ -191,3 +191,24 @@ def test_layering_only_telemetry_modules_import_opentelemetry() -> None:
             if any(name.split(".")[0] in TELEMETRY_IMPORTS for name in names):
                 importers.add(module_name(path))
     assert importers == TELEMETRY_LIBRARY_MODULES
+
+
+def test_the_command_line_loads_neither_asyncio_nor_the_front_ends() -> None:
+    """``trollout`` (the package root and the CLI) imports the asyncio and blocking front ends
+    lazily: a command-line run pays for neither at start-up, and only code that uses them
+    loads asyncio (and trio-asyncio, which patches it process-wide)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, trollout, trollout.cli.main; "
+        "print(sorted(m for m in sys.modules if m == 'asyncio' or m.startswith("
+        "('trio_asyncio', 'trollout.aio', 'trollout.sync', 'trollout.driver.aio', "
+        "'trollout.driver.sync'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    import trollout
+
+    assert trollout.aio.open_rollouts is not None  # still reachable as attributes
+    assert trollout.sync.open_rollouts is not None

@@ -797,24 +797,25 @@ def load_yaml(text: str, *, source: str, quote: bool = True) -> Any:
     try:
         return loader.get_single_data()
     except yaml.YAMLError as exc:
-        problem = _yaml_problem(exc, quote)
+        problem = _yaml_problem(exc, quote, source)
     except (ValueError, LookupError, AttributeError, TypeError) as exc:
         # PyYAML's constructors raise plain errors that quote the value (`!!int sk-...`).
-        problem = f"{{source}} holds a value YAML cannot build ({type(exc).__name__}); fix the YAML"
+        problem = f"{source} holds a value YAML cannot build ({type(exc).__name__}); fix the YAML"
     finally:
         loader.dispose()
     # Raised outside `except`: a chained YAMLError's marks hold the document's text.
-    raise ConfigError(problem.format(source=source))
+    raise ConfigError(problem)
 
 
-def _yaml_problem(exc: yaml.YAMLError, quote: bool) -> str:
+def _yaml_problem(exc: yaml.YAMLError, quote: bool, source: str) -> str:
+    # Plain concatenation: the parser's wording quotes the document (braces included).
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     if isinstance(exc, _RefusedYamlError):
-        return "{source} " + exc.reason + where + "; " + exc.remedy
+        return f"{source} {exc.reason}{where}; {exc.remedy}"
     detail = getattr(exc, "problem", None) if quote else None
     said = f" ({detail})" if detail else ""
-    return "{source} is not valid YAML" + where + said + "; fix the YAML"
+    return f"{source} is not valid YAML{where}{said}; fix the YAML"
 
 
 class _RefusedYamlError(yaml.MarkedYAMLError):

@@ -217,3 +217,40 @@ def test_collect_refuses_directories_where_run_files_go(tmp_path: Path, fake: Fa
     (tmp_path / "run" / "r_batch_status.json").mkdir()
     refused(collect(source, tmp_path / "run" / "r.jsonl", fake), "is a directory")
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["r_batch_status.json"]
+
+
+def test_resume_of_a_folder_without_a_run_refuses_its_inputs_file_as_input(
+    tmp_path: Path, fake: FakeUrls
+) -> None:
+    """Only the materialized inputs are left (killed before the manifest, or a NeMo Gym shard
+    with no row yet): naming them as the input of a resume is refused, as a fresh run would
+    plan them again and replace them."""
+    source = write_input(tmp_path / "in.jsonl", rows=4)
+    out = tmp_path / "run" / "r.jsonl"
+    assert collect(source, out, fake).exit_code == 0
+    inputs = out.with_name("r_materialized_inputs.jsonl")
+    for path in out.parent.iterdir():
+        if path != inputs:
+            path.unlink()
+    before = snapshot(out.parent)
+    refused(collect(inputs, out, fake, "--resume", "--num-repeats", "2"), "is the run file")
+    assert snapshot(out.parent) == before
+
+
+def test_resume_may_name_its_own_materialized_inputs_as_input(
+    tmp_path: Path, fake: FakeUrls
+) -> None:
+    """A folder holding a run without a manifest (as NeMo Gym leaves it) resumes from its own
+    inputs file, which it reads and never replaces."""
+    source = write_input(tmp_path / "in.jsonl", rows=4)
+    out = tmp_path / "run" / "r.jsonl"
+    assert collect(source, out, fake, "--num-repeats", "2").exit_code == 0
+    out.with_name("r_manifest.json").unlink()
+    rows = out.read_bytes().splitlines(keepends=True)
+    out.write_bytes(b"".join(rows[:5]))  # three rollouts still to collect
+    inputs = out.with_name("r_materialized_inputs.jsonl")
+    before = inputs.read_bytes()
+    result = collect(inputs, out, fake, "--resume", "--allow-unsafe-resume")
+    assert result.exit_code == 0, result.output
+    assert inputs.read_bytes() == before
+    assert len(list(jsonl.read_rows(out))) == 8

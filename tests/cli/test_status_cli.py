@@ -95,3 +95,17 @@ def test_status_without_inputs_exits_2(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "materialized inputs" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_status_of_a_sharded_run_with_no_shard_started_is_not_complete(tmp_path: Path) -> None:
+    """An empty ``*_shards`` folder (an array job not started yet) is not a finished run: a
+    pipeline polling ``complete`` must not move on to aggregation."""
+    shards = tmp_path / "eval_shards"
+    shards.mkdir()
+    doc = json.loads(invoke("status", str(shards), "--json").stdout)
+    assert doc["complete"] is False
+    assert doc["shards"]["count"] == 0
+    human = invoke("status", str(shards))
+    assert human.exit_code == 0, human.output
+    assert "no shard has started" in human.stdout
+    assert "complete: every rollout landed" not in human.stdout

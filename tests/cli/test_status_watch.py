@@ -174,3 +174,28 @@ def test_status_watch_outstanding_follows_the_ledger_and_the_outcomes(tmp_path: 
     outstanding.update(now=112.0)
     assert outstanding.since[(1, 0)] == (1, 112.0)
     assert outstanding.oldest(113.0) == [((2, 0), 0, 8.0)]  # younger than 2 s: not listed
+
+
+@pytest.mark.parametrize("host", ["this", "node17"])
+def test_status_watch_ends_when_the_lock_is_free_whatever_its_record_says(
+    tmp_path: Path, host: str
+) -> None:
+    """A killed collector's record stays behind naming a live (reused) local pid or another
+    node: the lock is free, so status says no collector and the watch shows one frame."""
+    import json
+    import os
+    import socket
+
+    from builders import invoke
+    from resume_folders import Folder, landed
+
+    folder = Folder(tmp_path, [(0, 0)]).land(landed(0, 0))
+    record = {"pid": os.getpid(), "host": socket.gethostname() if host == "this" else host,
+              "started_at": 0.0, "token": "stale"}  # fmt: skip
+    folder.layout.lock.write_text(json.dumps(record))
+    doc = json.loads(invoke("status", str(folder.layout.output), "--json").stdout)
+    assert doc["collector_pid"] is None
+    result = invoke("status", str(folder.layout.output), "--watch", "--interval", "0.05")
+    assert result.exit_code == 0, result.output
+    assert result.output.count(" settled (") == 1
+    assert result.output.rstrip().endswith("collector: ended")

@@ -163,3 +163,43 @@ def test_lock_verify_still_sees_a_record_rewritten_in_place(layout: RunLayout) -
         layout.lock.write_text('{"pid": 1, "host": "elsewhere", "started_at": 0, "token": "x"}')
         with pytest.raises(RunFolderWriteError, match="was replaced while this writer held it"):
             lock.verify()
+
+
+def test_acquire_outlasts_a_probes_momentary_shared_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`check_free` (status, preflight) holds a shared lock for an instant; a collector that
+    starts in that instant takes the lock once the probe lets go, not "in use"."""
+    import fcntl
+
+    lock = RunLock(tmp_path / "r.lock", output=tmp_path / "r.jsonl")
+    (tmp_path / "r.lock").write_text("")
+    probe = os.open(tmp_path / "r.lock", os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    pauses: list[float] = []
+
+    def probe_ends(seconds: float) -> None:
+        pauses.append(seconds)
+        os.close(probe)  # the probe lets go while the acquirer pauses
+
+    monkeypatch.setattr(lock_module.time, "sleep", probe_ends)
+    lock.acquire()
+    try:
+        assert lock.held
+        assert len(pauses) == 1
+    finally:
+        lock.release()
+
+
+def test_acquire_still_fails_at_once_against_a_holder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real holder outlasts the pauses: the second lock fails naming it."""
+    monkeypatch.setattr(lock_module.time, "sleep", lambda seconds: None)
+    first = RunLock(tmp_path / "r.lock", output=tmp_path / "r.jsonl")
+    first.acquire()
+    try:
+        with pytest.raises(RunFolderLockedError):
+            RunLock(tmp_path / "r.lock", output=tmp_path / "r.jsonl").acquire()
+    finally:
+        first.release()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -30,11 +29,11 @@ import orjson
 from rich.console import Console
 
 from ..config import default_max_attempts
-from ..errors import ConfigError, TrolloutError
+from ..errors import ConfigError, RunFolderLockedError, TrolloutError
 from ..metrics.exports import run_exports
 from ..records import RunManifest
 from ..recovery.layout import RunLayout
-from ..recovery.lock import read_owner
+from ..recovery.lock import RunLock, read_owner
 from ..recovery.manifest import locate_run, read_manifest
 from ..recovery.resume import Fate, ResumeRules, RunTally, scan_run
 from ..scaleout.layout import ShardFolder, shard_folders
@@ -159,7 +158,8 @@ def _sum_documents(
         "failures_by_class": dict(by_class),
         "retryable_remains": bool(not_started)
         or any(d["retryable_remains"] for d in docs.values()),
-        "complete": not not_started and total["landed"] == total["expected"],
+        # No shard found means nothing is known yet, not a run with nothing to do.
+        "complete": count > 0 and not not_started and total["landed"] == total["expected"],
         "collector_pid": pids[0] if pids else None,
         "shards": {
             "count": count,
@@ -213,17 +213,19 @@ def _watch(layout: RunLayout, of_run: Callable[[], dict[str, Any]], interval_s: 
 
 
 def _live_owner(layout: RunLayout) -> int | None:
-    """Return the pid holding the run's lock, when its record names a live local process."""
+    """Return the pid the lock record names while the run's lock is held, else None.
+
+    The lock itself decides, not the record: a SIGKILLed or OOM-killed collector (on this host or
+    another node of a shared file system) leaves its record behind, and its pid may be reused.
+    """
     owner = read_owner(layout.lock)
-    if owner is None or owner.host != socket.gethostname():
-        return owner.pid if owner is not None else None
+    if owner is None:
+        return None
     try:
-        os.kill(owner.pid, 0)
-    except ProcessLookupError:
-        return None  # a SIGKILLed owner: the kernel already dropped its lock
-    except PermissionError:
-        pass
-    return owner.pid
+        RunLock.for_layout(layout).check_free()
+    except RunFolderLockedError:
+        return owner.pid
+    return None
 
 
 _LINES = (
@@ -260,7 +262,9 @@ def _human_lines(doc: dict[str, Any]) -> list[str]:
         if shards["not_started"]:
             listed = ", ".join(map(str, shards["not_started"][:20]))
             lines.append(f"    not started       {listed}")
-    if doc["complete"]:
+    if shards is not None and not shards["count"]:
+        verdict = "no shard has started yet: nothing is known of this run"
+    elif doc["complete"]:
         verdict = "complete: every rollout landed"
     elif doc["retryable_remains"]:
         verdict = f"retryable work remains: trollout resume would dispatch {doc['to_dispatch']}"

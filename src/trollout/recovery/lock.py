@@ -45,6 +45,9 @@ __all__ = ["LockOwner", "RunLock", "read_owner"]
 
 # Owner records are tiny; never read more than this from a lock file written by someone else.
 _MAX_OWNER_BYTES = 4096
+# `check_free` (status, preflight) holds a shared lock for microseconds; a collector starting at
+# that moment waits these pauses for it rather than report a folder in use by no one.
+_PROBE_PAUSES_S = (0.001, 0.005, 0.025)
 
 
 @frozen
@@ -94,6 +97,21 @@ def read_owner(path: str | os.PathLike[str]) -> LockOwner | None:
         return None
 
 
+def _lock_exclusive(fd: int) -> None:
+    """Take ``LOCK_EX`` at once, outlasting a probe's momentary shared lock.
+
+    Raises:
+        BlockingIOError: the lock is held (by a holder, not a probe).
+    """
+    for pause in _PROBE_PAUSES_S:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(pause)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 class RunLock:
     """An exclusive, non-blocking, cross-process lock on one run folder.
 
@@ -130,7 +148,7 @@ class RunLock:
             raise RunFolderError(f"run lock {str(self.path)!r} is already held by this object")
         fd = self._open()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_exclusive(fd)
         except BlockingIOError:
             os.close(fd)
             raise RunFolderLockedError(self._locked_message()) from None

@@ -107,8 +107,11 @@ def check_input(
 ) -> None:
     """Refuse an input that is one of the run's files, which a fresh run would replace.
 
-    A resume may name the run's own materialized inputs (a shard's manifest does: its rows
-    are its input), since a resume reads them and never replaces them.
+    A resume of a folder that holds a run may name the run's own materialized inputs (a
+    shard's manifest does: its rows are its input), since such a resume reads them and never
+    replaces them. A folder that holds no run yet (only its inputs, as a kill before the
+    manifest or a NeMo Gym shard without a row leaves it) is started afresh even by a resume,
+    which would plan the inputs again and replace them, so there they are refused too.
 
     Raises:
         RunFolderError: naming the input, the run file it is, and the remedy.
@@ -117,7 +120,8 @@ def check_input(
         return
     source = Path(input_path)
     resolved = _resolved(source)
-    own_inputs = (layout.materialized_inputs,) if resuming else ()
+    holds_run = resuming and folder_state(layout) is not FolderState.NEW
+    own_inputs = (layout.materialized_inputs,) if holds_run else ()
     for path in (*run_paths(layout), *temp_files(layout)):
         if path in own_inputs:
             continue
