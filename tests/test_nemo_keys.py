@@ -172,7 +172,7 @@ def collect_settings(*tokens: str) -> tuple[Any, list[str]]:
 def aggregate_values(*tokens: str) -> dict[str, Any]:
     """Read ``trollout aggregate``'s settings from tokens (as its command does)."""
     opts = {"inputs": ("x.jsonl",), "zero_classes": (), "zero_missing": None, "output": None}
-    opts |= {"head_server": None, "seed": None, "agent_urls": (), "env_urls": ()}
+    opts |= {"head_server": None, "seed": None, "overwrite": None, "agent_urls": (), "env_urls": ()}
     return aggregate_settings(tuple(f"+{t}" for t in tokens), opts)
 
 

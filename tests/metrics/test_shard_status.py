@@ -9,6 +9,8 @@ import orjson
 from run_folders import landed, plan_for, write_run
 
 from trollout.metrics import aggregate_shards, resolve_inputs
+from trollout.metrics.shards import refresh_shard_status, shard_statuses
+from trollout.recovery.lock import RunLock
 
 
 def write_status(path: Path, completed: int) -> None:
@@ -45,3 +47,19 @@ async def test_failed_server_aggregation_marks_the_shard_error(tmp_path: Path) -
     status = orjson.loads(layout.batch_status.read_bytes())
     assert status["aggregation_status"] == "error"
     assert len(status["aggregation_errors"]) == 1
+
+
+async def test_a_collector_that_locks_after_the_check_is_not_raced(tmp_path: Path) -> None:
+    """A run locked between the check and the write keeps its status file; one warning."""
+    layout = write_run(tmp_path / "a.jsonl", [landed(0, 0)], plan=plan_for(1, 1))
+    write_status(layout.batch_status, completed=1)
+    layout.lock.touch()  # a trollout run folder: its collector made the lock file
+    before = layout.batch_status.read_bytes()
+    layouts, warnings = shard_statuses([layout.output])
+    assert (layouts, warnings) == ([layout], [])
+    with RunLock.for_layout(layout):
+        (warning,) = refresh_shard_status(layouts, tmp_path / "m.json", [])
+    assert "holds the lock" in warning
+    assert layout.batch_status.read_bytes() == before
+    assert refresh_shard_status(layouts, tmp_path / "m.json", []) == []
+    assert orjson.loads(layout.batch_status.read_bytes())["aggregation_status"] == "ok"

@@ -5,8 +5,14 @@ Accepts NeMo Gym's spelling too: ``+input_glob=... +output_jsonl_fpath=...
 asked for only with ``--head-server`` / ``--agent-url`` / ``--environment-server-url``; without
 them (or with no server running) metrics are computed locally.
 
+Settings come from, lowest first: defaults, ``+config_paths`` files, command-line options and
+INPUTs, ``+key=value`` tokens (as in NeMo Gym, where Hydra overrides beat config files). The
+inputs are the command line's (INPUT, ``-i``, ``+input_glob``) or else a config file's
+``input_glob``.
+
 Exit codes: 0 done; 1 a server's ``/aggregate_metrics`` failed (everything else was written);
-2 a usage error (bad option, bad input line, output that is an input, unreachable head server).
+2 a usage error (bad option, bad input line, an output that is an input or a file trollout did
+not write, unreachable head server), with nothing written.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ _SETTINGS: dict[str, tuple[str, Any]] = {
     "batch_manifest_fpath": ("a path", lambda v: v is None or isinstance(v, str)),
     "head_server": ("a URL or {host, port}", lambda v: v is None or isinstance(v, str | dict)),
     "seed": ("an integer", lambda v: v is None or (type(v) is int and v >= 0)),
+    "overwrite": ("true or false", _bool),
 }
 _PATH_KEYS = frozenset(
     {"input_glob", "output_jsonl_fpath", "materialized_inputs_jsonl_fpath", "batch_manifest_fpath"}
@@ -77,7 +84,11 @@ one already read is skipped. Every NeMo Gym aggregation setting is taken as +key
 (+merge_shards=false, +materialized_inputs_jsonl_fpath=..., +batch_manifest_fpath=..., ...).
 
 Writes OUTPUT (the merged rollouts, with merged sidecars), <stem>_aggregate_metrics.json and
-<stem>_report.html beside it; without -o, one shard's metrics are written beside it.
+<stem>_report.html beside it; without -o, one shard's metrics are written beside it. Files at
+OUTPUT that an earlier aggregation wrote are replaced; any other file there only with
+--overwrite. Each shard's <stem>_batch_status.json is marked with the outcome (as NeMo Gym
+does), except in a folder that cannot be written or whose collector is still running: those
+are skipped with a warning.
 """
 
 
@@ -102,6 +113,12 @@ Writes OUTPUT (the merged rollouts, with merged sidecars), <stem>_aggregate_metr
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("--no-report", is_flag=True, help="Do not write <stem>_report.html.")
 @click.option("--seed", type=int, default=None, help="Bootstrap seed (default 0).")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    default=None,
+    help="Replace files at OUTPUT that trollout did not write (+overwrite=true).",
+)
 @click.option(
     "--bootstrap-samples",
     type=click.IntRange(min=0),
@@ -131,6 +148,8 @@ def aggregate(args: tuple[str, ...], **opts: Any) -> None:
         result = trio.run(_run, shards, settings)
     except (ConfigError, DeploymentError) as exc:
         fail(str(exc))
+    for warning in result.warnings:
+        click.echo(f"trollout: warning: {visible(warning)}", err=True)
     if settings["as_json"]:
         click.echo(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode())
     else:
@@ -145,28 +164,10 @@ def aggregate(args: tuple[str, ...], **opts: Any) -> None:
 
 
 def _settings(args: Sequence[str], opts: dict[str, Any]) -> dict[str, Any]:
-    """Merge positionals, options, config_paths files and ``+key=value`` tokens (tokens win)."""
-    inputs = [a for a in args if not a.startswith("+")] + list(opts["inputs"])
-    classes = [c.strip() for text in opts["zero_classes"] for c in text.split(",") if c.strip()]
-    values: dict[str, Any] = {
-        "count_failure_classes_as_zero": classes or None,
-        "count_missing_rollouts_as_zero": opts["zero_missing"],
-        "output_jsonl_fpath": opts["output"],
-        "head_server": opts["head_server"],
-        "seed": opts["seed"],
-        "merge_shards": True,
-        "materialized_inputs_jsonl_fpath": None,
-        "retry_terminal_timeouts": False,
-        "batch_manifest_fpath": None,
-    }
+    """Merge defaults, config_paths files, options and ``+key=value`` tokens, later winning."""
     tokens = dict(_override(token) for token in args if token.startswith("+"))
-    if "config_paths" in tokens:
-        paths = tokens["config_paths"]
-        if not BY_NAME["config_paths"].accepts(paths):
-            _refuse("config_paths", paths, BY_NAME["config_paths"].expected)
-        found = merge_config_paths(paths, AGGREGATE)
-        values.update({k: v for k, v in found.items() if k in _SETTINGS or k in BY_NAME})
-    values.update(tokens)
+    found = _config_files(tokens)
+    values = _DEFAULTS | found | _given(opts) | tokens
     values, notes = translate(values, AGGREGATE)
     values.pop("config_paths", None)
     for note in notes:
@@ -177,12 +178,71 @@ def _settings(args: Sequence[str], opts: dict[str, Any]) -> dict[str, Any]:
     for key, (expected, accepts) in _SETTINGS.items():
         if key in values and not accepts(values[key]):
             _refuse(key, values[key], expected)
-    if "input_glob" in tokens:
-        glob = tokens["input_glob"]
-        inputs.extend(glob if isinstance(glob, list) else [glob])
+    inputs = _inputs(args, opts, tokens, found)
+    return {**opts, **values, "inputs": inputs, "targets": _targets(opts)}
+
+
+_DEFAULTS: dict[str, Any] = {
+    "count_failure_classes_as_zero": None,
+    "count_missing_rollouts_as_zero": None,
+    "output_jsonl_fpath": None,
+    "head_server": None,
+    "seed": None,
+    "merge_shards": True,
+    "materialized_inputs_jsonl_fpath": None,
+    "retry_terminal_timeouts": False,
+    "batch_manifest_fpath": None,
+    "overwrite": False,
+}
+
+
+def _config_files(tokens: dict[str, Any]) -> dict[str, Any]:
+    """Return the aggregate settings of the ``+config_paths`` files (none without it)."""
+    if "config_paths" not in tokens:
+        return {}
+    paths = tokens["config_paths"]
+    if not BY_NAME["config_paths"].accepts(paths):
+        _refuse("config_paths", paths, BY_NAME["config_paths"].expected)
+    return merge_config_paths(paths, AGGREGATE)
+
+
+def _given(opts: dict[str, Any]) -> dict[str, Any]:
+    """Return the settings given as command-line options (an option not given sets nothing)."""
+    classes = [c.strip() for text in opts["zero_classes"] for c in text.split(",") if c.strip()]
+    given = {
+        "count_failure_classes_as_zero": classes or None,
+        "count_missing_rollouts_as_zero": opts["zero_missing"],
+        "output_jsonl_fpath": opts["output"],
+        "head_server": opts["head_server"],
+        "seed": opts["seed"],
+        "overwrite": opts["overwrite"],
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _inputs(
+    args: Sequence[str], opts: dict[str, Any], tokens: dict[str, Any], found: dict[str, Any]
+) -> list[str]:
+    """Return the command line's inputs, or else a config file's ``input_glob``."""
+    inputs = [a for a in args if not a.startswith("+")] + list(opts["inputs"])
+    inputs += _globs(tokens.get("input_glob"))
+    if not inputs:
+        inputs = _globs(found.get("input_glob"))
+    elif "input_glob" in found and "input_glob" not in tokens:
+        click.echo(
+            f"trollout: note: the config_paths input_glob {visible(repr(found['input_glob']))} "
+            "is not used: INPUT on the command line replaces it",
+            err=True,
+        )
     if not inputs:
         raise ConfigError("no INPUT given; pass a glob such as 'shards/*.jsonl' or +input_glob=...")
-    return {**opts, **values, "inputs": inputs, "targets": _targets(opts)}
+    return inputs
+
+
+def _globs(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [value]
 
 
 def _refuse(key: str, value: Any, expected: str) -> None:
@@ -239,6 +299,7 @@ async def _run(shards: list[Path], settings: dict[str, Any]) -> AggregateResult:
             client=client,
             merge_shards=settings["merge_shards"],
             plan=Path(plan) if plan else None,
+            overwrite=settings["overwrite"],
         )
 
 

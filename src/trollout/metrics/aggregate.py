@@ -9,11 +9,17 @@ of a run (unless ``disable_aggregation``). Both:
 3. summarize each group locally (`summary`): coverage, both views, NeMo Gym's default metrics;
 4. when targets are given, call ``/aggregate_metrics`` once per agent or environment server
    (`server`); a failed call is recorded, not raised;
-5. write ``<stem>_aggregate_metrics.json`` and ``<stem>_report.html`` beside the output;
-6. mark each shard's status file with the aggregation's outcome (`shards.refresh_shard_status`).
+5. write ``<stem>_aggregate_metrics.json`` and ``<stem>_report.html`` beside the output, then
+   rename the merged files into place;
+6. mark each shard's status file with the aggregation's outcome (`shards.refresh_shard_status`),
+   and write the batch status beside a batch manifest.
 
+Every check comes before the first write: no written file is a file read or written otherwise
+(`shards.refuse_overlaps`), the merged output replaces only files trollout wrote unless
+``overwrite`` (`shards.refuse_foreign`), and the shards whose status file cannot be marked are
+found (`shards.shard_statuses`): each is skipped with a warning (`AggregateResult.warnings`).
 Nothing is renamed into place before step 5, so a cancelled aggregation leaves no half-written
-file; an input file is never written (`shards.refuse_overwrite`).
+file.
 
 Design note: reading a million rows takes most of a minute of CPU. Running it on the Trio
 thread (rejected) would freeze everything else the caller's loop does meanwhile: ``collect``'s
@@ -36,13 +42,20 @@ from attrs import frozen
 from ..config import RunConfig, default_max_attempts
 from ..errors import ConfigError
 from ..recovery.layout import RunLayout
-from .batch import read_batch_manifest, write_batch_status
+from .batch import read_batch_manifest, status_path, write_batch_status
 from .coverage import Coverage, GroupKey, coverage_lines
 from .output import metrics_entries, write_metrics_file
 from .reader import Collection, InputReport
 from .report_html import write_report
 from .server import Target, fetch_server_metrics, target_for
-from .shards import MergeWriter, refresh_shard_status, refuse_overwrite
+from .shards import (
+    MergeWriter,
+    Role,
+    refresh_shard_status,
+    refuse_foreign,
+    refuse_overlaps,
+    shard_statuses,
+)
 from .summary import GroupSummary, SummaryOptions, summarize
 
 __all__ = ["AggregateOptions", "AggregateResult", "aggregate_run", "aggregate_shards"]
@@ -114,6 +127,7 @@ class AggregateResult:
         metrics_path: the ``<stem>_aggregate_metrics.json`` written.
         report_path: the HTML report written, or None.
         merged_path: the merged rollouts file written, or None.
+        warnings: one line per shard whose status file was not marked, and why.
     """
 
     groups: tuple[GroupSummary, ...]
@@ -121,6 +135,7 @@ class AggregateResult:
     metrics_path: Path
     report_path: Path | None = None
     merged_path: Path | None = None
+    warnings: tuple[str, ...] = ()
 
     @property
     def coverage(self) -> Coverage:
@@ -147,6 +162,7 @@ class AggregateResult:
             "coverage": self.coverage.to_json(),
             "coverage_report": coverage_lines(self.coverage),
             "inputs": self.inputs.to_json(),
+            "warnings": list(self.warnings),
             "groups": [g.to_json() for g in self.groups],
             "files": {
                 "merged": str(self.merged_path) if self.merged_path else None,
@@ -179,6 +195,7 @@ async def aggregate_shards(
     client: httpx.AsyncClient | None = None,
     merge_shards: bool = True,
     plan: Path | None = None,
+    overwrite: bool = False,
 ) -> AggregateResult:
     """Merge shards into ``output`` (when given) and write their metrics and report.
 
@@ -194,9 +211,13 @@ async def aggregate_shards(
             report go beside it, as NeMo Gym's ``merge_shards=false``).
         plan: one materialized-inputs file standing for every shard's own (NeMo Gym's
             ``materialized_inputs_jsonl_fpath``).
+        overwrite: replace files at ``output`` that trollout did not write (never a link, nor
+            anything but a regular file).
 
     Raises:
-        ConfigError: several shards without ``output``, or an output that is an input file.
+        ConfigError: several shards without ``output``; a file written that is read or written
+            otherwise (an input, the plan, the batch manifest); a file at ``output`` trollout
+            did not write, without ``overwrite``.
         InputError: a line of a shard is not a JSON object or lacks the identity stamps.
 
     Cancellation: reading and writing run in worker threads that finish before a cancellation
@@ -206,7 +227,14 @@ async def aggregate_shards(
     options = options or AggregateOptions()
     layout = _output_layout(shards, output if merge_shards else output or _single(shards))
     merged = output is not None and merge_shards
-    refuse_overwrite(_written(layout, merged=merged, report=options.write_report), _inputs(shards))
+    written = _written(layout, merged=merged, report=options.write_report)
+    statuses, warnings = await trio.to_thread.run_sync(
+        _check, shards, written, options.batch_manifest, plan
+    )
+    if output is not None:
+        await trio.to_thread.run_sync(
+            functools.partial(refuse_foreign, layout, written, overwrite=overwrite)
+        )
     members = None
     if options.batch_manifest is not None:
         members = await trio.to_thread.run_sync(read_batch_manifest, options.batch_manifest)
@@ -224,9 +252,10 @@ async def aggregate_shards(
         if merge is not None:
             merge.discard()
         raise
-    await trio.to_thread.run_sync(
-        refresh_shard_status, shards, result.metrics_path, result.server_errors
+    warnings += await trio.to_thread.run_sync(
+        refresh_shard_status, statuses, result.metrics_path, result.server_errors
     )
+    result = attrs.evolve(result, warnings=tuple(warnings))
     if members is not None and options.batch_manifest is not None:
         await trio.to_thread.run_sync(
             functools.partial(
@@ -264,9 +293,24 @@ def _written(layout: RunLayout, *, merged: bool, report: bool) -> list[Path]:
     return paths
 
 
-def _inputs(shards: Sequence[Path]) -> list[Path]:
+def _check(
+    shards: Sequence[Path], written: Sequence[Path], manifest: Path | None, plan: Path | None
+) -> tuple[list[RunLayout], list[str]]:
+    """Refuse overlapping files; return the shards whose status may be marked, and warnings."""
+    statuses, warnings = shard_statuses(shards)
     layouts = [RunLayout.for_output(p) for p in shards]
-    return [p for lay in layouts for p in (lay.rollouts, lay.failures, lay.materialized_inputs)]
+    read: list[Role] = [
+        ("one of the input files", p)
+        for lay in layouts
+        for p in (lay.rollouts, lay.failures, lay.materialized_inputs)
+    ]
+    read += [("the plan (materialized_inputs_jsonl_fpath)", plan)] if plan else []
+    read += [("the batch manifest", manifest)] if manifest else []
+    writes: list[Role] = [("output", p) for p in written]
+    writes += [("the batch status", status_path(manifest))] if manifest else []
+    writes += [("a shard's status file", lay.batch_status) for lay in statuses]
+    refuse_overlaps(writes, read)
+    return statuses, warnings
 
 
 def _compute(
@@ -315,9 +359,9 @@ def _write(
     collection: Collection,
     options: AggregateOptions,
 ) -> AggregateResult:
-    if merge is not None:
-        merge.commit()
     layout.output.parent.mkdir(parents=True, exist_ok=True)  # merge_shards=false makes none
+    # The metrics file first: it marks the output as trollout's (`shards.refuse_foreign`), so
+    # an aggregation killed before the merged files are renamed into place may be run again.
     write_metrics_file(layout.aggregate_metrics, metrics_entries(summaries, collection))
     result = AggregateResult(
         tuple(summaries),
@@ -328,4 +372,6 @@ def _write(
     if options.write_report:
         write_report(layout.report, result)
         result = attrs.evolve(result, report_path=layout.report)
+    if merge is not None:
+        merge.commit()
     return result

@@ -13,7 +13,9 @@ Several benchmarks may share one deployment and one run; a batch manifest declar
   recipe its API reference does not give; trollout does not check them (its own run manifest
   fingerprints the input file and the settings).
 - After collection and after ``trollout aggregate`` (`write_batch_status`):
-  ``batch_status.json`` beside the manifest holds, per member's agent,
+  ``batch_status.json`` beside the manifest (`status_path`; a manifest that is that file, by
+  name or through a link, is refused when read, before anything is written) holds, per
+  member's agent,
   ``expected_rollout_count``, ``completed_rollout_count`` (landed),
   ``remaining_rollout_count`` (what a resume would still run: neither landed nor settled as
   resume settles a rollout), ``failures_by_class`` (rollouts that did not land, by their latest
@@ -35,8 +37,9 @@ from ..errors import ConfigError
 from ..recovery.files import replace_atomically
 from .coverage import OMITTED
 from .reader import Collection
+from .shards import refuse_overlaps
 
-__all__ = ["Member", "check_members", "read_batch_manifest", "write_batch_status"]
+__all__ = ["Member", "check_members", "read_batch_manifest", "status_path", "write_batch_status"]
 
 _SCHEMA: Final = "1"
 STATUS_NAME: Final = "batch_status.json"
@@ -56,9 +59,11 @@ def read_batch_manifest(path: str | Path) -> list[Member]:
     """Read a batch manifest's members.
 
     Raises:
-        ConfigError: the file cannot be read or is not a schema 1 batch manifest.
+        ConfigError: the file cannot be read or is not a schema 1 batch manifest, or it is the
+            batch status file written beside it.
     """
     shown = repr(str(path))
+    refuse_overlaps([("the batch status", status_path(path))], [("the batch manifest", Path(path))])
     try:
         data = orjson.loads(Path(path).read_bytes())
     except OSError as exc:
@@ -91,6 +96,11 @@ def _member(shown: str, name: str, entry: Any) -> Member:
                 f"(got {count!r}); fix the file"
             )
     return Member(name, agent, *counts)
+
+
+def status_path(manifest: str | Path) -> Path:
+    """Return the batch status file of a manifest: ``batch_status.json`` beside it."""
+    return Path(manifest).with_name(STATUS_NAME)
 
 
 def check_members(members: Iterable[Member], planned: Mapping[str, tuple[int, int]]) -> None:
@@ -133,7 +143,7 @@ def write_batch_status(
     retry_timeouts: bool = False,
 ) -> Path:
     """Write ``batch_status.json`` beside the manifest from a resolved collection; return it."""
-    path = Path(manifest).with_name(STATUS_NAME)
+    path = status_path(manifest)
     status = {
         "schema_version": _SCHEMA,
         "updated_at": time.time(),
