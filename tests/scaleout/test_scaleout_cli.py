@@ -146,7 +146,7 @@ def test_ray_progress_sums_ended_hand_outs_and_running_snapshots() -> None:
     from trollout.collector.progress import Progress
 
     ended = Progress(landed=3, reward_sum=2.0, scored=3)
-    end = HandoutEnd(reports={(0, 1): BlockReport(0, ended, False, 11)})
+    end = HandoutEnd(reports={(0, 1): BlockReport(0, ended, None, 11)})
     snapshots = {
         (0, 1): (Progress(landed=1), 5, 11),  # superseded by the report
         (1, 1): (Progress(landed=2, failed=Counter({"agent_run_error": 1}), omitted=1), 4, 12),
