@@ -34,9 +34,11 @@ from builders import (  # noqa: E402
     wait_for,
     write_tasks_input,
 )
+from trollout.cli import ray_run  # noqa: E402
 from trollout.cli.ray_block import WIND_DOWN, Control, _run_block  # noqa: E402
 from trollout.collector.deployment import Deployment  # noqa: E402
 from trollout.config import RunConfig  # noqa: E402
+from trollout.errors import RunFolderLockedError  # noqa: E402
 from trollout.recovery.layout import RunLayout  # noqa: E402
 from trollout.recovery.lock import RunLock, read_owner  # noqa: E402
 from trollout.scaleout import shard_folders, shard_output  # noqa: E402
@@ -102,6 +104,31 @@ def test_ray_four_workers_give_the_one_machine_run(
     assert doc["complete"]
     assert doc["shards"]["count"] == 8
     assert doc["landed"] == 80
+
+
+def test_ray_merges_out_under_the_run_lock(
+    tmp_path: Path, fake: FakeUrls, cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OUT is merged while the driver holds the run's lock, so a second collect --overwrite or
+    resume cannot take it and delete the shards mid-merge."""
+    out = tmp_path / "ray" / "run.jsonl"
+    held: list[bool] = []
+    merge = ray_run.aggregate_shards
+
+    async def merge_watched(*args: Any, **kwargs: Any) -> Any:
+        try:
+            RunLock.for_layout(RunLayout.for_output(out)).check_free()
+        except RunFolderLockedError:
+            held.append(True)
+        else:
+            held.append(False)
+        return await merge(*args, **kwargs)
+
+    monkeypatch.setattr(ray_run, "aggregate_shards", merge_watched)
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 6, seed=11)
+    collect(source, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=2")
+    assert held == [True]
+    assert len(read_jsonl(out)) == 12
 
 
 def test_ray_worker_killed_mid_run_still_lands_every_rollout_once(

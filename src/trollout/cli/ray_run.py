@@ -112,10 +112,10 @@ async def collect_on_ray(
         config = _with_workers(config)
         fresh = await _fresh_plan(layout, config, deployment)  # nothing is written before it
         layout.output.parent.mkdir(parents=True, exist_ok=True)
-        with RunLock.for_layout(layout):
+        with RunLock.for_layout(layout):  # held through the merge: OUT is this run's to write
             run = await (_start(*fresh) if fresh else _resume(layout, config, deployment))
             end = await drive(run, deployment, live, stream)
-        return await _finish(run, deployment, end, trio.current_time() - begun)
+            return await _finish(run, deployment, end, trio.current_time() - begun)
     finally:
         if started:
             await trio.to_thread.run_sync(ray.shutdown)
