@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -33,9 +34,11 @@ from builders import (  # noqa: E402
     wait_for,
     write_tasks_input,
 )
+from trollout.cli import ray_run  # noqa: E402
 from trollout.cli.ray_block import WIND_DOWN, Control, _run_block  # noqa: E402
 from trollout.collector.deployment import Deployment  # noqa: E402
 from trollout.config import RunConfig  # noqa: E402
+from trollout.errors import RunFolderLockedError  # noqa: E402
 from trollout.recovery.layout import RunLayout  # noqa: E402
 from trollout.recovery.lock import RunLock, read_owner  # noqa: E402
 from trollout.scaleout import shard_folders, shard_output  # noqa: E402
@@ -101,6 +104,31 @@ def test_ray_four_workers_give_the_one_machine_run(
     assert doc["complete"]
     assert doc["shards"]["count"] == 8
     assert doc["landed"] == 80
+
+
+def test_ray_merges_out_under_the_run_lock(
+    tmp_path: Path, fake: FakeUrls, cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OUT is merged while the driver holds the run's lock, so a second collect --overwrite or
+    resume cannot take it and delete the shards mid-merge."""
+    out = tmp_path / "ray" / "run.jsonl"
+    held: list[bool] = []
+    merge = ray_run.aggregate_shards
+
+    async def merge_watched(*args: Any, **kwargs: Any) -> Any:
+        try:
+            RunLock.for_layout(RunLayout.for_output(out)).check_free()
+        except RunFolderLockedError:
+            held.append(True)
+        else:
+            held.append(False)
+        return await merge(*args, **kwargs)
+
+    monkeypatch.setattr(ray_run, "aggregate_shards", merge_watched)
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 6, seed=11)
+    collect(source, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=2")
+    assert held == [True]
+    assert len(read_jsonl(out)) == 12
 
 
 def test_ray_worker_killed_mid_run_still_lands_every_rollout_once(
@@ -194,7 +222,8 @@ def test_ray_sigint_stops_then_resume_finishes(
 async def test_ray_block_obeys_the_drivers_stop(
     tmp_path: Path, fake: FakeUrls, cluster: str
 ) -> None:
-    """A block told to wind down says so; handed out again, it resumes its folder to the end."""
+    """A block started after the driver's stop runs nothing and says so; handed out again,
+    it runs to the end."""
     source = write_tasks_input(tmp_path / "tasks.jsonl", 8, seed=3)
     out = shard_output(tmp_path / "run.jsonl", 0, 1)
     config = RunConfig(
@@ -211,12 +240,70 @@ async def test_ray_block_obeys_the_drivers_stop(
     control = Control.remote()
     ray.get(control.stop.remote(WIND_DOWN, "test"))
     report = await _run_block(config, deployment, (0, 1), control)
-    assert report.interrupted
+    assert report.stopped == "the driver: test"
     assert report.error is None
     again = await _run_block(config, deployment, (0, 2), Control.remote())
     assert not again.interrupted
     assert report.progress.landed + again.progress.landed == 8
     assert len(read_jsonl(out)) == 8
+
+
+async def test_ray_block_serves_no_prometheus_endpoint(
+    tmp_path: Path, fake: FakeUrls, cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks share hosts: one serves neither --metrics-port nor OTEL_METRICS_EXPORTER=
+    prometheus, so a port already in use on its host fails no block."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 4, seed=5)
+    out = shard_output(tmp_path / "run.jsonl", 0, 1)
+    with socket.socket() as taken:  # the port a block on the same host already serves
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
+        monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(port))
+        config = RunConfig(
+            input_jsonl_fpath=str(source),
+            output_jsonl_fpath=str(out),
+            agent_name="math_agent",
+            shard="0/1",
+            resume_from_cache=True,
+            disable_aggregation=True,
+            metrics_port=port,
+        )
+        deployment = Deployment.from_agent_urls(fake.run_urls)
+        report = await _run_block(config, deployment, (0, 1), Control.remote())
+    assert report.error is None
+    assert report.stopped is None
+    assert report.progress.landed == 4
+
+
+def test_ray_block_whose_worker_gets_sigterm_is_handed_out_again(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """SIGTERM to one worker only (a node drain): its block winds down, is handed out again
+    and resumed; the run lands every rollout once and exits 0 (no block silently cut short)."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 60, seed=10)
+    out = tmp_path / "ray" / "run.jsonl"
+    command = ray_driver(
+        source, out, fake.head_url, cluster, "--workers", "2", "--concurrency", "2",
+        "+ray_blocks=2",
+    )  # fmt: skip
+    log = tmp_path / "driver.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = wait_for_busy_block(out, proc)
+        os.kill(victim, signal.SIGTERM)  # a worker of the test's own cluster
+        proc.wait(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert "handing it to another" in text
+    keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in read_jsonl(out)]
+    assert len(keys) == len(set(keys)) == 120
+    assert status(out)["complete"]
 
 
 def test_ray_max_run_time_stops_the_blocks_and_resume_finishes(

@@ -118,6 +118,42 @@ def test_sbatch_refuses_what_a_job_cannot_do(tmp_path: Path, args: list[str], ne
     assert len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--metrics-port", "9100"], {}, "--metrics-port 9100"),
+        (["+metrics_port=9100"], {}, "--metrics-port 9100"),
+        ([], {"OTEL_METRICS_EXPORTER": "prometheus"}, "OTEL_METRICS_EXPORTER=prometheus"),
+    ],
+)
+def test_sbatch_refuses_a_fixed_prometheus_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str],
+    needle: str,
+) -> None:  # fmt: skip
+    """Array jobs may share a node, where a second job could not bind a fixed port: refused
+    in one line (exit 2) naming what asked for it; port 0 (any free one) is taken."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 3)
+    out = str(tmp_path / "o.jsonl")
+    result = invoke("sbatch", "--shards", "2", str(source), "-o", out, *args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert needle in lines[0]
+    assert "--metrics-port 0" in lines[0]
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", "0")
+    free = invoke("sbatch", "--shards", "2", str(source), "-o", out, "--metrics-port", "0")
+    assert free.exit_code == 0, free.output
+    assert "--metrics-port 0" in free.output
+
+
+def test_sbatch_help_says_how_jobs_serve_prometheus() -> None:
+    """The --help names the rule: no fixed Prometheus port; 0, or OTLP."""
+    result = invoke("sbatch", "--help")
+    assert "--metrics-port 0" in " ".join(result.output.split())
+
+
 def test_a_ray_run_refuses_a_shards_folder_that_is_a_link(tmp_path: Path) -> None:
     """<stem>_shards as a symlink: refused in one line before any cluster starts or file is made."""
     pytest.importorskip("ray")
@@ -146,7 +182,7 @@ def test_ray_progress_sums_ended_hand_outs_and_running_snapshots() -> None:
     from trollout.collector.progress import Progress
 
     ended = Progress(landed=3, reward_sum=2.0, scored=3)
-    end = HandoutEnd(reports={(0, 1): BlockReport(0, ended, False, 11)})
+    end = HandoutEnd(reports={(0, 1): BlockReport(0, ended, None, 11)})
     snapshots = {
         (0, 1): (Progress(landed=1), 5, 11),  # superseded by the report
         (1, 1): (Progress(landed=2, failed=Counter({"agent_run_error": 1}), omitted=1), 4, 12),

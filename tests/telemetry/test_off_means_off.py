@@ -124,6 +124,16 @@ def test_telemetry_settings_follow_the_otel_variables(
     assert telemetry_settings(config, env) == expected
 
 
+def test_telemetry_settings_without_prometheus_ignore_every_way_to_ask() -> None:
+    """prometheus=False (a Ray block): neither --metrics-port nor OTEL_METRICS_EXPORTER=
+    prometheus serves an endpoint; traces over OTLP still go out."""
+    env = {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": "9100"}
+    config = RunConfig(metrics_port=9101)
+    assert telemetry_settings(config, env, prometheus=False) is None
+    traced = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
+    assert telemetry_settings(config, traced, prometheus=False) == TelemetrySettings(traces="otlp")
+
+
 @pytest.mark.parametrize(
     ("env", "config", "named"),
     [

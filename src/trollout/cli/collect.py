@@ -116,6 +116,7 @@ async def collect_run(
     transport: PostTransport | None = None,
     resubmit: Resubmit | None = None,
     stop_when: StopWhen | None = None,
+    prometheus: bool = True,
 ) -> RunResult:
     """Collect a run into ``config.output_jsonl_fpath``: fresh, or resumed.
 
@@ -134,6 +135,8 @@ async def collect_run(
         resubmit: also dispatch rollouts that are done but did not land (``trollout resubmit``).
         stop_when: given the collector, returns a reason to wind the run down as a signal
             would (`session`); the result's ``stopped`` says it did.
+        prometheus: False serves no Prometheus endpoint whatever the config and ``OTEL_*``
+            ask (`telemetry_settings`): a Ray block, which may share its host with others.
 
     Raises:
         ConfigError: no input or output path given.
@@ -154,7 +157,8 @@ async def collect_run(
         raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
     layout = RunLayout.for_output(config.output_jsonl_fpath)
     check_run_folder(layout, config, fresh=not resuming)  # before slow work; the store rechecks
-    watching = telemetry_settings(config)  # a bad OTEL_* value is refused before any write
+    # A bad OTEL_* value is refused before any write.
+    watching = telemetry_settings(config, prometheus=prometheus)
     if deployment is None:
         deployment = await load_deployment(config)
     stream = progress_stream or sys.stderr

@@ -8,8 +8,14 @@ died resumes what the dead worker left, with new attempt numbers from the folder
 `Control` is one small actor per run. Each block reports its progress to it every
 `_REPORT_S` seconds and gets back the driver's stop level in the same call: 0 go on, 1 wind
 down as on a signal (no new rollout; those in flight get ``grace_s``), 2 cancel what is in
-flight at once. A block never raises a trollout error to the driver: it returns it in its
-`BlockReport`, so the driver can say which block failed and why without unpickling our errors.
+flight at once (a block that starts after a stop runs nothing). Its `BlockReport` says what
+stopped it early, if anything, so the driver can hand out again a block that a signal to its
+own worker wound down. A block never raises a trollout error to the driver: it returns it in
+its `BlockReport`, so the driver can say which block failed and why without unpickling ours.
+
+Blocks serve no Prometheus endpoint, whether ``--metrics-port`` or ``OTEL_METRICS_EXPORTER=
+prometheus`` asks (a local cluster inherits the driver's environment): several may share a
+host, where one port cannot serve them all. OTLP still goes out from each.
 
 Only the `ray_*` modules import Ray; the plain command line never imports them.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +38,7 @@ from ..collector.progress import Progress
 from ..collector.served_config import Server
 from ..config import RunConfig
 from ..errors import ConfigError, DeploymentError, RunFolderError, RunStoppedError, TrolloutError
-from .collect import collect_run
+from .collect import RunResult, collect_run
 
 __all__ = ["BlockReport", "Control", "run_block"]
 
@@ -46,7 +53,8 @@ class BlockReport:
     Attributes:
         block: the block's index.
         progress: what this hand-out settled.
-        interrupted: the driver's stop (or a cancel) ended it before its rows ran out.
+        stopped: what ended it before its rows ran out (the driver's stop, a signal to its
+            worker, an error), or None: it ran its block to the end.
         pid: the worker process that ran it.
         error: the trollout error that ended it, as text, or None.
         usage_error: that error is a usage error (exit 2) rather than a failed run.
@@ -54,10 +62,15 @@ class BlockReport:
 
     block: int
     progress: Progress
-    interrupted: bool
+    stopped: str | None
     pid: int
     error: str | None = None
     usage_error: bool = False
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether something ended the hand-out before its block's rows ran out."""
+        return self.stopped is not None
 
 
 @ray.remote(num_cpus=0)
@@ -101,12 +114,13 @@ async def _run_block(
     config: RunConfig, deployment: Deployment, key: tuple[int, int], control: Any
 ) -> BlockReport:
     watcher = _Watcher(key, control)
+    await watcher.report()
+    if watcher.level > GO:  # started after the driver stopped (it was waiting for a CPU)
+        return BlockReport(key[0], Progress(), f"the driver: {watcher.reason}", os.getpid())
     progress = Progress()
-    # Blocks may share a host: one --metrics-port cannot serve them all (OTLP still goes out).
-    config = attrs.evolve(config, metrics_port=None)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(watcher.poll, nursery.cancel_scope)
+            nursery.start_soon(watcher.poll)
             with watcher.hard_stop:
                 result = await collect_run(
                     config,
@@ -114,6 +128,9 @@ async def _run_block(
                     progress_stream=io.StringIO(),
                     live=False,
                     stop_when=watcher.stop_when,
+                    # Blocks may share a host, where one port cannot serve them all: neither
+                    # --metrics-port nor OTEL_METRICS_EXPORTER=prometheus (OTLP still goes out).
+                    prometheus=False,
                 )
                 progress = result.progress
             nursery.cancel_scope.cancel(reason="the block ended")
@@ -123,11 +140,24 @@ async def _run_block(
             raise
         usage = all(_is_usage(error) for error in errors)
         message = "; ".join(str(error) for error in errors)
-        return BlockReport(key[0], watcher.last_progress(), True, os.getpid(), message, usage)
-    interrupted = watcher.level > GO or watcher.hard_stop.cancelled_caught
+        return BlockReport(key[0], watcher.last_progress(), message, os.getpid(), message, usage)
     if watcher.hard_stop.cancelled_caught:
+        stopped: str | None = f"the driver: {watcher.reason}"
         progress = watcher.last_progress()
-    return BlockReport(key[0], progress, interrupted, os.getpid())
+    else:
+        stopped = _why_stopped(result)
+    return BlockReport(key[0], progress, stopped, os.getpid())
+
+
+def _why_stopped(result: RunResult) -> str | None:
+    """Return what wound the block's run down before its rows ran out, or None."""
+    if result.signal is not None:  # a signal to the worker: a node drain, a preemption
+        return f"its worker received {signal.Signals(result.signal).name}"
+    if result.deadline_reached:
+        return "it reached its --max-run-time"
+    if result.stopped is not None:  # the only stop_when is `_Watcher`'s: the driver's stop
+        return f"the driver: {result.stopped}"
+    return None
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -153,7 +183,7 @@ class _Watcher:
         self.hard_stop = trio.CancelScope()
         self._collector: Collector | None = None
         self._wind_down = trio.Event()
-        self._reason = ""
+        self.reason = ""
 
     def last_progress(self) -> Progress:
         """Return the collector's progress (empty before the session began)."""
@@ -163,18 +193,22 @@ class _Watcher:
         """The session's ``stop_when``: note the collector, wait for a stop level of 1."""
         self._collector = collector
         await self._wind_down.wait()
-        return self._reason
+        return self.reason
 
-    async def poll(self, scope: trio.CancelScope) -> None:
-        """Report every `_REPORT_S` seconds until cancelled, acting on the stop level."""
+    async def report(self) -> None:
+        """Report the block's progress once, acting on the stop level it gets back."""
+        collector = self._collector
+        in_flight = collector.in_flight if collector is not None else 0
+        call = self.control.report.remote(self.key, self.last_progress(), in_flight)
+        level, reason = await trio.to_thread.run_sync(ray.get, call)
+        if level > self.level:
+            self.level, self.reason = level, reason
+            self._wind_down.set()
+            if level >= CANCEL:
+                self.hard_stop.cancel(reason=f"the driver: {reason}")
+
+    async def poll(self) -> None:
+        """Report every `_REPORT_S` seconds until cancelled."""
         while True:
-            collector = self._collector
-            in_flight = collector.in_flight if collector is not None else 0
-            call = self.control.report.remote(self.key, self.last_progress(), in_flight)
-            level, reason = await trio.to_thread.run_sync(ray.get, call)
-            if level > self.level:
-                self.level, self._reason = level, reason
-                self._wind_down.set()
-                if level >= CANCEL:
-                    self.hard_stop.cancel(reason=f"the driver: {reason}")
             await trio.sleep(_REPORT_S)
+            await self.report()

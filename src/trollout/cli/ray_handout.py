@@ -1,9 +1,11 @@
 """Handing a Ray run's blocks out: the queue, the watchers, the summed progress.
 
 `drive` runs beside the driver's watchers in one nursery: it keeps at most N blocks in flight
-(`ray_block.run_block` tasks), gives the next block to whichever worker frees up first, puts the
-block of a worker that died back at the front of the queue (`_MAX_CRASHES` deaths of one block
-end the run), and stops handing out on the first SIGINT or SIGTERM, on ``--max-run-time``, or
+(`ray_block.run_block` tasks), gives the next block to whichever worker frees up first, puts a
+lost block back at the front of the queue (its worker died, or something other than the driver
+stopped it before its end: a signal to the worker, as a node drain or a preemption sends; the
+hand-out's rows stay in its folder, which the next one resumes; `_MAX_CRASHES` losses of one
+block end the run), and stops handing out on the first SIGINT or SIGTERM, on ``--max-run-time``, or
 when a block fails, raising the `ray_block.Control` actor's stop level so the running blocks
 wind down (a second SIGINT: cancel them). `Reporter` prints the progress of every hand-out,
 summed (`total_progress`): a block's report when it ended, else its last snapshot.
@@ -37,7 +39,7 @@ from ..scaleout.layout import shard_output
 from .progress import progress_line
 from .ray_block import CANCEL, WIND_DOWN, BlockReport, Control, run_block
 
-__all__ = ["HandoutEnd", "RayRun", "Reporter", "drive", "total_progress"]
+__all__ = ["HandoutEnd", "RayBlocks", "RayRun", "Reporter", "drive", "total_progress"]
 
 _MAX_CRASHES: Final = 3  # hand-outs of one block that may die before the run gives up
 _WAIT_S: Final = 0.25  # how long one ray.wait blocks a worker thread
@@ -96,27 +98,59 @@ def _block_config(run: RayRun, block: int) -> RunConfig:
     )
 
 
+class RayBlocks:
+    """The blocks' side on Ray: `run_block` tasks and the `Control` actor's stop level.
+
+    `_hand_out` sees only these four methods, so its queue is tested with a fake.
+    """
+
+    def __init__(self, deployment: Deployment, control: Any) -> None:
+        self.deployment = deployment
+        self.control = control
+
+    def start(self, config: RunConfig, key: tuple[int, int]) -> Any:
+        """Start one hand-out of a block; return its handle (a Ray object ref)."""
+        servers, head_url = self.deployment.servers, self.deployment.head_url
+        return run_block.remote(config, servers, head_url, key, self.control)
+
+    async def wait(self, handles: list[Any]) -> list[Any]:
+        """Return the hand-outs that ended (none after `_WAIT_S`, so the caller can go on)."""
+        wait = partial(ray.wait, handles, num_returns=1, timeout=_WAIT_S)
+        ready, _ = await trio.to_thread.run_sync(wait)
+        return list(ready)
+
+    async def report(self, handle: Any) -> BlockReport:
+        """Return an ended hand-out's report (raises Ray's error when its worker died)."""
+        report: BlockReport = await trio.to_thread.run_sync(ray.get, handle)
+        return report
+
+    async def stop(self, level: int, reason: str) -> None:
+        """Raise the stop level every running block reads (`ray_block.Control`)."""
+        await trio.to_thread.run_sync(ray.get, self.control.stop.remote(level, reason))
+
+
 async def drive(
     run: RayRun, deployment: Deployment, live: bool | None, stream: IO[str]
 ) -> HandoutEnd:
     """Hand the blocks out beside the watchers (signals, deadline, progress)."""
     end = HandoutEnd()
     control = Control.remote()  # type: ignore[attr-defined]
+    blocks = RayBlocks(deployment, control)
     emit = partial(_emit, stream)
     async with trio.open_nursery() as nursery:
         if _on_main_thread():
-            nursery.start_soon(_watch_signals, end, control, run.config.grace_s, emit)
+            nursery.start_soon(_watch_signals, end, blocks, run.config.grace_s, emit)
         if run.config.max_run_time_s is not None:
-            nursery.start_soon(_watch_deadline, end, control, run.config.max_run_time_s)
+            nursery.start_soon(_watch_deadline, end, blocks, run.config.max_run_time_s)
         reporter = Reporter(run.to_dispatch, stream, live, control, end)
         nursery.start_soon(reporter.run)
-        await _hand_out(run, deployment, control, end, emit)
+        await _hand_out(run, blocks, end, emit)
         nursery.cancel_scope.cancel(reason="every block ended")
     return end
 
 
 async def _hand_out(
-    run: RayRun, deployment: Deployment, control: Any, end: HandoutEnd, emit: Callable[[str], None]
+    run: RayRun, blocks: RayBlocks, end: HandoutEnd, emit: Callable[[str], None]
 ) -> None:
     pending = deque(range(run.blocks))
     running: dict[Any, tuple[int, int]] = {}
@@ -128,54 +162,55 @@ async def _hand_out(
             handouts[block] += 1
             end.handouts += 1
             key = (block, handouts[block])
-            config = _block_config(run, block)
-            ref = run_block.remote(config, deployment.servers, deployment.head_url, key, control)
-            running[ref] = key
+            running[blocks.start(_block_config(run, block), key)] = key
         if not running:
             break
-        wait = partial(ray.wait, list(running), num_returns=1, timeout=_WAIT_S)
-        ready, _ = await trio.to_thread.run_sync(wait)
-        for ref in ready:
-            key = running.pop(ref)
-            died = await _settle(ref, key, end, control)
-            if died is not None:
-                deaths[key[0]] += 1
-                end.deaths.append(f"block {key[0]}: {died}")
-                emit(f"trollout: block {key[0]}'s worker died ({died}); handing it to another")
-                if deaths[key[0]] >= _MAX_CRASHES:
-                    await _fail(
-                        end,
-                        control,
-                        f"block {key[0]}'s workers died {deaths[key[0]]} times ({died})",
-                        False,
-                    )
-                pending.appendleft(key[0])
+        for handle in await blocks.wait(list(running)):
+            key = running.pop(handle)
+            lost = await _settle(handle, key, end, blocks)
+            if lost is None:
+                continue
+            block = key[0]
+            deaths[block] += 1
+            end.deaths.append(f"block {block}: {lost}")
+            emit(f"trollout: block {block} stopped before its end ({lost}); handing it to another")
+            if deaths[block] >= _MAX_CRASHES:
+                message = (
+                    f"block {block} did not finish in {deaths[block]} hand-outs (the last: "
+                    f"{lost}); what landed is kept: see the workers' logs, then trollout resume"
+                )
+                await _fail(end, blocks, message, False)
+            pending.appendleft(block)
 
 
-async def _settle(ref: Any, key: tuple[int, int], end: HandoutEnd, control: Any) -> str | None:
-    """Record a finished hand-out; return why its worker died, or None."""
+async def _settle(
+    handle: Any, key: tuple[int, int], end: HandoutEnd, blocks: RayBlocks
+) -> str | None:
+    """Record a finished hand-out; return why it was lost (to hand it out again), or None.
+
+    A hand-out is lost when its worker died, or when something other than the driver (a
+    signal to the worker: a node drain, a preemption) stopped it before its block's end.
+    """
     try:
-        report: BlockReport = await trio.to_thread.run_sync(ray.get, ref)
+        report = await blocks.report(handle)
     except RayTaskError as exc:  # a bug in the block: Ray keeps the traceback
-        await _fail(end, control, f"block {key[0]} failed: {exc}", False)
+        await _fail(end, blocks, f"block {key[0]} failed: {exc}", False)
         return None
     except RayError as exc:
-        return type(exc).__name__
+        return f"its worker died: {type(exc).__name__}"
     end.reports[key] = report
     if report.error is not None:
-        await _fail(end, control, f"block {key[0]}: {report.error}", report.usage_error)
+        await _fail(end, blocks, f"block {key[0]}: {report.error}", report.usage_error)
+    elif report.stopped is not None and not end.stopping:
+        return report.stopped
     return None
 
 
-async def _fail(end: HandoutEnd, control: Any, message: str, usage: bool) -> None:
+async def _fail(end: HandoutEnd, blocks: RayBlocks, message: str, usage: bool) -> None:
     if end.error is None:
         end.error = (message, usage)
     end.stopping = True
-    await _stop(control, WIND_DOWN, "another block failed")
-
-
-async def _stop(control: Any, level: int, reason: str) -> None:
-    await trio.to_thread.run_sync(ray.get, control.stop.remote(level, reason))
+    await blocks.stop(WIND_DOWN, "another block failed")
 
 
 def _on_main_thread() -> bool:
@@ -187,7 +222,7 @@ def _emit(stream: IO[str], text: str) -> None:
 
 
 async def _watch_signals(
-    end: HandoutEnd, control: Any, grace_s: float, emit: Callable[[str], None]
+    end: HandoutEnd, blocks: RayBlocks, grace_s: float, emit: Callable[[str], None]
 ) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
@@ -198,16 +233,16 @@ async def _watch_signals(
                     f"trollout: {name}: handing out no new block; running blocks start no new "
                     f"rollout and get {grace_s:g} s for the rest (SIGINT again to stop at once)"
                 )
-                await _stop(control, WIND_DOWN, f"the driver received {name}")
+                await blocks.stop(WIND_DOWN, f"the driver received {name}")
             elif signum == signal.SIGINT:
                 emit("trollout: second SIGINT: cancelling the rollouts in flight")
-                await _stop(control, CANCEL, "the driver received a second SIGINT")
+                await blocks.stop(CANCEL, "the driver received a second SIGINT")
 
 
-async def _watch_deadline(end: HandoutEnd, control: Any, max_run_time_s: float) -> None:
+async def _watch_deadline(end: HandoutEnd, blocks: RayBlocks, max_run_time_s: float) -> None:
     await trio.sleep(max_run_time_s)
     end.deadline_reached, end.stopping = True, True
-    await _stop(control, WIND_DOWN, f"--max-run-time of {max_run_time_s:g} s reached")
+    await blocks.stop(WIND_DOWN, f"--max-run-time of {max_run_time_s:g} s reached")
 
 
 # --- progress -----------------------------------------------------------------------------------

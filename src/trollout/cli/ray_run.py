@@ -12,7 +12,9 @@ into OUT as one run (`metrics.aggregate_shards`, by the rollouts' identity acros
 A worker that dies (killed, out of memory, its node lost) loses only its block's hand-out: the
 block goes back to the front of the queue and the next worker resumes its folder, the kernel
 having dropped the dead worker's lock; attempt numbers come from the folder's ledger, so none
-is reused. A block whose workers keep dying ends the run.
+is reused. A block stopped by a signal to its own worker (a node drain, a preemption) is
+handed out again the same way, never merged as if done. A block lost 3 times
+(`ray_handout._MAX_CRASHES`) ends the run; what landed stays, resumable.
 
 Ending early works as on one machine: the first SIGINT or SIGTERM, or ``--max-run-time``,
 stops the hand-outs and asks every running block, through the `ray_block.Control` actor, to
@@ -110,10 +112,10 @@ async def collect_on_ray(
         config = _with_workers(config)
         fresh = await _fresh_plan(layout, config, deployment)  # nothing is written before it
         layout.output.parent.mkdir(parents=True, exist_ok=True)
-        with RunLock.for_layout(layout):
+        with RunLock.for_layout(layout):  # held through the merge: OUT is this run's to write
             run = await (_start(*fresh) if fresh else _resume(layout, config, deployment))
             end = await drive(run, deployment, live, stream)
-        return await _finish(run, deployment, end, trio.current_time() - begun)
+            return await _finish(run, deployment, end, trio.current_time() - begun)
     finally:
         if started:
             await trio.to_thread.run_sync(ray.shutdown)

@@ -26,6 +26,7 @@ from ..recovery.layout import RunLayout
 from ..recovery.manifest import read_manifest
 from ..recovery.resume import Resubmit
 from ..scaleout.sbatch import sbatch_script
+from ..telemetry import telemetry_settings
 from .common import build_run_config, fail
 
 if TYPE_CHECKING:  # collect imports this module for its options
@@ -134,6 +135,10 @@ runs `trollout collect ARGS --shard I/N --resume` into OUT's shards folder; a jo
 its time limit leaves a resumable shard, and submitting the script again (or `sbatch
 --array=3,5 SCRIPT`) resumes it. When the jobs are done, `trollout aggregate` (its command is
 in the script) merges the shards into OUT as one run.
+
+Array jobs may share a node, so a fixed Prometheus port (--metrics-port N, or
+OTEL_METRICS_EXPORTER=prometheus) is refused: pass --metrics-port 0 (each job takes a free
+port and prints it in its log), or send metrics over OTLP with --otlp-endpoint.
 """
 
 
@@ -179,6 +184,7 @@ def _sbatch_text(args: tuple[str, ...], shards: int, opts: dict[str, Any]) -> st
         )
     if not config.output_jsonl_fpath:
         raise ConfigError("no output file: pass -o OUT.jsonl")
+    _check_prometheus(config)
     options = [f"--job-name={opts['job_name']}"]
     options += [f"--time={opts['time_limit']}"] if opts["time_limit"] else []
     options += [f"--partition={opts['partition']}"] if opts["partition"] else []
@@ -190,6 +196,24 @@ def _sbatch_text(args: tuple[str, ...], shards: int, opts: dict[str, Any]) -> st
         python=sys.executable,
         workdir=Path.cwd(),
         sbatch_options=options,
+    )
+
+
+def _check_prometheus(config: RunConfig) -> None:
+    """Refuse a fixed Prometheus port: array jobs sharing a node cannot all bind it."""
+    watching = telemetry_settings(config)  # the environment the jobs will inherit, as now
+    if watching is None or watching.prometheus is None or watching.prometheus[1] == 0:
+        return
+    port = watching.prometheus[1]
+    asked = (
+        f"--metrics-port {port!r}"
+        if config.metrics_port is not None
+        else f"OTEL_METRICS_EXPORTER=prometheus (port {port!r})"
+    )
+    raise ConfigError(
+        f"{asked}: array jobs may share a node, where only the first could bind the port; "
+        "pass --metrics-port 0 (any free port, printed in each job's log), or send metrics "
+        "over OTLP (--otlp-endpoint)"
     )
 
 

@@ -87,6 +87,7 @@ __all__ = [
     "RetryPolicy",
     "RetryState",
     "endpoint_of",
+    "public_url",
 ]
 
 GOOD_ANSWERS_PER_TOKEN: Final = 10  # well-answered requests that earn one retry token back
@@ -352,9 +353,22 @@ class EndpointHealth:
 
 
 def endpoint_of(url: str) -> str:
-    """Return the origin ``scheme://host:port`` of `url`: what budgets and breakers key on."""
+    """Return the origin ``scheme://host:port`` of `url`: what budgets and breakers key on.
+
+    It has no ``user:password@``: it is shown in failure messages and metric labels.
+    """
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def public_url(url: str) -> str:
+    """Return `url` as ``scheme://host:port/path``: what telemetry and messages may show.
+
+    ``user:password@``, the ``?query`` and the ``#fragment`` are dropped: they are where a
+    URL carries a secret (``?api_key=...``), and spans and labels leave the machine.
+    """
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 class RetryState:

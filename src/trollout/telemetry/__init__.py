@@ -68,9 +68,15 @@ class TelemetrySettings:
 
 
 def telemetry_settings(
-    config: RunConfig, environ: Mapping[str, str] | None = None
+    config: RunConfig, environ: Mapping[str, str] | None = None, *, prometheus: bool = True
 ) -> TelemetrySettings | None:
     """Return where a run's telemetry goes, or None when nothing asks for any.
+
+    Args:
+        config: the run's settings (``otlp_endpoint``, ``metrics_port``, ``metrics_host``).
+        environ: the ``OTEL_*`` variables (the process environment when None).
+        prometheus: False serves no Prometheus endpoint, whatever the config and the
+            environment ask: runs that share a host (Ray blocks) cannot share one port.
 
     Raises:
         ConfigError: an exporter variable, the OTLP endpoint or the Prometheus port is not
@@ -82,14 +88,14 @@ def telemetry_settings(
     disabled = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
     traces = _exporter(env, "OTEL_TRACES_EXPORTER", asked)
     metrics = _exporter(env, "OTEL_METRICS_EXPORTER", asked, extra={"prometheus"})
-    prometheus = _prometheus(config, env, metrics == "prometheus")
+    served = _prometheus(config, env, metrics == "prometheus")
     if disabled:
         traces = metrics = None
     settings = TelemetrySettings(
         traces=traces,
         metrics=None if metrics == "prometheus" else metrics,
         otlp_endpoint=endpoint,
-        prometheus=prometheus,
+        prometheus=served if prometheus else None,
     )
     return settings if settings.traces is not None or settings.metrics_on else None
 

@@ -22,6 +22,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from ..collector.retry import public_url
 from ..records import Failed, Landed, MaterializedRow
 
 __all__ = ["ROLLOUT_REPEAT_ATTRIBUTE", "TASK_ID_ATTRIBUTE", "AttemptSpan", "Tracing"]
@@ -84,7 +85,7 @@ class Tracing:
             ROLLOUT_REPEAT_ATTRIBUTE: identity.rollout_index,
             "trollout.task.index": identity.task_index,
             "trollout.attempt": attempt,
-            "trollout.url": url,
+            "trollout.url": public_url(url),  # never its user:password@ or ?query
         }
         if identity.agent_name is not None:
             attributes["trollout.agent"] = identity.agent_name

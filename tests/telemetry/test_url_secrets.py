@@ -1,0 +1,66 @@
+"""Agent URLs in telemetry: span attributes and metric labels never carry their secrets.
+
+A URL given through the library (``open_collector(urls=...)`` or ``resolve=``) is not checked
+as the command line checks it, so it may hold ``user:password@`` or ``?api_key=``; telemetry
+shows it as ``scheme://host:port/path`` only (the house rule: a config's secrets are never
+echoed, and spans and labels leave the machine over OTLP and Prometheus).
+"""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from builders import materialized_rows
+from trollout.collector.engine import open_collector
+from trollout.collector.retry import endpoint_of, public_url
+from trollout.config import RunConfig
+from trollout.telemetry import TelemetrySettings
+from trollout.telemetry.runtime import open_telemetry
+from trollout.testing import AgentSpec, DeploymentSpec, open_fake_deployment
+
+SPEC = DeploymentSpec(agents=(AgentSpec(name="math_agent"),))
+SECRETS = ("alice", "hunter2", "sekret", "frag")
+
+
+def test_public_url_drops_userinfo_query_and_fragment() -> None:
+    """``scheme://host:port/path`` is kept; ``user:pass@``, ``?query`` and ``#frag`` go."""
+    url = "http://alice:hunter2@h:1/a/run?api_key=sekret#frag"
+    assert public_url(url) == "http://h:1/a/run"
+    assert endpoint_of(url) == "http://h:1"
+    assert public_url("http://[::1]:8/run") == "http://[::1]:8/run"
+
+
+async def test_telemetry_never_carries_an_agent_urls_secrets() -> None:
+    """A run to ``http://alice:hunter2@host:port/run?api_key=sekret#frag``: no span attribute
+    and no metric label holds the user, the password, the query or the fragment."""
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    settings = TelemetrySettings(metrics="console")
+    async with open_fake_deployment(SPEC) as fake:
+        origin = fake.run_urls["math_agent"].removeprefix("http://").rstrip("/")
+        url = f"http://alice:hunter2@{origin}/run?api_key=sekret#frag"
+        async with (
+            open_telemetry(
+                settings, max_attempts=1, span_exporter=exporter, metric_readers=[reader]
+            ) as telemetry,
+            open_collector(
+                config=RunConfig(max_attempts=1), resolve=lambda _: url, observer=telemetry
+            ) as collector,
+        ):
+            telemetry.watch(collector, expected=2)
+            await collector.collect(materialized_rows(2))
+            data = reader.get_metrics_data()
+    shown = [str(v) for span in exporter.get_finished_spans() for v in span.attributes.values()]
+    assert f"http://{origin}/run" in shown
+    assert data is not None
+    labels = [
+        str(value)
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        for point in metric.data.data_points
+        for value in (point.attributes or {}).values()
+    ]
+    assert f"http://{origin}" in labels  # the breaker's endpoint label
+    for secret in SECRETS:
+        assert not [text for text in shown + labels if secret in text], secret
