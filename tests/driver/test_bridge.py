@@ -9,20 +9,31 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import trio
 
 import trollout
-from builders import HANG_GUARD_S, URLS, ScriptedTransport, materialized_rows, wait_for
+from builders import (
+    HANG_GUARD_S,
+    URLS,
+    ScriptedTransport,
+    materialized_rows,
+    read_jsonl,
+    wait_for,
+)
+from trollout.collector.transport import RawResponse
 from trollout.driver.bridge import BatchTask, RolloutsThread
 from trollout.driver.sync import SyncBatch
 from trollout.errors import TrolloutError
 from trollout.records import MaterializedRow
+from trollout.recovery.layout import RunLayout
 
 T = TypeVar("T")
+RECORD_OMITTED = trollout.RunConfig(record_omitted_rollouts=True)
 
 
 class Crash(BaseException):
@@ -161,3 +172,116 @@ def test_a_batch_waiting_when_the_trio_run_dies_is_failed_by_the_threads_end() -
         thread.stop()
         with pytest.raises(trio.TrioInternalError):
             thread.join()
+
+
+# --- asyncio cancellation at entry and exit of aio.open_rollouts ----------------------------------
+
+
+class SlowUrls(Mapping[str, str]):
+    """Agent URLs whose reading (in the Trio thread, while the collector opens) blocks until
+    `release` is set; `reading` says it blocks: a slow discovery."""
+
+    def __init__(self, urls: Mapping[str, str]) -> None:
+        self._urls = dict(urls)
+        self.reading = threading.Event()
+        self.release = threading.Event()
+
+    def __getitem__(self, name: str) -> str:
+        return self._urls[name]
+
+    def __len__(self) -> int:
+        return len(self._urls)
+
+    def __iter__(self) -> Iterator[str]:
+        self.reading.set()
+        self.release.wait(HANG_GUARD_S)
+        return iter(self._urls)
+
+
+class HeldTransport(ScriptedTransport):
+    """Never answers; once cancelled, holds the rollout's end (shielded) until `release` is set.
+
+    `entered`: a request arrived; `held`: a cancelled request holds.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+        self.entered.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                self.held.set()
+                await trio.to_thread.run_sync(self.release.wait)
+        raise AssertionError("unreachable")
+
+
+async def still_running(task: asyncio.Task[Any]) -> bool:
+    """Whether `task` is still running after it had every chance to react to a cancellation
+    (a few loop iterations: it runs before this coroutine resumes)."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return not task.done()
+
+
+def test_aio_cancelled_while_opening_closes_what_it_opened() -> None:
+    """A task cancelled while the collector opens (a slow discovery, an asyncio.timeout)
+    waits until the opening has ended, closes the Trio thread, then raises CancelledError."""
+    urls = SlowUrls(URLS)
+    before = trio_threads()
+
+    async def main() -> None:
+        async def hold() -> None:
+            async with trollout.aio.open_rollouts(urls, transport=ScriptedTransport()):
+                raise AssertionError("a cancelled entry must not run the block")
+
+        task = asyncio.create_task(hold())
+        try:
+            await asyncio.to_thread(urls.reading.wait, HANG_GUARD_S)
+            task.cancel()
+            assert await still_running(task), "the cancelled entry left the thread opening"
+        finally:
+            urls.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    guarded(lambda: asyncio.run(main()))
+    assert trio_threads() <= before, "a Trio thread outlived open_rollouts"
+
+
+def test_aio_cancelled_twice_while_closing_still_flushes_the_shard(tmp_path: Path) -> None:
+    """A second cancellation while leaving open_rollouts does not cut the close short: the
+    task ends once the Trio thread has, with the open batch's interrupted rollout recorded."""
+    transport = HeldTransport()
+    before = trio_threads()
+
+    async def main() -> None:
+        async def hold() -> None:
+            async with trollout.aio.open_rollouts(
+                URLS, config=RECORD_OMITTED, transport=transport, record_output_dir=tmp_path
+            ) as rollouts:
+                batch = rollouts.open_batch(materialized_rows(1), record_shard="x")
+                await batch.__aenter__()  # left open: leaving open_rollouts closes it
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(hold())
+        try:
+            await asyncio.to_thread(transport.entered.wait, HANG_GUARD_S)
+            task.cancel()  # leaving open_rollouts cancels the rollout, which holds
+            await asyncio.to_thread(transport.held.wait, HANG_GUARD_S)
+            task.cancel()
+            assert await still_running(task), "a second cancellation cut the close short"
+        finally:
+            transport.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    guarded(lambda: asyncio.run(main()))
+    assert trio_threads() <= before, "a Trio thread outlived open_rollouts"
+    failures = read_jsonl(RunLayout.for_output(tmp_path / "rollouts-x.jsonl").failures)
+    assert [row["_ng_omitted_rollout"] for row in failures] == [True], failures
