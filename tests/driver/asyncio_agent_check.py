@@ -7,13 +7,16 @@ import asyncio
 import sys
 from typing import Any
 
+import orjson
 import trio
+import trio.testing
 
 import trollout
 from trollout.driver.asyncio_agent import open_asyncio_agents
 from trollout.records import Failed, Landed
 
 cancelled: list[int] = []
+entered: list[int] = []
 
 
 async def arithmetic(row: dict) -> dict:
@@ -30,12 +33,20 @@ async def broken(row: dict) -> dict:
 
 
 async def stuck(row: dict) -> dict:
-    """An asyncio agent that never answers; records its cancellation."""
+    """An asyncio agent that never answers; records its start and its cancellation."""
+    entered.append(row["_ng_task_index"])
     try:
         await asyncio.sleep(3600)
     finally:
         cancelled.append(row["_ng_task_index"])
     return {}
+
+
+async def cancels_itself(row: dict) -> dict:
+    """An asyncio agent (or an SDK in it) letting an asyncio cancellation of its own escape."""
+    if row["_ng_task_index"] == 1:
+        raise asyncio.CancelledError("the SDK cancelled its own request")
+    return {"response": {"output": []}, "reward": 1.0}
 
 
 def rows(agent: str, n: int) -> list[dict]:
@@ -63,14 +74,56 @@ async def collect(transport: Any) -> None:
         assert left == [], left
 
 
-async def main() -> None:
-    agents = {"arithmetic": arithmetic, "broken": broken, "stuck": stuck}
-    async with open_asyncio_agents(agents) as transport:
-        await collect(transport)
-    assert sorted(cancelled) == [0, 1, 2], cancelled
+async def self_cancel(transport: Any) -> None:
+    """An agent's own asyncio cancellation fails that rollout only; the collector goes on."""
+    async with trollout.open_rollouts(transport.urls, transport=transport) as ro:
+        outcomes = await ro.run_batch(rows("cancels_itself", 3))
+        kinds = sorted(type(i.outcome).__name__ for i in outcomes)
+        assert kinds == ["Failed", "Landed", "Landed"], outcomes
+        (failed,) = [i.outcome for i in outcomes if isinstance(i.outcome, Failed)]
+        assert (failed.kind, failed.exception_type) == ("transport", "RuntimeError"), failed
+        again = await ro.run_batch(rows("arithmetic", 2))
+        assert all(isinstance(i.outcome, Landed) for i in again), again
+
+
+async def trio_cancel(transport: Any) -> None:
+    """Trio cancelling a call still raises trio.Cancelled (caught by its scope), not an error."""
+    body = orjson.dumps(rows("stuck", 1)[0])
+    async with trio.open_nursery() as nursery:
+        scope = trio.CancelScope()
+
+        async def call() -> None:
+            with scope:
+                await transport.post(transport.urls["stuck"] + "/run", body)
+            assert scope.cancelled_caught, "the call ended without Trio's cancellation"
+            called.set()
+
+        called = trio.Event()
+        nursery.start_soon(call)
+        await trio.testing.wait_all_tasks_blocked()  # the agent is asleep in asyncio
+        assert entered == [0], entered
+        scope.cancel()
+        await called.wait()
+    assert cancelled == [0], cancelled
+
+
+CHECKS = {"collect": collect, "self_cancel": self_cancel, "trio_cancel": trio_cancel}
+AGENTS = {
+    "arithmetic": arithmetic,
+    "broken": broken,
+    "stuck": stuck,
+    "cancels_itself": cancels_itself,
+}
+
+
+async def main(check: str) -> None:
+    async with open_asyncio_agents(AGENTS) as transport:
+        await CHECKS[check](transport)
+    if check == "collect":
+        assert sorted(cancelled) == [0, 1, 2], cancelled
     print("ok")
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    trio.run(main, sys.argv[1])
     sys.exit(0)

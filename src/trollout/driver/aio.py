@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from ..collector.batch import BatchOutcome, BatchRows
 from ..collector.deployment import Deployment
@@ -30,6 +30,7 @@ from .bridge import BatchCallbacks, FrontEndBatch, FrontEndRollouts, RolloutsThr
 __all__ = ["AioBatch", "AioRollouts", "open_rollouts"]
 
 _Message = tuple[str, Any, Any]
+_T = TypeVar("_T")
 
 
 class _ToLoop(BatchCallbacks):
@@ -127,16 +128,11 @@ class AioBatch(FrontEndBatch):
         closed = self._report.closed
         if not closed.done():
             self._thread.close_batch(self._task, drain=drain)
-        cancelled: BaseException | None = None
-        while not closed.done():
-            try:
-                await asyncio.shield(closed)
-            except asyncio.CancelledError as exc:  # a teardown must not be cut short
-                cancelled = exc
-        while not self._report.queue.empty():  # outcomes handed over before the close
-            self._take(self._report.queue.get_nowait())
-        if cancelled is not None:
-            raise cancelled
+        try:
+            await _outlast_cancellation(closed)
+        finally:
+            while not self._report.queue.empty():  # outcomes handed over before the close
+                self._take(self._report.queue.get_nowait())
 
     async def _next_message(self) -> None:
         self._take(await self._report.queue.get())
@@ -178,11 +174,44 @@ async def open_rollouts(
 
     Raises:
         ConfigError: bad agent URLs or settings.
+
+    Cancellation: neither entry nor exit is cut short. A task cancelled while the collector
+    opens waits until it is open, closes it, then raises; leaving the block, however often
+    cancelled, returns once every batch is closed and the collector with it.
     """
     thread = RolloutsThread(deployment, **options)
-    await asyncio.to_thread(thread.start)
+    try:
+        await _outlast_cancellation(asyncio.to_thread(thread.start))
+    except asyncio.CancelledError:
+        await _close(thread)  # the opening went on to its end: close what it opened
+        raise
     try:
         yield AioRollouts(thread)
     finally:
-        thread.stop()
-        await asyncio.shield(asyncio.to_thread(thread.join))
+        await _close(thread)
+
+
+async def _close(thread: RolloutsThread) -> None:
+    """Stop the Trio thread and wait, through cancellations, until it has ended."""
+    thread.stop()
+    await _outlast_cancellation(asyncio.to_thread(thread.join))
+
+
+async def _outlast_cancellation(awaitable: Awaitable[_T]) -> _T:
+    """Await ``awaitable`` to its end however often this task is cancelled meanwhile (a
+    teardown must not be cut short), then re-raise the cancellation if there was one.
+
+    Raises:
+        Exception: what ``awaitable`` raised (it says more than the cancellation).
+    """
+    future = asyncio.ensure_future(awaitable)
+    cancelled: asyncio.CancelledError | None = None
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    result = future.result()
+    if cancelled is not None:
+        raise cancelled
+    return result

@@ -14,8 +14,10 @@ in between::
 
 Each rollout's body is decoded and handed to the agent as a dict; what it returns is the
 reply, classified as a server's would be (a reward scores it, ``_ng_*`` sentinels route it).
-An exception from the agent fails that rollout (``agent_request_failed``, kind ``transport``);
-cancelling the rollout (a batch closed early) cancels the agent's asyncio task.
+An exception from the agent fails that rollout (``agent_request_failed``, kind ``transport``),
+and so does an ``asyncio.CancelledError`` of the agent's own (an SDK cancelling a request):
+it becomes a ``RuntimeError``, as it would otherwise cancel the whole collector. Cancelling the
+rollout (a batch closed early) cancels the agent's asyncio task.
 
 Needs trio-asyncio (the ``asyncio`` extra). Importing it patches asyncio for the whole process,
 so this module imports it only inside `open_asyncio_agents`, and ``import trollout`` never does.
@@ -25,6 +27,7 @@ asyncio trainer needs the reverse (bench/frontends.py measured both ways; `bridg
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -64,16 +67,26 @@ class AsyncioAgentTransport:
 
         Raises:
             UnknownAgentError: no agent of that name (a routing mistake).
+            RuntimeError: the agent let an ``asyncio.CancelledError`` of its own escape.
             Exception: what the agent raised (the rollout fails, typed, and the run goes on).
 
-        Cancellation: a checkpoint; cancelling cancels the agent's asyncio task.
+        Cancellation: a checkpoint; cancelling cancels the agent's asyncio task (and raises
+        ``trio.Cancelled``).
         """
         name = urlsplit(url).path.strip("/").removesuffix("/run")
         agent = self._agents.get(name)
         if agent is None:
             known = ", ".join(sorted(self._agents))
             raise UnknownAgentError(f"no asyncio agent {name!r} (known: {known})")
-        reply = await self._call(agent)(orjson.loads(body))
+        try:
+            reply = await self._call(agent)(orjson.loads(body))
+        except asyncio.CancelledError as exc:
+            # trio-asyncio raises trio.Cancelled when Trio cancelled the call; this one came
+            # from inside asyncio and, a BaseException, would cancel every rollout of the run.
+            raise RuntimeError(
+                f"the asyncio agent {name!r} was cancelled from inside asyncio (not by "
+                f"trollout): {exc!r}; have it return a reply or raise an ordinary exception"
+            ) from exc
         return RawResponse(status=200, headers=[], body=orjson.dumps(reply), url=url)
 
     async def aclose(self) -> None:

@@ -28,6 +28,7 @@ asyncio *agents* instead (`asyncio_agent`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -69,12 +70,23 @@ class BatchCallbacks:
 
 
 class BatchTask:
-    """The Trio side of one batch: a task holding ``rollouts.open_batch`` open."""
+    """The Trio side of one batch: a task holding ``rollouts.open_batch`` open.
 
-    def __init__(self, rows: BatchRows, options: Mapping[str, Any], report: BatchCallbacks) -> None:
+    ``forget`` is called once the batch is reported done (`settle`), which happens once.
+    """
+
+    def __init__(
+        self,
+        rows: BatchRows,
+        options: Mapping[str, Any],
+        report: BatchCallbacks,
+        forget: Callable[[BatchTask], None],
+    ) -> None:
         self.rows = rows
         self.options = dict(options)
         self.report = report
+        self._forget = forget
+        self._settled = False
         self._pump = trio.CancelScope()
         self._close = trio.Event()
         self._drain = False
@@ -84,6 +96,14 @@ class BatchTask:
         self._drain = self._drain or drain
         self._pump.cancel(reason="the caller closed the batch")
         self._close.set()
+
+    def settle(self, drained: list[BatchOutcome], error: BaseException | None) -> None:
+        """Report the batch done, the first time only (its task, a refusal or the thread's end)."""
+        if self._settled:
+            return
+        self._settled = True
+        self._forget(self)
+        self.report.done(drained, error)
 
     async def run(self, rollouts: Rollouts) -> None:
         """Hold the batch open, push its outcomes, close it when asked.
@@ -103,15 +123,18 @@ class BatchTask:
                 if self._drain:
                     drained = await batch.aclose_and_drain()
         except BaseException as exc:
-            self.report.done([], exc)
+            self.settle([], exc)
             if not isinstance(exc, Exception):
                 raise
             return
-        self.report.done(drained, None)
+        self.settle(drained, None)
 
 
 class RolloutsThread:
     """`open_rollouts` in a Trio thread of its own (see the module docstring).
+
+    Every batch opened is reported done exactly once, at the latest when the thread ends, so
+    no front end waits on a thread that is gone.
 
     Args:
         deployment: as `open_rollouts`.
@@ -126,6 +149,10 @@ class RolloutsThread:
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
         self._stopped: trio.Event | None = None
+        # Guards the batches not yet reported done, and whether the Trio run has ended.
+        self._lock = threading.Lock()
+        self._open: set[BatchTask] = set()
+        self._ended = False
         self.rollouts: Rollouts | None = None
         self._thread = threading.Thread(target=self._run, name="trollout-trio", daemon=True)
 
@@ -150,19 +177,39 @@ class RolloutsThread:
     def open_batch(
         self, rows: BatchRows, options: Mapping[str, Any], report: BatchCallbacks
     ) -> BatchTask:
-        """Start a batch (non-blocking); ``report`` hears what happens to it."""
-        task = BatchTask(rows, options, report)
-        self._call(self._start_batch, task)
+        """Start a batch (non-blocking); ``report`` hears what happens to it.
+
+        Raises:
+            TrolloutError: the thread is not running (``report`` hears nothing then).
+        """
+        task = BatchTask(rows, options, report, self._forget)
+        with self._lock:
+            if self._ended:
+                raise TrolloutError("the trollout thread has stopped") from self._error
+            self._open.add(task)
+        try:
+            self._call(self._start_batch, task)
+        except BaseException:
+            self._forget(task)
+            raise
         return task
 
     def close_batch(self, task: BatchTask, *, drain: bool) -> None:
-        """Ask a batch to close (non-blocking); ``report.done`` says when it has."""
-        self._call(task.request_close, drain)
+        """Ask a batch to close (non-blocking); ``report.done`` says when it has (at the
+        latest when the thread ends, so asking an ended thread does nothing)."""
+        assert self._token is not None  # a batch was opened
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(task.request_close, drain)
 
     def stop(self) -> None:
-        """Close every open batch and the collector (non-blocking); `join` waits for it."""
-        if self._stopped is not None:
-            self._call(self._stopped.set)
+        """Close every open batch and the collector (non-blocking); `join` waits for it.
+
+        On a thread that has ended it does nothing (`join` raises what ended it).
+        """
+        stopped, token = self._stopped, self._token
+        if stopped is not None and token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(stopped.set)
 
     def join(self) -> None:
         """Wait until the thread has ended (blocking), then raise what ended it, if anything."""
@@ -178,10 +225,14 @@ class RolloutsThread:
         except trio.RunFinishedError:
             raise TrolloutError("the trollout thread has stopped") from self._error
 
+    def _forget(self, task: BatchTask) -> None:
+        with self._lock:
+            self._open.discard(task)
+
     def _start_batch(self, task: BatchTask) -> None:
         # Runs in the Trio thread, outside any task: an exception here would crash the run.
         if self._nursery is None or self.rollouts is None or self._stopped_set():
-            task.report.done([], TrolloutError("the trollout front end is closed"))
+            task.settle([], TrolloutError("the trollout front end is closed"))
             return
         self._nursery.start_soon(task.run, self.rollouts)
 
@@ -194,19 +245,31 @@ class RolloutsThread:
         except BaseException as exc:
             self._error = exc
         finally:
+            self._fail_open_batches()
             self._ready.set()
+
+    def _fail_open_batches(self) -> None:
+        """Report every batch not yet reported done as failed: nothing will report it now."""
+        with self._lock:
+            self._ended = True
+            left, self._open = list(self._open), set()
+        for task in left:
+            error = TrolloutError("the trollout thread ended while the batch was open")
+            error.__cause__ = self._error
+            task.settle([], error)
 
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._stopped = trio.Event()
-        async with (
-            open_rollouts(self._deployment, **self._options) as rollouts,
-            trio.open_nursery() as nursery,
-        ):
-            self.rollouts, self._nursery = rollouts, nursery
-            self._ready.set()
-            await self._stopped.wait()
-            nursery.cancel_scope.cancel(reason="the trollout front end was closed")
+        async with open_rollouts(self._deployment, **self._options) as rollouts:
+            try:
+                async with trio.open_nursery() as nursery:
+                    self.rollouts, self._nursery = rollouts, nursery
+                    self._ready.set()
+                    await self._stopped.wait()
+                    nursery.cancel_scope.cancel(reason="the trollout front end was closed")
+            finally:
+                self._nursery = None  # closed (a crash need not set _stopped): start nothing
 
 
 class FrontEndBatch:
