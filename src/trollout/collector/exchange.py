@@ -198,13 +198,18 @@ class Exchange:
         *,
         no_body: bool,
         max_body_bytes: int | None = None,
+        max_error_body_bytes: int | None = None,
     ) -> None:
         self.sock = sock
         self.url = url
         self.deadlines = deadlines
         self.expired = 0
         self.sent = False
-        self.parser = ResponseParser(no_body=no_body, max_body_bytes=max_body_bytes)
+        self.parser = ResponseParser(
+            no_body=no_body,
+            max_body_bytes=max_body_bytes,
+            max_error_body_bytes=max_error_body_bytes,
+        )
         self._either: select.epoll | None = None  # made when a send first has to wait
         self._peer_closed = False
 

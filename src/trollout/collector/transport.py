@@ -368,6 +368,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
             self._deadlines,
             no_body=no_body,
             max_body_bytes=self._max_body_bytes,
+            max_error_body_bytes=limit,
         )
         self._deadlines.start(exchange)
         try:
