@@ -5,17 +5,51 @@ from __future__ import annotations
 
 import zlib
 
+import httpx
 import pytest
 import trio
 import trio.testing
 from test_transport import read_request, response, serving
 
 from trollout.collector import transport as transport_module
+from trollout.collector.classify import error_kind
 from trollout.collector.exchange import Exchange
-from trollout.collector.transport import H11Transport
+from trollout.collector.transport import H11Transport, delivery_of, response_began
+from trollout.records import Delivery
 
 URL = "http://agent:8000/run"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+# --- a success that began before its request was sent -------------------------------------------
+
+
+async def test_upload_stray_200_during_the_next_upload_is_a_failure_not_its_reply() -> None:
+    """A complete 200 that a server sends while the next request's 50 MB body is still going
+    out (a duplicated or replayed reply) is a protocol failure, possibly delivered, and the
+    connection is closed; it is never returned as that request's result."""
+
+    async def stray(stream: trio.SocketStream) -> None:
+        request = await read_request(stream, bytearray())
+        assert request is not None
+        await stream.send_all(response(200, b'{"response": {"id": "A"}}'))
+        await stream.receive_some(65536)  # the next request has begun to arrive
+        await stream.send_all(response(200, b'{"reward": 1.0, "response": {"id": "STRAY"}}'))
+        await trio.sleep_forever()  # reads no more
+
+    async with (
+        serving(stray) as server,
+        H11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
+    ):
+        assert (await transport.post(server.url, b"{}")).body == b'{"response": {"id": "A"}}'
+        assert transport.idle_connections() == 1
+        with pytest.raises(httpx.RemoteProtocolError, match="before the whole request") as caught:
+            await transport.post(server.url, b"x" * 50_000_000)
+        assert transport.idle_connections() == 0
+    assert not response_began(caught.value)
+    assert delivery_of(caught.value) is Delivery.POSSIBLY_DELIVERED
+    assert error_kind(caught.value) == "protocol"
+    assert "STRAY" not in str(caught.value)
 
 
 # --- an error body that inflates ----------------------------------------------------------------

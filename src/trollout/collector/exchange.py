@@ -22,9 +22,12 @@ readable, with one ``epoll`` descriptor watching both (Linux; one Trio task can 
 readiness at a time, and a second task would need a nursery, whose exception groups would wrap
 a caller's `trio.Cancelled`); elsewhere it waits for writability only and sees the response when
 the server closes. When a send fails, whatever the server already sent is read. Either way, a
-final response that began is read to its end and returned instead of a write error, as httpx
-does; its connection is closed, since the request was never completed. Sends that do not block,
-the hot path, pay nothing for this.
+final non-2xx response that began is read to its end and returned instead of a write error, as
+httpx does (a 413 is a real answer); its connection is closed, since the request was never
+completed. An early 2xx is a `httpx.RemoteProtocolError` instead: a success that began before
+the server had the whole request cannot be the result of running it (a stray or replayed reply
+would otherwise be recorded as this request's). Sends that do not block, the hot path, pay
+nothing for this.
 """
 
 from __future__ import annotations
@@ -226,6 +229,7 @@ class Exchange:
         """Send `data` and `body`, then read the response (error bodies up to `limit` bytes).
 
         Raises:
+            httpx.RemoteProtocolError: a 2xx began before the request was fully sent.
             httpx.TransportError: as `Http11Transport.post` documents.
 
         Cancellation: a checkpoint; nothing is sent if the caller is already cancelled. A
@@ -235,6 +239,8 @@ class Exchange:
         try:
             if await self._send(data) and (not body or await self._send(body)):
                 self.sent = True
+            elif 200 <= self.parser.status < 300:
+                raise self._early_success()
             if not self.parser.complete:
                 await self._read(limit)
         except Expired:
@@ -277,6 +283,14 @@ class Exchange:
         if not status:
             raise httpx.ReadTimeout(message)
         raise began(BodyReadTimeout, message, status)
+
+    def _early_success(self) -> httpx.RemoteProtocolError:
+        # Not a ResponseBegan: the reply is not this request's, so nothing proves delivery.
+        return httpx.RemoteProtocolError(
+            f"{self.url} answered HTTP {self.parser.status} before the whole request was sent;"
+            " a success cannot precede its request (a stray or replayed reply), so it is not"
+            " taken as this request's result"
+        )
 
     def _cut(self, limit: int | None) -> bool:
         """Return whether an error body has grown past `limit` (read no further)."""
