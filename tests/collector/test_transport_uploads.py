@@ -3,14 +3,21 @@ error bodies that inflate (real sockets: loopback TCP, or socket pairs under the
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import attrs
 import httpx
 import pytest
 import trio
 import trio.testing
 from test_transport import read_request, response, serving
 
+from builders import HANG_GUARD_S
 from trollout.collector import transport as transport_module
 from trollout.collector.classify import error_kind
 from trollout.collector.exchange import Exchange
@@ -19,6 +26,81 @@ from trollout.records import Delivery
 
 URL = "http://agent:8000/run"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+# --- a server flooding interim heads (a thread: it must run while the Trio loop is busy) --------
+
+
+@attrs.define
+class Flood:
+    """A flooding server's URL and how its flood ended (``"client closed"`` or ``"guard"``)."""
+
+    url: str
+    ended: list[str] = attrs.Factory(list)
+
+
+def _flood(listener: socket.socket, flood: Flood) -> None:
+    """Accept one connection, read the request head, then send 100 Continue until it closes."""
+    blob = CONTINUE * 4000
+    conn, _ = listener.accept()
+    with conn:
+        conn.settimeout(HANG_GUARD_S)
+        conn.recv(65536)  # the request head: the body is never read
+        deadline = time.monotonic() + HANG_GUARD_S
+        try:
+            while time.monotonic() < deadline:
+                conn.sendall(blob)
+        except TimeoutError:
+            pass  # the client neither read nor closed: a hang
+        except OSError:
+            flood.ended.append("client closed")
+            return
+    flood.ended.append("guard")
+
+
+@contextmanager
+def flooding() -> Iterator[Flood]:
+    """Serve one flooding connection on 127.0.0.1 from a thread; join it when the block ends."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(HANG_GUARD_S)
+        flood = Flood(f"http://127.0.0.1:{listener.getsockname()[1]}/run")
+        thread = threading.Thread(target=_flood, args=(listener, flood), daemon=True)
+        thread.start()
+        try:
+            yield flood
+        finally:
+            thread.join(HANG_GUARD_S)
+
+
+async def test_upload_flooded_with_interim_heads_ends_at_its_timer() -> None:
+    """A server that reads only the head of a 32 MB POST and floods 100 Continue forever
+    never holds the Trio loop: other tasks run, and the silence timer ends the exchange with
+    WriteTimeout while the flood is still on (the client closes; the server sees it)."""
+    ticks = 0
+
+    async def heartbeat() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.sleep(0.01)
+
+    with flooding() as flood:
+        async with (
+            H11Transport(
+                connect_timeout_s=10, read_timeout_s=1.0, reply_timeout_s=HANG_GUARD_S
+            ) as transport,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(heartbeat)  # it first ticks at the post's first checkpoint
+            with pytest.raises(httpx.WriteTimeout, match=r"stalled for 1\.0s"):
+                await transport.post(flood.url, b"x" * 32_000_000)
+            during = ticks
+            nursery.cancel_scope.cancel(reason="test over")
+            assert transport.idle_connections() == 0
+    assert flood.ended == ["client closed"]
+    assert during > 0
 
 
 # --- a success that began before its request was sent -------------------------------------------

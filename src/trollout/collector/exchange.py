@@ -21,13 +21,14 @@ a send waits for room, the exchange therefore waits for the socket to become wri
 readable, with one ``epoll`` descriptor watching both (Linux; one Trio task can wait on one
 readiness at a time, and a second task would need a nursery, whose exception groups would wrap
 a caller's `trio.Cancelled`); elsewhere it waits for writability only and sees the response when
-the server closes. When a send fails, whatever the server already sent is read. Either way, a
-final non-2xx response that began is read to its end and returned instead of a write error, as
-httpx does (a 413 is a real answer); its connection is closed, since the request was never
-completed. An early 2xx is a `httpx.RemoteProtocolError` instead: a success that began before
-the server had the whole request cannot be the result of running it (a stray or replayed reply
-would otherwise be recorded as this request's). Sends that do not block, the hot path, pay
-nothing for this.
+the server closes. When a send fails, whatever the server already sent is read. Each wakeup
+reads one piece and waits again, so a server that floods interim (1xx) heads while it reads
+nothing never holds the Trio loop, and the timers end it. A final non-2xx response that began is
+read to its end and returned instead of a write error, as httpx does (a 413 is a real answer);
+its connection is closed, since the request was never completed. An early 2xx is a
+`httpx.RemoteProtocolError` instead: a success that began before the server had the whole
+request cannot be the result of running it (a stray or replayed reply would otherwise be
+recorded as this request's). Sends that do not block, the hot path, pay nothing for this.
 """
 
 from __future__ import annotations
@@ -332,24 +333,25 @@ class Exchange:
         return any(events & select.EPOLLIN for _, events in either.poll(0))
 
     def _read_early(self) -> bool:
-        """Read what the server sent while the request went out; return if a reply began."""
+        """Read one piece the server sent while the request went out; return if a reply began.
+
+        One piece, not until the socket is empty: a server may send faster than this parses,
+        and the caller waits (a checkpoint, where the timers fire) before reading again.
+        """
         parser = self.parser
-        while True:
-            try:
-                data = self.sock.recv(_RECEIVE_BYTES)
-            except OSError:
-                break  # nothing more (or a reset): what arrived before is still parsed
-            try:
-                if data:
-                    parser.feed(data)
-                elif parser.status:
-                    parser.feed_eof()
-                else:
-                    self._peer_closed = True  # the send will fail, or finish and read EOF
-            except (FramingError, ContentEncodingError) as exc:
-                raise self._framing_error(exc) from exc
-            if not data or parser.complete:
-                break
+        try:
+            data = self.sock.recv(_RECEIVE_BYTES)
+        except OSError:
+            return parser.status != 0  # nothing yet (or a reset): what arrived stays parsed
+        try:
+            if data:
+                parser.feed(data)
+            elif parser.status:
+                parser.feed_eof()
+            else:
+                self._peer_closed = True  # the send will fail, or finish and read EOF
+        except (FramingError, ContentEncodingError) as exc:
+            raise self._framing_error(exc) from exc
         return parser.status != 0
 
     def _close_either(self) -> None:
