@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from test_transport import read_request, response, serving
+from test_transport import paired, read_request, response, serving
 
 from builders import HANG_GUARD_S
 from trollout.collector import transport as transport_module
@@ -132,6 +132,32 @@ async def test_upload_stray_200_during_the_next_upload_is_a_failure_not_its_repl
     assert delivery_of(caught.value) is Delivery.POSSIBLY_DELIVERED
     assert error_kind(caught.value) == "protocol"
     assert "STRAY" not in str(caught.value)
+
+
+# --- a server that reads slowly but steadily ----------------------------------------------------
+
+
+async def test_upload_read_steadily_restarts_the_silence_timer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A server that reads a 6 MB POST 64 kB every half second (about 47 s, with a 10 s
+    silence timer) and answers 5 s after the last byte gets its 200 read: every send that made
+    progress restarts the timer, and the server's time to answer counts from the upload's end."""
+    size = 6_000_000
+
+    async def steady(stream: trio.SocketStream) -> None:
+        buffer = bytearray()
+        while b"\r\n\r\n" not in buffer or len(buffer) < buffer.index(b"\r\n\r\n") + 4 + size:
+            buffer += await stream.receive_some(65536)
+            await trio.sleep(0.5)
+        await trio.sleep(5)  # thinking
+        await stream.send_all(response(200, b"%d" % len(buffer)))
+
+    async with paired(steady, read_timeout_s=10.0, reply_timeout_s=1000.0) as transport:
+        raw = await transport.post(URL, b"x" * size)
+    assert raw.status == 200
+    assert int(raw.body) > size
+    assert trio.current_time() > 40.0  # the upload outlasted the silence timer four times
 
 
 # --- an error body that inflates ----------------------------------------------------------------

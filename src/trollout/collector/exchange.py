@@ -11,9 +11,11 @@ a caller's nursery because the transport has no nursery of its own: callers make
 ``Http11Transport(...)`` and may never enter it. Rejected alternative: a ``trio.move_on_after``
 scope per exchange, as before.
 
-Two timers run per exchange: silence (``read_timeout_s``, restarted by every byte received) and
-the whole exchange (``reply_timeout_s``, from the first byte sent to the last byte received), so
-a server that trickles a byte a second cannot hold a rollout forever.
+Two timers run per exchange: silence (``read_timeout_s``, restarted by every byte received and,
+while the request goes out, by every send that made progress after waiting for room, the last one
+included, so the server's time to answer counts from the end of the upload) and the whole
+exchange (``reply_timeout_s``, from the first byte sent to the last byte received), so a server
+that trickles a byte a second, or reads a request that slowly, cannot hold a rollout forever.
 
 Early responses. A server may answer before it has read the whole request (a 413 to a large
 POST, or a 200 from a server that does not need the rest) and then stop reading or close. While
@@ -306,18 +308,25 @@ class Exchange:
         """Send `data`; return False when a final response began first (send no more)."""
         sock = self.sock
         sent = 0
+        waited = False
         while True:
             try:
-                sent += sock.send(memoryview(data)[sent:] if sent else data)
+                progress = sock.send(memoryview(data)[sent:] if sent else data)
             except BlockingIOError:
-                pass
+                progress = 0
             except OSError as exc:
                 if self._read_early():
                     return False
                 message = f"sending the request to {self.url} failed: {exc}"
                 raise httpx.WriteError(message) from exc
+            if progress and waited:
+                if self.expired:
+                    raise Expired  # expired while this task was running: no timer to restart
+                self.deadlines.push(self)  # the server is reading: it is not silent
+            sent += progress
             if sent >= len(data):
                 return True
+            waited = True
             if await self._wait_send() and self._read_early():
                 return False
 
