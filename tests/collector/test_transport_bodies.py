@@ -237,3 +237,28 @@ def test_check_field_value_never_quotes_the_value() -> None:
     with pytest.raises(FramingError, match=r"a header value \(28 bytes\)") as caught:
         check_field_value(SECRET + b"\n")
     assert SECRET not in str(caught.value).encode()
+
+
+# --- error bodies ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [500, 200])
+def test_error_body_is_decoded_only_to_the_error_limit(status: int) -> None:
+    """A chunked gzip body of 16 members (64 kB of zeros each), fed at once, is decoded only to
+    max_error_body_bytes + 1 bytes when the status is not 2xx: later members are framed but
+    never inflated, and the cut stream is no decoding error. A 2xx body is decoded whole."""
+    member = gzip.compress(bytes(65536))
+    head = b"HTTP/1.1 %d X\r\ntransfer-encoding: chunked\r\ncontent-encoding: gzip\r\n\r\n"
+    parser = ResponseParser(max_body_bytes=1 << 30, max_error_body_bytes=1000)
+    parser.feed(head % status + chunked(member * 16, len(member)))
+    expected = 1001 if status == 500 else 16 * 65536
+    assert (parser.complete, parser.size, parser.body()) == (True, expected, bytes(expected))
+
+
+def test_error_body_pieces_past_the_error_limit_are_dropped() -> None:
+    """An identity error body is kept up to the piece that passes the limit, then dropped;
+    its framing still completes the response."""
+    parser = ResponseParser(max_error_body_bytes=1000)
+    parser.feed(b"HTTP/1.1 500 X\r\ncontent-length: 5000\r\n\r\n")
+    feed_all(parser, b"e" * 5000, step=300)
+    assert (parser.complete, parser.size, parser.body()) == (True, 1200, b"e" * 1200)

@@ -223,11 +223,12 @@ async def test_guard_early_413_then_close_is_returned() -> None:
         assert transport.idle_connections() == 0
 
 
-async def test_guard_early_200_then_stop_reading_is_returned_at_once(
+async def test_guard_early_200_then_stop_reading_fails_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A 200 sent before the body was read, by a server that then stops reading, returns at
-    once (not at the write timeout); the half-sent connection is never reused."""
+    """A 200 sent before the body was read, by a server that then stops reading, fails at
+    once (not at the write timeout) as a protocol error, never as this request's success: a
+    success cannot precede its request. The half-sent connection is closed."""
 
     async def early(stream: trio.SocketStream) -> None:
         await stream.receive_some(65536)
@@ -236,10 +237,12 @@ async def test_guard_early_200_then_stop_reading_is_returned_at_once(
 
     fds = open_fds()
     async with paired(early) as transport:
-        raw = await transport.post(URL, b"x" * 50_000_000)
-        assert (raw.status, raw.body, trio.current_time()) == (200, b'{"early": true}', 0.0)
+        with pytest.raises(httpx.RemoteProtocolError, match="HTTP 200 before") as caught:
+            await transport.post(URL, b"x" * 50_000_000)
+        assert trio.current_time() == 0.0
         assert transport.idle_connections() == 0
     assert open_fds() == fds
+    assert delivery_of(caught.value) is Delivery.POSSIBLY_DELIVERED
 
 
 async def test_guard_interim_response_during_the_upload_keeps_sending() -> None:

@@ -11,9 +11,11 @@ a caller's nursery because the transport has no nursery of its own: callers make
 ``Http11Transport(...)`` and may never enter it. Rejected alternative: a ``trio.move_on_after``
 scope per exchange, as before.
 
-Two timers run per exchange: silence (``read_timeout_s``, restarted by every byte received) and
-the whole exchange (``reply_timeout_s``, from the first byte sent to the last byte received), so
-a server that trickles a byte a second cannot hold a rollout forever.
+Two timers run per exchange: silence (``read_timeout_s``, restarted by every byte received and,
+while the request goes out, by every send that made progress after waiting for room, the last one
+included, so the server's time to answer counts from the end of the upload) and the whole
+exchange (``reply_timeout_s``, from the first byte sent to the last byte received), so a server
+that trickles a byte a second, or reads a request that slowly, cannot hold a rollout forever.
 
 Early responses. A server may answer before it has read the whole request (a 413 to a large
 POST, or a 200 from a server that does not need the rest) and then stop reading or close. While
@@ -21,10 +23,14 @@ a send waits for room, the exchange therefore waits for the socket to become wri
 readable, with one ``epoll`` descriptor watching both (Linux; one Trio task can wait on one
 readiness at a time, and a second task would need a nursery, whose exception groups would wrap
 a caller's `trio.Cancelled`); elsewhere it waits for writability only and sees the response when
-the server closes. When a send fails, whatever the server already sent is read. Either way, a
-final response that began is read to its end and returned instead of a write error, as httpx
-does; its connection is closed, since the request was never completed. Sends that do not block,
-the hot path, pay nothing for this.
+the server closes. When a send fails, whatever the server already sent is read. Each wakeup
+reads one piece and waits again, so a server that floods interim (1xx) heads while it reads
+nothing never holds the Trio loop, and the timers end it. A final non-2xx response that began is
+read to its end and returned instead of a write error, as httpx does (a 413 is a real answer);
+its connection is closed, since the request was never completed. An early 2xx is a
+`httpx.RemoteProtocolError` instead: a success that began before the server had the whole
+request cannot be the result of running it (a stray or replayed reply would otherwise be
+recorded as this request's). Sends that do not block, the hot path, pay nothing for this.
 """
 
 from __future__ import annotations
@@ -198,13 +204,18 @@ class Exchange:
         *,
         no_body: bool,
         max_body_bytes: int | None = None,
+        max_error_body_bytes: int | None = None,
     ) -> None:
         self.sock = sock
         self.url = url
         self.deadlines = deadlines
         self.expired = 0
         self.sent = False
-        self.parser = ResponseParser(no_body=no_body, max_body_bytes=max_body_bytes)
+        self.parser = ResponseParser(
+            no_body=no_body,
+            max_body_bytes=max_body_bytes,
+            max_error_body_bytes=max_error_body_bytes,
+        )
         self._either: select.epoll | None = None  # made when a send first has to wait
         self._peer_closed = False
 
@@ -221,6 +232,7 @@ class Exchange:
         """Send `data` and `body`, then read the response (error bodies up to `limit` bytes).
 
         Raises:
+            httpx.RemoteProtocolError: a 2xx began before the request was fully sent.
             httpx.TransportError: as `Http11Transport.post` documents.
 
         Cancellation: a checkpoint; nothing is sent if the caller is already cancelled. A
@@ -230,6 +242,8 @@ class Exchange:
         try:
             if await self._send(data) and (not body or await self._send(body)):
                 self.sent = True
+            elif 200 <= self.parser.status < 300:
+                raise self._early_success()
             if not self.parser.complete:
                 await self._read(limit)
         except Expired:
@@ -273,6 +287,14 @@ class Exchange:
             raise httpx.ReadTimeout(message)
         raise began(BodyReadTimeout, message, status)
 
+    def _early_success(self) -> httpx.RemoteProtocolError:
+        # Not a ResponseBegan: the reply is not this request's, so nothing proves delivery.
+        return httpx.RemoteProtocolError(
+            f"{self.url} answered HTTP {self.parser.status} before the whole request was sent;"
+            " a success cannot precede its request (a stray or replayed reply), so it is not"
+            " taken as this request's result"
+        )
+
     def _cut(self, limit: int | None) -> bool:
         """Return whether an error body has grown past `limit` (read no further)."""
         return limit is not None and self.parser.size > limit and self._bounded(limit)
@@ -286,18 +308,25 @@ class Exchange:
         """Send `data`; return False when a final response began first (send no more)."""
         sock = self.sock
         sent = 0
+        waited = False
         while True:
             try:
-                sent += sock.send(memoryview(data)[sent:] if sent else data)
+                progress = sock.send(memoryview(data)[sent:] if sent else data)
             except BlockingIOError:
-                pass
+                progress = 0
             except OSError as exc:
                 if self._read_early():
                     return False
                 message = f"sending the request to {self.url} failed: {exc}"
                 raise httpx.WriteError(message) from exc
+            if progress and waited:
+                if self.expired:
+                    raise Expired  # expired while this task was running: no timer to restart
+                self.deadlines.push(self)  # the server is reading: it is not silent
+            sent += progress
             if sent >= len(data):
                 return True
+            waited = True
             if await self._wait_send() and self._read_early():
                 return False
 
@@ -313,24 +342,25 @@ class Exchange:
         return any(events & select.EPOLLIN for _, events in either.poll(0))
 
     def _read_early(self) -> bool:
-        """Read what the server sent while the request went out; return if a reply began."""
+        """Read one piece the server sent while the request went out; return if a reply began.
+
+        One piece, not until the socket is empty: a server may send faster than this parses,
+        and the caller waits (a checkpoint, where the timers fire) before reading again.
+        """
         parser = self.parser
-        while True:
-            try:
-                data = self.sock.recv(_RECEIVE_BYTES)
-            except OSError:
-                break  # nothing more (or a reset): what arrived before is still parsed
-            try:
-                if data:
-                    parser.feed(data)
-                elif parser.status:
-                    parser.feed_eof()
-                else:
-                    self._peer_closed = True  # the send will fail, or finish and read EOF
-            except (FramingError, ContentEncodingError) as exc:
-                raise self._framing_error(exc) from exc
-            if not data or parser.complete:
-                break
+        try:
+            data = self.sock.recv(_RECEIVE_BYTES)
+        except OSError:
+            return parser.status != 0  # nothing yet (or a reset): what arrived stays parsed
+        try:
+            if data:
+                parser.feed(data)
+            elif parser.status:
+                parser.feed_eof()
+            else:
+                self._peer_closed = True  # the send will fail, or finish and read EOF
+        except (FramingError, ContentEncodingError) as exc:
+            raise self._framing_error(exc) from exc
         return parser.status != 0
 
     def _close_either(self) -> None:

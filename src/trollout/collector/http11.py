@@ -47,9 +47,13 @@ any body byte is read, and a chunked or close-delimited body fails as soon as it
 so no more than about the limit is ever held. ``Content-Encoding: gzip`` and ``deflate`` are
 decoded as they arrive, and the limit applies to the decoded size (codings.py: a zip bomb never
 inflates past it); any other coding fails with `ContentEncodingError`, since a body nobody can
-read is no reply. Pieces are kept in a list and joined once, dropping the pieces (``body``), so
-a body is never held twice except during that one join. Rejected alternative: a bytearray grown
-in place, which copies every piece once more (and again into bytes) for the common reply that
+read is no reply. A non-2xx body is kept only until it passes ``max_error_body_bytes`` (a
+decoded one by at most the one byte that proves it longer): later body bytes are framed but
+neither decoded nor kept, so an error body inflates no further than its caller reads it
+(protocol.md: never decode more than ~8 KB of an error body), whatever ``max_body_bytes``
+allows. Pieces are kept in a list and joined once, dropping the pieces (``body``), so a body is
+never held twice except during that one join. Rejected alternative: a bytearray grown in place,
+which copies every piece once more (and again into bytes) for the common reply that
 arrives in one piece and is kept as it came.
 
 Errors never quote the peer's bytes: a head server's reply carries its config and API keys, and an
@@ -228,13 +232,16 @@ class ResponseParser:
     Args:
         no_body: the request was HEAD, so the response has no body whatever its headers say.
         max_body_bytes: the longest body accepted, after decoding (None: no limit).
+        max_error_body_bytes: how much of a non-2xx body to keep, after decoding (None: as
+            much as `max_body_bytes` accepts); the rest is dropped undecoded.
 
     Attributes:
         status: the final status code; 0 until the final status line has been parsed.
         reason: the final reason phrase.
         headers: the final response's header pairs, names lower-cased.
         chunks: the body so far (decoded), in pieces.
-        size: the body's length so far (decoded).
+        size: the body's length so far (decoded); for a non-2xx body, the length kept, at most
+            one more than `max_error_body_bytes` (decoded bodies) or one piece past it.
         complete: the whole response has arrived.
         keep_alive: the connection may carry another request once the response is complete.
     """
@@ -242,7 +249,9 @@ class ResponseParser:
     __slots__ = (
         "_buffer",
         "_decoder",
+        "_keep",
         "_max_body",
+        "_max_error_body",
         "_no_body",
         "_remaining",
         "_state",
@@ -255,9 +264,17 @@ class ResponseParser:
         "status",
     )
 
-    def __init__(self, *, no_body: bool = False, max_body_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        no_body: bool = False,
+        max_body_bytes: int | None = None,
+        max_error_body_bytes: int | None = None,
+    ) -> None:
         self._no_body = no_body
         self._max_body = _NO_LIMIT if max_body_bytes is None else max_body_bytes
+        self._max_error_body = max_error_body_bytes
+        self._keep = self._max_body  # how much body to keep: less for an error body
         self._decoder: Decoder | None = None
         self._state = _HEAD
         self._buffer = bytearray()
@@ -370,6 +387,8 @@ class ResponseParser:
         self.status = status
         self.reason = line[3] or b""
         self.headers = headers
+        if self._max_error_body is not None and not 200 <= status < 300:
+            self._keep = min(self._max_body, self._max_error_body)
         self._choose_framing(headers, close=line[1] == b"0")
 
     def _choose_framing(self, headers: list[tuple[bytes, bytes]], *, close: bool) -> None:
@@ -406,7 +425,7 @@ class ResponseParser:
 
     def _finish(self) -> None:
         self._state = _DONE
-        if self._decoder is not None:
+        if self._decoder is not None and self.size <= self._keep:  # a cut stream never ends
             self._decoder.finish()
         self.complete = True
 
@@ -414,8 +433,11 @@ class ResponseParser:
 
     def _take(self, data: bytes | bytearray) -> None:
         """Keep the next piece of body, decoded, within the limit."""
+        room = self._keep - self.size
+        if room < 0:
+            return  # an error body past what is kept: dropped undecoded (never a 2xx's)
         if self._decoder is not None:
-            data = self._decoder.decode(data, self._max_body - self.size)
+            data = self._decoder.decode(data, room)
         size = self.size + len(data)
         if size > self._max_body:
             seen = "received" if self._decoder is None else "decoded"

@@ -248,8 +248,9 @@ class Http11Transport(httpx.AsyncBaseTransport):
     ) -> RawResponse:
         """POST `body` to `url` and return the response (non-2xx bodies bounded).
 
-        A final response that arrives before the request was fully sent is returned (its
-        connection is closed). `headers` are extra header lines, each ending in CRLF, sent as
+        A non-2xx response that arrives before the request was fully sent is returned (its
+        connection is closed); a 2xx then is a `httpx.RemoteProtocolError` (a success cannot
+        precede its request). `headers` are extra header lines, each ending in CRLF, sent as
         given: the caller checks them (telemetry's ``traceparent`` and ``tracestate``).
 
         Raises:
@@ -368,6 +369,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
             self._deadlines,
             no_body=no_body,
             max_body_bytes=self._max_body_bytes,
+            max_error_body_bytes=limit,
         )
         self._deadlines.start(exchange)
         try:
