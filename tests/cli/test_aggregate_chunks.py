@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -16,7 +17,7 @@ from builders import invoke, read_jsonl, write_jsonl
 from trollout.testing import AgentSpec, DeploymentSpec, spawn_fake_deployment, task_rows
 
 
-def collect_chunk(head: str, rows: list[dict[str, object]], output: Path) -> None:
+def collect_chunk(head: str, rows: list[dict[str, object]], output: Path, *extra: str) -> None:
     """Collect one chunk of rows into ``output`` as a separate run (no aggregation)."""
     source = write_jsonl(output.parent / "inputs" / f"{output.stem}.jsonl", rows)
     result = invoke(
@@ -31,8 +32,19 @@ def collect_chunk(head: str, rows: list[dict[str, object]], output: Path) -> Non
         "+agent_name=math_agent",
         "+num_repeats=2",
         "+disable_aggregation=true",
+        *extra,
     )
     assert result.exit_code == 0, result.output
+
+
+def aggregate_into(output: Path, *shards: Path) -> dict[str, Any]:
+    """Run ``trollout aggregate <shards> -o <output> --json``; return its report."""
+    result = invoke(
+        "aggregate", ",".join(map(str, shards)), "-o", str(output), "--json", "--no-report"
+    )
+    assert result.exit_code == 0, result.output
+    report: dict[str, Any] = orjson.loads(result.output)
+    return report
 
 
 def aggregate(folder: Path) -> dict[str, object]:
@@ -78,3 +90,45 @@ def test_chunked_runs_count_the_sum_and_copies_and_reruns_count_once(tmp_path: P
     assert duplicates == {str(shards / "rollouts-chunk3-rerun.jsonl"): 8}
     assert len(again["inputs"]["skipped"]) == 2  # type: ignore[index, arg-type]
     assert len(read_jsonl(shards / "merged" / "merged.jsonl")) == 24
+
+
+def test_a_copied_rollouts_file_without_its_plan_counts_once(tmp_path: Path) -> None:
+    """``cp r1/out.jsonl bk/`` (the rollouts file alone) beside r1 adds no rollout, even seeded."""
+    spec = DeploymentSpec(agents=(AgentSpec(name="math_agent"),))
+    with spawn_fake_deployment(spec) as urls:
+        collect_chunk(urls.head_url, list(task_rows(4, seed=5)), tmp_path / "r1" / "out.jsonl")
+        collect_chunk(
+            urls.head_url, list(task_rows(4, seed=6)), tmp_path / "s1" / "out.jsonl", "--add-seed"
+        )
+    for run in ("r1", "s1"):
+        backup = tmp_path / f"bk-{run}"
+        backup.mkdir()
+        shutil.copy(tmp_path / run / "out.jsonl", backup / "out.jsonl")
+        partial = tmp_path / f"part-{run}"  # the first three rows only, no plan either
+        partial.mkdir()
+        lines = (tmp_path / run / "out.jsonl").read_bytes().splitlines(keepends=True)
+        (partial / "out.jsonl").write_bytes(b"".join(lines[:3]))
+        shards = (tmp_path / run / "out.jsonl", backup / "out.jsonl", partial / "out.jsonl")
+        report = aggregate_into(tmp_path / f"m-{run}" / "merged.jsonl", *shards)
+        assert report["coverage"]["expected"] == 8, run
+        assert report["coverage"]["landed"] == 8, run
+        assert len(read_jsonl(tmp_path / f"m-{run}" / "merged.jsonl")) == 8, run
+
+
+def test_a_merged_output_merged_again_with_a_seeded_run_counts_each_rollout_once(
+    tmp_path: Path,
+) -> None:
+    """aggregate r5 -o M, then M with r6 (a superset of r5's tasks, seeds added): as r5 with r6."""
+    rows = list(task_rows(5, seed=7))
+    spec = DeploymentSpec(agents=(AgentSpec(name="math_agent"),))
+    with spawn_fake_deployment(spec) as urls:
+        collect_chunk(urls.head_url, rows[:4], tmp_path / "r5" / "out.jsonl", "--add-seed")
+        collect_chunk(urls.head_url, rows, tmp_path / "r6" / "out.jsonl", "--add-seed")
+    r5, r6 = tmp_path / "r5" / "out.jsonl", tmp_path / "r6" / "out.jsonl"
+    direct = aggregate_into(tmp_path / "direct" / "merged.jsonl", r5, r6)
+    assert (direct["coverage"]["expected"], direct["coverage"]["landed"]) == (10, 10)
+    once = tmp_path / "M" / "merged.jsonl"
+    aggregate_into(once, r5)
+    again = aggregate_into(tmp_path / "again" / "merged.jsonl", once, r6)
+    assert (again["coverage"]["expected"], again["coverage"]["landed"]) == (10, 10)
+    assert len(read_jsonl(tmp_path / "again" / "merged.jsonl")) == 10

@@ -20,9 +20,9 @@ from run_folders import read_metrics
 
 from builders import read_jsonl, write_jsonl
 from trollout.metrics import AggregateOptions, aggregate_shards, resolve_inputs
-from trollout.metrics.identity import SeedRule, content_digest
+from trollout.metrics.identity import content_digest, row_content_digest
 from trollout.records import Failed, Identity, Landed, outcome_to_row
-from trollout.recovery.layout import RunLayout
+from trollout.recovery.layout import RunLayout, is_auxiliary
 
 AGENT = "agent_a"
 Row = dict[str, Any]
@@ -34,6 +34,12 @@ def question_row(question: int, seed: int | None = None) -> Row:
     if seed is not None:
         params["metadata"] = {"extra_body": json.dumps({"seed": seed})}
     return {"responses_create_params": params, "expected_answer": str(question)}
+
+
+def nemo_echo(params: Row) -> Row:
+    """Return ``params`` as a NeMo Gym agent echoes them: pydantic defaults filled in."""
+    messages = [{**m, "type": "message", "phase": None} for m in params["input"]]
+    return {"background": None, **params, "input": messages, "parallel_tool_calls": True}
 
 
 def write_chunk_run(
@@ -69,7 +75,11 @@ def write_chunk_run(
             if (question, rollout) in failed:
                 failures.append(outcome_to_row(Failed(ident, 0, "agent_run_error")))
             elif landed is None or (question, rollout) in landed:
-                reply = {"reward": float(question % 2), "question": question}
+                reply = {
+                    "responses_create_params": nemo_echo(plan[-1]["responses_create_params"]),
+                    "reward": float(question % 2),
+                    "question": question,
+                }
                 rows.append(outcome_to_row(Landed(ident, 0, reply, 1.0)))
     write_jsonl(layout.materialized_inputs, plan)
     write_jsonl(layout.rollouts, rows)
@@ -185,18 +195,61 @@ async def test_collector_seeds_do_not_split_a_task(tmp_path: Path) -> None:
         assert [len(g.excluded.pass_at_k) for g in result.groups] == [2]  # 2 repeats a task
 
 
-def test_dataset_seeds_are_task_content() -> None:
-    """A seed the dataset carries (no collector seeding) tells two tasks apart."""
+def test_a_seed_is_never_task_content_and_the_rest_of_extra_body_is() -> None:
+    """Any ``extra_body`` seed is left out (whoever added it); its other keys are content."""
     group = (AGENT, None)
-    rows = [{**question_row(1, seed=s), "_ng_rollout_index": 0} for s in (7, 8)]
-    no_seeding, nemo = SeedRule(False), SeedRule(None)
-    assert content_digest(rows[0], group, no_seeding) != content_digest(rows[1], group, no_seeding)
-    assert content_digest(rows[0], group, nemo) != content_digest(rows[1], group, nemo)
-    seeded = SeedRule({"_default": False, AGENT: True})
-    assert content_digest(rows[0], group, seeded) == content_digest(rows[1], group, seeded)
-    assert content_digest(rows[0], group, seeded) == content_digest(
-        {**question_row(1), "_ng_rollout_index": 3}, group, no_seeding
+    seeded = [{**question_row(1, seed=s), "_ng_rollout_index": 0} for s in (7, 8)]
+    plain = {**question_row(1), "_ng_rollout_index": 3}
+    assert content_digest(seeded[0], group) == content_digest(seeded[1], group)
+    assert content_digest(seeded[0], group) == content_digest(plain, group)
+    params = seeded[0]["responses_create_params"]
+    other = {**params, "metadata": {"extra_body": json.dumps({"seed": 7, "top_k": 2})}}
+    assert content_digest({**plain, "responses_create_params": other}, group) != (
+        content_digest(plain, group)
     )
+    assert row_content_digest(seeded[0], group) == row_content_digest(plain, group)
+
+
+async def test_a_copy_of_the_rollouts_file_without_its_plan_counts_once(tmp_path: Path) -> None:
+    """A copy of a run's outcome files alone, whole or a part, sorted first, adds no rollout."""
+    for seeds in (None, "nemo", "trollout"):
+        folder = tmp_path / str(seeds)
+        layout = write_chunk_run(
+            folder / "shards" / "run.jsonl",
+            range(5),
+            repeats=2,
+            seeds=seeds,
+            failed=frozenset({(4, 0), (4, 1)}),
+        )
+        copy = RunLayout.for_output(folder / "shards" / "a-copy.jsonl")
+        shutil.copy(layout.rollouts, copy.rollouts)
+        shutil.copy(layout.failures, copy.failures)  # task 4 is known only from failure rows
+        lines = layout.rollouts.read_bytes().splitlines(keepends=True)
+        (folder / "shards" / "b-part.jsonl").write_bytes(b"".join(lines[1:6:2]))
+        result = await merge(folder)
+        cov = result.coverage
+        assert (cov.expected, cov.landed, cov.failed) == (10, 8, {"agent_run_error": 2}), seeds
+        assert result.inputs.duplicates == {str(folder / "shards" / "b-part.jsonl"): 3}, seeds
+        assert result.inputs.skipped == (
+            (copy.rollouts, layout.rollouts),
+            (copy.failures, layout.failures),
+        )
+        assert sorted(merged_questions(folder)) == sorted([0, 1, 2, 3] * 2)
+
+
+async def test_a_merged_output_merged_again_counts_each_rollout_once(tmp_path: Path) -> None:
+    """A merged folder (no manifest) beside a seeded superset run: as if the runs were merged."""
+    for seeds in (None, "nemo", "trollout"):
+        folder = tmp_path / str(seeds)
+        first = write_chunk_run(folder / "r5" / "out.jsonl", range(4), repeats=2, seeds=seeds)
+        write_chunk_run(folder / "shards" / "r6.jsonl", range(5), repeats=2, seeds=seeds)
+        options = AggregateOptions()
+        await aggregate_shards(
+            [first.output], output=folder / "shards" / "m.jsonl", options=options
+        )
+        result = await merge(folder)
+        assert (result.coverage.expected, result.coverage.landed) == (10, 10), seeds
+        assert sorted(merged_questions(folder)) == sorted([0, 1, 2, 3, 4] * 2)
 
 
 async def test_tasks_of_one_shard_with_equal_content_stay_apart(tmp_path: Path) -> None:
@@ -221,16 +274,18 @@ async def test_same_index_in_two_groups_is_two_tasks(tmp_path: Path) -> None:
     assert [g.coverage.landed for g in result.groups] == [2, 2]
 
 
-# --- the property: random chunkings, copies and re-runs ------------------------------------------
+# --- the property: random chunkings, copies, re-runs and re-merges ------------------------------
+
+Run = tuple[list[int], int, frozenset[tuple[int, int]], str | None]
+COPY_KINDS = ("whole", "rollouts", "part", "part-with-plan")
 
 
 @st.composite
-def run_sets(
-    draw: st.DrawFn,
-) -> tuple[int, list[tuple[list[int], int, frozenset[tuple[int, int]]]]]:
+def run_sets(draw: st.DrawFn) -> tuple[int, list[Run]]:
     """Draw a dataset size and runs over it: chunks, re-runs of overlapping ranges, sample sets.
 
-    Each run is (its questions in order, repeats, the (question, rollout) pairs that landed).
+    Each run is (its questions in order, repeats, the (question, rollout) pairs that landed,
+    how it seeded: see `write_chunk_run`).
     """
     size = draw(st.integers(1, 12))
     runs = []
@@ -239,35 +294,72 @@ def run_sets(
         repeats = draw(st.integers(1, 3))
         pairs = [(q, r) for q in questions for r in range(repeats)]
         landed = draw(st.sets(st.sampled_from(pairs)))
-        runs.append((questions, repeats, frozenset(landed)))
+        seeds = draw(st.sampled_from([None, "nemo", "trollout"]))
+        runs.append((questions, repeats, frozenset(landed), seeds))
     return size, runs
+
+
+copy_plans = st.lists(
+    st.tuples(st.integers(0, 6), st.sampled_from(COPY_KINDS), st.integers(0, 40)), max_size=3
+)
+
+
+async def premerge(folder: Path, runs: list[RunLayout], chosen: set[int], keep: bool) -> None:
+    """Merge the ``chosen`` runs into ``shards/premerged.jsonl``; drop them unless ``keep``."""
+    picked = [runs[i] for i in sorted({c % len(runs) for c in chosen})]
+    out = folder / "shards" / "premerged.jsonl"
+    await aggregate_shards([r.output for r in picked], output=out, options=AggregateOptions())
+    for layout in picked if not keep else ():
+        for path in (layout.rollouts, layout.materialized_inputs, layout.manifest):
+            path.unlink(missing_ok=True)
+
+
+def copy_shard(source: RunLayout, target: Path, kind: str, lines: int) -> None:
+    """Copy a shard to ``target``: ``whole`` (rollouts and plan), the rollouts alone, or a part."""
+    rows = source.rollouts.read_bytes().splitlines(keepends=True)
+    part = rows if kind in ("whole", "rollouts") else rows[lines % (len(rows) + 1) :]
+    target.write_bytes(b"".join(part))
+    if kind in ("whole", "part-with-plan"):
+        copied = RunLayout.for_output(target).materialized_inputs
+        shutil.copy(source.materialized_inputs, copied)
 
 
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(drawn=run_sets(), copies=st.lists(st.integers(0, 4), max_size=3))
+@given(
+    drawn=run_sets(),
+    merged=st.sets(st.integers(0, 4), max_size=3),
+    keep=st.booleans(),
+    copies=copy_plans,
+)
 async def test_merged_count_is_the_number_of_distinct_rollouts(
-    tmp_path_factory: Any, drawn: tuple[int, list[Any]], copies: list[int]
+    tmp_path_factory: Any,
+    drawn: tuple[int, list[Run]],
+    merged: set[int],
+    keep: bool,
+    copies: list[tuple[int, str, int]],
 ) -> None:
-    """Any chunking, copying and re-running: merged counts equal the distinct rollouts."""
+    """Any chunking, seeding, copying, re-running and re-merging: the distinct rollouts count."""
     folder = tmp_path_factory.mktemp("runs")
     _, runs = drawn
     layouts = [
-        write_chunk_run(folder / "shards" / f"run{i}.jsonl", qs, repeats=k, landed=landed)
-        for i, (qs, k, landed) in enumerate(runs)
+        write_chunk_run(folder / "shards" / f"run{i}.jsonl", qs, repeats=k, landed=ok, seeds=seed)
+        for i, (qs, k, ok, seed) in enumerate(runs)
     ]
-    for n, index in enumerate(copies):
-        source = layouts[index % len(layouts)]
-        for path in (source.rollouts, source.materialized_inputs):
-            shutil.copy(
-                path, path.with_name(path.name.replace(source.stem, f"{source.stem}-copy{n}"))
-            )
-    planned = {(q, r) for qs, k, _ in runs for q in qs for r in range(k)}
-    landed = {pair for _, _, pairs in runs for pair in pairs}
+    if merged:
+        await premerge(folder, layouts, merged, keep)
+    found = sorted((folder / "shards").glob("*.jsonl"))
+    shards = [RunLayout.for_output(p) for p in found if not is_auxiliary(p)]
+    for n, (index, kind, lines) in enumerate(copies):
+        source = shards[index % len(shards)]
+        prefix = "a" if n % 2 == 0 else "z"  # copies read before and after their source
+        copy_shard(source, folder / "shards" / f"{prefix}-copy{n}-{source.stem}.jsonl", kind, lines)
+    planned = {(q, r) for qs, k, _, _ in runs for q in qs for r in range(k)}
+    landed = {pair for _, _, pairs, _ in runs for pair in pairs}
     result = await merge(folder)
     assert result.coverage.expected == len(planned)
     assert result.coverage.landed == len(landed)
     assert sorted(merged_questions(folder)) == sorted(q for q, _ in landed)
-    merged = RunLayout.for_output(folder / "merged" / "merged.jsonl")
-    assert len(read_jsonl(merged.materialized_inputs)) == len(planned)
+    out = RunLayout.for_output(folder / "merged" / "merged.jsonl")
+    assert len(read_jsonl(out.materialized_inputs)) == len(planned)

@@ -74,13 +74,15 @@ _HELP = """Merge rollouts shards and compute metrics that say what they cover.
 
 INPUT is a rollouts file, a glob, or comma-separated globs (quote them); sidecars and
 materialized inputs are found beside each shard and never taken as shards. Shards are read in
-sorted order. Shards of separate runs (each numbering its tasks from 0, as NeMo Gym's
---no-serve +disable_aggregation=true chunks do) merge without loss: a rollout is known by its
-task's content (its materialized row without the collector's stamps) and agent, plus its
-rollout index, so the same rollout in two shards (a copy, a re-run chunk) counts once, the
-first landed row in shard order winning, and tasks first seen in a later shard are renumbered
-in the merged files. A landed row beats any failure of the same rollout; a shard identical to
-one already read is skipped. Every NeMo Gym aggregation setting is taken as +key=value
+sorted order, those with materialized inputs first. Shards of separate runs (each numbering its
+tasks from 0, as NeMo Gym's --no-serve +disable_aggregation=true chunks do) merge without
+loss: a rollout is known by its task's content (its materialized row, or its landed rows'
+responses_create_params, without the collector's stamps and any seed) and agent, plus its
+rollout index, so the same rollout in two shards (a copy, even of the rollouts file alone, a
+re-run chunk, a merged output merged again) counts once, the first landed row read winning,
+and tasks first seen in a later shard are renumbered in the merged files. A landed row beats
+any failure of the same rollout; a file identical to one already read is skipped unless its
+shard has other materialized inputs. Every NeMo Gym aggregation setting is taken as +key=value
 (+merge_shards=false, +materialized_inputs_jsonl_fpath=..., +batch_manifest_fpath=..., ...).
 
 Writes OUTPUT (the merged rollouts, with merged sidecars), <stem>_aggregate_metrics.json and

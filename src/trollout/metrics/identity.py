@@ -3,44 +3,58 @@
 Each run numbers its tasks from 0 (protocol.md section 8), so ``(group, task, rollout)`` names
 a rollout only inside one run folder: two chunks of a dataset collected by separate runs both
 have a task 0, and they are different tasks. Across shards a task is therefore known by its
-*content*: a digest of its materialized row without the collector's stamps, and its metrics
-group. Two rows are the same rollout when their tasks have the same content and they have the
-same rollout index; a copied shard or a re-run chunk then counts once, and two tasks that both
-have index 0 are never merged.
+*content*, and its metrics group. Two rows are the same rollout when their tasks have the same
+content and they have the same rollout index; a copied shard, a re-run chunk or a merged output
+merged again then counts once, and two tasks that both have index 0 are never merged.
 
-The content digest (`content_digest`) covers the materialized row minus:
+Content comes from the rows alone, never from a shard's side files: a copied rollouts file has
+no materialized inputs and no manifest, and a merged folder has no manifest. A task has up to
+two keys, each computed the same way in every shard:
 
-- every top-level ``_ng_*`` key except ``_ng_rollout_id`` (an explicit id is the dataset's),
-  and ``agent_ref`` (the group is part of the key anyway);
-- the seed the collector put in ``responses_create_params.metadata.extra_body``: a run's
-  manifest says whether it added seeds (``num_repeats_add_seed``, per agent), in which case
-  any seed is the collector's (it replaces the dataset's); without a manifest (a NeMo Gym
-  shard) a seed equal to the rollout index is NeMo Gym's and is left out. The extra_body (and a
-  metadata left empty) is dropped when the seed was all it held, so a seeded and an unseeded
-  run of the same task agree.
+- its *plan key* (`content_digest`), when its shard has materialized inputs: the materialized
+  row minus every top-level ``_ng_*`` key except ``_ng_rollout_id`` (an explicit id is the
+  dataset's) and minus ``agent_ref`` (the group is part of the key anyway);
+- its *row key* (`row_content_digest`), once a row of it landed: that row's
+  ``responses_create_params``. An agent echoes them, often with its defaults filled in (NeMo
+  Gym's agents do), so a row key is a kind of its own, never compared with a plan key.
+
+Both leave out any ``seed`` in ``responses_create_params.metadata.extra_body``, whoever put it
+there: a collector's seed differs between the rollouts of a task (and, hashed, between runs),
+and a shard cannot always say whether its collector added seeds. The extra_body (and a
+metadata left empty) is dropped when the seed was all it held, so a seeded and an unseeded run
+of the same task agree. The price: dataset rows that differ only in their seed are one task
+across shards (within one shard they stay apart, below).
+
+Two shards' tasks are the same when they share a key. The reader reads every plan first, then
+the rows of the shards that have a plan, recording each planned task's row key
+(`TaskIds.note`), then the shards without one: a copied rollouts file, whole or in part, finds
+the tasks its rows belong to whatever the echo did to their parameters. Row keys of planned
+tasks are recorded only when some shard has no plan (they cost a digest per task, and nothing
+else needs them), so rows outside their own shard's plan (reported) match only each other. A
+task known only from failure rows (they carry no content) stays its shard's own (never merged
+with another shard); a failures file identical to an earlier shard's is skipped instead.
 
 Occurrences. Within one shard, two tasks can have the same content (rows that differ only in a
-stale ``_ng_*`` key, or that an override made equal). The k-th task of a shard with some
-content is that content's occurrence k, and it matches occurrence k of another shard, so a
-shard never merges two of its own tasks: the merged number of tasks with some content is the
-largest number any one shard holds. No path drops a distinct rollout of a shard.
-
-Shards without materialized inputs (or rows outside them) take a task's content from its first
-landed row's ``responses_create_params``, a digest of another kind that never equals a plan's;
-a task known only from failure rows stays its shard's own (never merged with another shard).
+stale ``_ng_*`` key or a seed, or that an override made equal). The k-th task of a shard with
+some key is that key's occurrence k, and it matches occurrence k of another shard, so a shard
+never merges two of its own tasks: the merged number of tasks with some content is the largest
+number any one shard holds. No path drops a distinct rollout of a shard.
 
 Task numbers. Per group, a task keeps its run's index when no task took that number before,
 else it gets the next number above the largest taken: a single run keeps its numbering, and
 chunks merged in order are numbered like one run over the whole dataset. The merged files
 carry these numbers.
 
-Memory: one 16-byte digest (as an int) and one number per distinct task, and per shard a bit
-per task that kept its number or 8 bytes per one renumbered (`LocalIds`); never a row. A single
-shard needs no digest at all: its tasks keep their numbers (`TaskIds(single=True)`).
+Memory: per distinct task one 16-byte digest (as an int) and one number for each key it has,
+and per shard a bit per task that kept its number or 8 bytes per one renumbered (`LocalIds`),
+plus, while it is read, an occurrence count per key; never a row. A single shard needs no
+digest at all: its tasks keep their numbers (`TaskIds(single=True)`).
 
-Design note: the rejected alternative keyed rollouts by ``(group, task, rollout)`` across
+Design notes: the rejected alternative keyed rollouts by ``(group, task, rollout)`` across
 shards (NeMo Gym's ``_identity_key``): shards of separate runs then silently lose every task
-whose index another shard also used.
+whose index another shard also used. Reading which seeds a collector added from the shard's
+manifest was tried and dropped: a copy or a merged output lacks it, so the same task got two
+contents and its rollouts were counted twice.
 """
 
 from __future__ import annotations
@@ -54,12 +68,11 @@ from typing import Any, Final, TypeAlias
 
 import orjson
 
-__all__ = ["LocalIds", "SeedRule", "TaskIds", "content_digest", "row_content_digest"]
+__all__ = ["LocalIds", "TaskIds", "content_digest", "row_content_digest"]
 
 GroupKey: TypeAlias = tuple[str | None, str | None]  # (agent, environment server if no agent)
 
 _ROLLOUT_ID: Final = "_ng_rollout_id"
-_ROLLOUT_INDEX: Final = "_ng_rollout_index"
 _PARAMS: Final = "responses_create_params"
 _DENSE_LIMIT: Final = 1 << 24  # task indices below this live in an array, above in a dict
 _OCCURRENCE_BITS: Final = 24
@@ -68,30 +81,8 @@ _ROW: Final = b"row"
 _LOCAL: Final = b"local"
 
 
-class SeedRule:
-    """Which seeds in a shard's rows the collector added (module docstring).
-
-    Args:
-        add_seed: the shard's ``num_repeats_add_seed`` from its manifest (a bool, or a mapping
-            of agent to bool with ``_default``); None when the shard has no manifest.
-    """
-
-    def __init__(self, add_seed: bool | Mapping[str, Any] | None = None) -> None:
-        self._add_seed = add_seed
-
-    def collector_seed(self, agent: str | None, seed: Any, rollout: Any) -> bool:
-        """Return whether ``seed`` on rollout ``rollout`` of ``agent`` is the collector's."""
-        setting = self._add_seed
-        if setting is None:  # no manifest: NeMo Gym's seed is the rollout index
-            return type(seed) is int and seed == rollout
-        if isinstance(setting, Mapping):
-            chosen = setting.get(agent) if agent is not None else None
-            setting = chosen if chosen is not None else setting.get("_default", False)
-        return bool(setting)
-
-
-def content_digest(row: Mapping[str, Any], group: GroupKey, seeds: SeedRule) -> int:
-    """Return the digest of a materialized row's task content in its group (an int)."""
+def content_digest(row: Mapping[str, Any], group: GroupKey) -> int:
+    """Return the plan key of a materialized row's task in its group (an int)."""
     content = {
         key: value
         for key, value in row.items()
@@ -99,17 +90,16 @@ def content_digest(row: Mapping[str, Any], group: GroupKey, seeds: SeedRule) -> 
     }
     params = content.get(_PARAMS)
     if isinstance(params, Mapping):
-        content[_PARAMS] = _without_seed(params, group[0], seeds, row.get(_ROLLOUT_INDEX))
+        content[_PARAMS] = _without_seed(params)
     return _digest(_PLAN, group, content)
 
 
-def row_content_digest(row: Mapping[str, Any], group: GroupKey, seeds: SeedRule) -> int | None:
-    """Return the content digest of a landed row from its ``responses_create_params``, or None."""
+def row_content_digest(row: Mapping[str, Any], group: GroupKey) -> int | None:
+    """Return the row key of a landed row's task from its ``responses_create_params``, or None."""
     params = row.get(_PARAMS)
     if not isinstance(params, Mapping):
         return None
-    content = _without_seed(params, group[0], seeds, row.get(_ROLLOUT_INDEX))
-    return _digest(_ROW, group, content)
+    return _digest(_ROW, group, _without_seed(params))
 
 
 def local_digest(shard: int, group: GroupKey) -> int:
@@ -125,17 +115,13 @@ def _digest(kind: bytes, group: GroupKey, content: Any) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=16).digest(), "big")
 
 
-def _without_seed(
-    params: Mapping[str, Any], agent: str | None, seeds: SeedRule, rollout: Any
-) -> Mapping[str, Any]:
+def _without_seed(params: Mapping[str, Any]) -> Mapping[str, Any]:
     metadata = params.get("metadata")
     if not isinstance(metadata, Mapping) or "extra_body" not in metadata:
         return params
     extra = metadata["extra_body"]
     parsed = _json_object(extra)
     if parsed is None or "seed" not in parsed:
-        return params
-    if not seeds.collector_seed(agent, parsed["seed"], rollout):
         return params
     rest = {k: v for k, v in parsed.items() if k != "seed"}
     new_metadata = {k: v for k, v in metadata.items() if k != "extra_body"}
@@ -261,11 +247,7 @@ class TaskIds:
             digest: its content digest (`content_digest`, `row_content_digest`, ...).
             seen: the shard's occurrence counter (`occurrences`); updated here.
         """
-        occurrence = seen[digest]
-        seen[digest] = occurrence + 1
-        key: int | tuple[int, int] = (digest << _OCCURRENCE_BITS) | occurrence
-        if occurrence >> _OCCURRENCE_BITS:  # 16M tasks of one content: keep them apart anyway
-            key = (digest, occurrence)
+        key = _occurrence_key(digest, seen)
         merged = self._by_key.get(key)
         if merged is None:
             numbers = self._numbers.get(group)
@@ -275,3 +257,24 @@ class TaskIds:
         if merged != local_task:
             self.renumbered += 1
         return merged
+
+    def note(self, digest: int, seen: Counter[int], merged: int) -> None:
+        """Record another key of a shard's task numbered ``merged`` (its row key).
+
+        A key some task already has keeps that task: two tasks of different plan keys stay two.
+
+        Args:
+            digest: the task's other content digest (`row_content_digest`).
+            seen: the shard's occurrence counter for that kind of key; updated here.
+            merged: the task's merged number.
+        """
+        self._by_key.setdefault(_occurrence_key(digest, seen), merged)
+
+
+def _occurrence_key(digest: int, seen: Counter[int]) -> int | tuple[int, int]:
+    """Return the table key of a shard's next task with ``digest`` (its occurrence counted)."""
+    occurrence = seen[digest]
+    seen[digest] = occurrence + 1
+    if occurrence >> _OCCURRENCE_BITS:  # 16M tasks of one content: keep them apart anyway
+        return (digest, occurrence)
+    return (digest << _OCCURRENCE_BITS) | occurrence

@@ -5,13 +5,16 @@ failures sidecar, keeping only the per-task state of `stats` and the latest fail
 row payloads are never held (except the reduced rows a server call needs, and only when one is
 asked for). The rules, documented where the user sees them (``trollout aggregate --help``):
 
-- A rollout's identity across shards is its task's content (`identity`): a digest of the
-  materialized row without the collector's stamps, plus its metrics group, and its rollout
-  index. Shards of separate runs (each numbering its tasks from 0) are merged without losing a
-  task; tasks first seen in a later shard are renumbered in the merged files.
-- Shards are read in sorted order; a shard whose rollouts (or failures) file and plan are
-  identical to an earlier shard's is skipped.
-- A rollout lands once: the first landed row in shard order, then line order, wins; later
+- A rollout's identity across shards is its task's content (`identity`): a digest of its
+  materialized row (or of its landed rows' parameters) without the collector's stamps and
+  seed, plus its metrics group, and its rollout index. Shards of separate runs (each numbering
+  its tasks from 0) are merged without losing a task; tasks first seen in a later shard are
+  renumbered in the merged files.
+- Shards are read in sorted order, those with materialized inputs first (so a shard without
+  them, such as a copied rollouts file, finds the tasks their rows showed). A rollouts (or
+  failures) file identical to an earlier shard's is skipped when its shard has the same
+  materialized inputs or none.
+- A rollout lands once: the first landed row in reading order, then line order, wins; later
   landed rows of the same rollout are duplicates, reported per shard and not counted. A landed
   row beats any failure of the same rollout, whichever shard holds it.
 - The group of a row is its agent (``agent_ref.name``), or, for a row routed by taskset without
@@ -35,19 +38,11 @@ import attrs
 import orjson
 from attrs import frozen
 
-from ..errors import InputError, RunFolderError
+from ..errors import InputError
 from ..records import AGENT_REF, ENVIRONMENT_SERVER, ROLLOUT_INDEX, TASK_INDEX
 from ..recovery.layout import RunLayout
-from ..recovery.manifest import read_manifest
 from .coverage import MISSING, OMITTED, Coverage, FailureLedger, GroupKey, RolloutKey, imputed_row
-from .identity import (
-    LocalIds,
-    SeedRule,
-    TaskIds,
-    content_digest,
-    local_digest,
-    row_content_digest,
-)
+from .identity import LocalIds, TaskIds, content_digest, local_digest, row_content_digest
 from .shards import MergeWriter, identical_files, read_lines
 from .stats import GroupStats, is_masked, metric_columns, popcount
 
@@ -61,7 +56,7 @@ class InputReport:
     """What was read, and what was set aside.
 
     Attributes:
-        shards: the rollouts files, in the order read.
+        shards: the rollouts files, in the order read (those with materialized inputs first).
         skipped: files identical to one read before, with that file.
         duplicates: per shard, landed rows whose rollout was already read (counted once).
         torn: ``file:line`` of torn last lines skipped.
@@ -144,14 +139,14 @@ def _identity(path: Path, number: int, row: Mapping[str, Any]) -> tuple[int, int
 class _Shard:
     """One shard as it is read: its files, its plan's numbering and its own."""
 
-    def __init__(self, order: int, layout: RunLayout, plan: Path | None, seeds: SeedRule) -> None:
-        self.order = order
+    def __init__(self, order: int, layout: RunLayout, plan: Path | None) -> None:
+        self.order = order  # its place in the reading order
         self.layout = layout
         self.plan = plan  # the plan file read for it (the first of identical ones), or None
-        self.seeds = seeds
         self.ids: LocalIds | None = None  # the plan's numbering (shared by identical plans)
         self.extra = LocalIds()  # tasks numbered from rows outside the plan
-        self.seen = Counter[int]()  # occurrences of the tasks numbered from rows
+        self.noted = LocalIds()  # planned tasks whose row key is recorded
+        self.seen = Counter[int]()  # occurrences of the row keys of its tasks
 
 
 class Collection:
@@ -168,6 +163,7 @@ class Collection:
         self._duplicates: Counter[str] = Counter()
         self._outside_plan = 0
         self._planned = False
+        self._rows_only = False  # some shard has no plan: planned tasks record their row keys
         self._plans: dict[Path, LocalIds] = {}
         self.shards: list[_Shard] = []
         self.report = InputReport(())
@@ -197,24 +193,27 @@ class Collection:
             plan: one materialized-inputs file standing for every shard's own
                 (``materialized_inputs_jsonl_fpath``).
         """
+        self.task_ids.single = len(shards) == 1  # one run's numbering is its own
+        shards = _planned_first(shards, plan)
         layouts = [RunLayout.for_output(p) for p in shards]
-        self.task_ids.single = len(layouts) == 1  # one run's numbering is its own
         plans = [plan or lay.materialized_inputs for lay in layouts]
         files = {p: None for lay, pl in zip(layouts, plans, strict=True) for p in _files(lay, pl)}
         same = identical_files([p for p in files if p.is_file()])
         for order, (lay, pl) in enumerate(zip(layouts, plans, strict=True)):
             first = same.get(pl, pl) if pl.is_file() else None
-            self.shards.append(_Shard(order, lay, first, _seed_rule(lay, explicit=plan)))
+            self.shards.append(_Shard(order, lay, first))
         for shard in self.shards:
             if shard.plan is not None and shard.plan not in self._plans:
                 self._plans[shard.plan] = self._read_plan(shard, merge)
             shard.ids = self._plans.get(shard.plan) if shard.plan is not None else None
         self._planned = bool(self._plans)
+        self._rows_only = not self.task_ids.single and any(s.plan is None for s in self.shards)
         skipped: list[tuple[Path, Path]] = []
         for shard, own_plan in zip(self.shards, plans, strict=True):
             if shard.plan is not None and shard.plan != own_plan:
                 skipped.append((own_plan, shard.plan))
             skipped += self._read_outcomes(shard, same, merge)
+            shard.seen.clear()  # occurrences count within one shard: done with them
         self.report = InputReport(
             shards=tuple(shards),
             skipped=tuple(skipped),
@@ -244,12 +243,15 @@ class Collection:
         return skipped
 
     def _copy_of(self, shard: _Shard, first: Path | None) -> Path | None:
-        """Return the earlier file this one copies, when its shard ran the same plan too."""
+        """Return the earlier file this one copies, when its shard has that one's plan or none.
+
+        A shard without a plan is read after every shard with one, so its file is the copy.
+        """
         if first is None:
             return None
         owners = (s for s in self.shards if first in (s.layout.rollouts, s.layout.failures))
         owner = next(owners, None)  # None: it equals some other kind of file
-        return first if owner is not None and owner.plan == shard.plan else None
+        return first if owner is not None and shard.plan in (owner.plan, None) else None
 
     def _rows(self, path: Path) -> Iterator[tuple[int, bytes, dict[str, Any], int, int]]:
         for number, raw, row in read_lines(path, self._torn):
@@ -265,7 +267,7 @@ class Collection:
             if merged is None:
                 merged = task
                 if not self.task_ids.single:
-                    digest = content_digest(row, key, shard.seeds)
+                    digest = content_digest(row, key)
                     merged = self.task_ids.assign(key, task, digest, seen)
                 ids.set(key, task, merged)
             state = self.group(key, row).task(merged)
@@ -279,18 +281,30 @@ class Collection:
 
     def _merged_task(self, shard: _Shard, key: GroupKey, task: int, row: Mapping[str, Any]) -> int:
         """Return the merged number of a row's task (numbering it from the row if unplanned)."""
+        if self.task_ids.single:
+            return task
         merged = shard.ids.get(key, task) if shard.ids is not None else None
+        if merged is not None:
+            if self._rows_only and shard.noted.get(key, task) is None:
+                self._note_row_key(shard, key, task, row, merged)
+            return merged
+        merged = shard.extra.get(key, task)
         if merged is None:
-            merged = shard.extra.get(key, task)
-        if merged is None and self.task_ids.single:
-            merged = task
-        if merged is None:
-            digest = row_content_digest(row, key, shard.seeds)
+            digest = row_content_digest(row, key)
             if digest is None:
                 digest = local_digest(shard.order, key)
             merged = self.task_ids.assign(key, task, digest, shard.seen)
             shard.extra.set(key, task, merged)
         return merged
+
+    def _note_row_key(
+        self, shard: _Shard, key: GroupKey, task: int, row: Mapping[str, Any], merged: int
+    ) -> None:
+        """Record a planned task's row key, so that rows read without a plan find it."""
+        digest = row_content_digest(row, key)
+        if digest is not None:  # a failure row has no content: its task's landed row tells
+            self.task_ids.note(digest, shard.seen, merged)
+            shard.noted.set(key, task, merged)
 
     def _read_rollouts(self, shard: _Shard, path: Path, merge: MergeWriter | None) -> None:
         server_rows = self.server_rows
@@ -389,18 +403,11 @@ def _files(layout: RunLayout, plan: Path) -> tuple[Path, Path, Path]:
     return (plan, layout.rollouts, layout.failures)
 
 
-def _seed_rule(layout: RunLayout, *, explicit: Path | None) -> SeedRule:
-    """Return which seeds of a shard's rows its collector added (from the shard's manifest)."""
-    if explicit is not None:
-        return SeedRule(None)
-    try:
-        manifest = read_manifest(layout)
-    except RunFolderError:
-        manifest = None
-    if manifest is None:
-        return SeedRule(None)
-    setting = manifest.settings.get("num_repeats_add_seed", False)
-    return SeedRule(setting if isinstance(setting, bool | Mapping) else False)
+def _planned_first(shards: Sequence[Path], plan: Path | None) -> list[Path]:
+    """Return the shards in reading order: those with materialized inputs first, each sorted."""
+    if plan is not None:
+        return list(shards)
+    return sorted(shards, key=lambda p: not RunLayout.for_output(p).materialized_inputs.is_file())
 
 
 def _renumbered(raw: bytes, row: dict[str, Any], local: int, task: int) -> bytes:
