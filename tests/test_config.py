@@ -682,3 +682,26 @@ def test_validate_url_refuses_what_is_not_http_host_port(url: str) -> None:
     """Other schemes, no scheme, port 0 and a query are refused naming the URL."""
     with pytest.raises(ConfigError, match=re.escape(repr(url))):
         validate_url(url, what="u")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "member"),
+    [
+        ("seed_mode", "rollout-index", SeedMode.ROLLOUT_INDEX),
+        ("seed_mode", SeedMode.HASH, SeedMode.HASH),
+        ("fsync", "row", FsyncPolicy.ROW),
+    ],
+)
+def test_choices_take_their_written_value(key: str, value: object, member: object) -> None:
+    """An embedding driver may write a choice as in YAML: it means that member, not the
+    default."""
+    assert getattr(RunConfig(**{key: value}), key) is member
+
+
+@pytest.mark.parametrize(("key", "value"), [("seed_mode", "rollout_index"), ("fsync", ["row"])])
+def test_unknown_choices_are_one_error_naming_the_key(key: str, value: object) -> None:
+    """A misspelt choice is refused naming the key, the value and the choices."""
+    with pytest.raises(
+        ConfigError, match=rf"^{key} must be one of .* \(got {re.escape(repr(value))}\)$"
+    ):
+        RunConfig(**{key: value})

@@ -43,7 +43,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import SplitResult, urlsplit
 
 import attrs
@@ -90,6 +90,24 @@ class SeedMode(enum.Enum):
 
     HASH = "hash"  # hash(run seed, task, rollout): seeds differ across tasks (ours, default)
     ROLLOUT_INDEX = "rollout-index"  # seed = rollout index (NeMo Gym's behaviour)
+
+
+_Choice = TypeVar("_Choice", bound=enum.Enum)
+
+
+def _choice(kind: type[_Choice], key: str, value: Any) -> _Choice:
+    """Return the member of `kind` that `value` is or names (``"rollout-index"``).
+
+    An embedding driver may pass the value as written in YAML or on the command line; anything
+    else is one ConfigError naming the key and the choices, never a silent default.
+    """
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except (ValueError, TypeError):
+        choices = ", ".join(repr(member.value) for member in kind)
+        raise ConfigError(f"{key} must be one of {choices} (got {value!r})") from None
 
 
 class FsyncPolicy(enum.Enum):
@@ -262,6 +280,14 @@ def _seed_setting(instance: Any, attribute: attrs.Attribute[Any], value: Any) ->
         )
 
 
+def _seed_mode(value: Any) -> SeedMode:
+    return _choice(SeedMode, "seed_mode", value)
+
+
+def _fsync(value: Any) -> FsyncPolicy:
+    return _choice(FsyncPolicy, "fsync", value)
+
+
 @frozen(kw_only=True)
 class RunConfig:
     """Every setting of a collection run (NeMo Gym key names where NeMo Gym has the setting).
@@ -289,7 +315,7 @@ class RunConfig:
         default=False, validator=_seed_setting
     )
     seed: int = attrs.field(default=0, validator=SEED)
-    seed_mode: SeedMode = SeedMode.HASH
+    seed_mode: SeedMode = attrs.field(default=SeedMode.HASH, converter=_seed_mode)
     limit: int | None = attrs.field(default=None, validator=COUNT.or_none)
     task_ids: list[str | int] | None = attrs.field(default=None, validator=_task_ids)
     # "I/N": keep the tasks whose identity hashes to shard I of N (task_selection.py)
@@ -366,7 +392,7 @@ class RunConfig:
     ray_workers: int | None = attrs.field(default=None, validator=POSITIVE_COUNT.or_none)
     ray_blocks: int | None = attrs.field(default=None, validator=POSITIVE_COUNT.or_none)
     # durability and reporting
-    fsync: FsyncPolicy = FsyncPolicy.BATCH
+    fsync: FsyncPolicy = attrs.field(default=FsyncPolicy.BATCH, converter=_fsync)
     fsync_every_rows: int = attrs.field(default=256, validator=POSITIVE_COUNT)
     fsync_every_s: float = attrs.field(default=1.0, validator=POSITIVE_SECONDS)
     status_interval_s: float = attrs.field(default=2.0, validator=POSITIVE_SECONDS)
