@@ -19,8 +19,9 @@ and names stay readable; the output holds no control character either way, which
 from __future__ import annotations
 
 from typing import Final
+from urllib.parse import urlsplit
 
-__all__ = ["visible"]
+__all__ = ["public_url", "visible"]
 
 # C0 (tab and newline included: one datum never spans lines), DEL, C1, the line and paragraph
 # separators, and the bidirectional marks, embeddings, overrides and isolates.
@@ -40,3 +41,13 @@ def visible(text: str) -> str:
     ESC becomes the four characters ``\\x1b``, CR becomes ``\\r``; everything else is kept.
     """
     return text.translate(_ESCAPES)
+
+
+def public_url(url: str) -> str:
+    """Return `url` as ``scheme://host:port/path``: what telemetry and messages may show.
+
+    ``user:password@``, the ``?query`` and the ``#fragment`` are dropped: they are where a
+    URL carries a secret (``?api_key=...``), and spans and labels leave the machine.
+    """
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"

@@ -64,3 +64,48 @@ async def test_telemetry_never_carries_an_agent_urls_secrets() -> None:
     assert f"http://{origin}" in labels  # the breaker's endpoint label
     for secret in SECRETS:
         assert not [text for text in shown + labels if secret in text], secret
+
+
+async def test_failure_rows_never_carry_an_agent_urls_secrets() -> None:
+    """A refused connection and a server that breaks mid-reply: the failures name the endpoint
+    as ``scheme://host:port/path``, never its user, password, query or fragment (failure rows
+    are files users share)."""
+    import socket
+    from functools import partial
+
+    import trio
+
+    from trollout.collector.sink import ListSink
+    from trollout.records import Failed
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    refused_port = closed.getsockname()[1]
+
+    async def break_each_reply(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\n{")
+        await stream.aclose()  # mid-body
+
+    try:
+        async with trio.open_nursery() as nursery:
+            serve = partial(trio.serve_tcp, break_each_reply, 0, host="127.0.0.1")
+            listeners = await nursery.start(serve)
+            broken_port = listeners[0].socket.getsockname()[1]
+            sink = ListSink()
+            for port in (refused_port, broken_port):
+                url = f"http://alice:hunter2@127.0.0.1:{port}/run?api_key=sekret#frag"
+                async with open_collector(
+                    config=RunConfig(max_attempts=1), resolve=lambda _, u=url: u, sink=sink
+                ) as collector:
+                    await collector.collect(materialized_rows(1))
+            nursery.cancel_scope.cancel()
+    finally:
+        closed.close()
+    failures = [o for o in sink.outcomes if isinstance(o, Failed)]
+    assert len(failures) == 2
+    messages = [str(f) for f in failures]
+    assert f"127.0.0.1:{refused_port}/run" in messages[0]
+    assert f"127.0.0.1:{broken_port}/run" in messages[1]
+    for secret in SECRETS:
+        assert not [text for text in messages if secret in text], (secret, messages)

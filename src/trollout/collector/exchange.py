@@ -43,6 +43,7 @@ from typing import Any, Final
 import httpx
 import trio
 
+from ..text import public_url
 from .http11 import (
     BodyTooLargeError,
     ContentEncodingError,
@@ -272,7 +273,7 @@ class Exchange:
         status = self.parser.status
         if self.expired == _REPLY:
             message = (
-                f"the exchange with {self.url} did not finish within reply_timeout_s="
+                f"the exchange with {self.shown} did not finish within reply_timeout_s="
                 f"{self.deadlines.reply_timeout_s} ({self.parser.size} body bytes received);"
                 " raise --reply-timeout if replies legitimately take this long"
             )
@@ -281,8 +282,10 @@ class Exchange:
             raise began(BodyReplyTimeout, message, status)
         timeout_s = self.deadlines.timeout_s
         if not self.sent and not status:
-            raise httpx.WriteTimeout(f"sending the request to {self.url} stalled for {timeout_s}s")
-        message = f"{self.url} sent nothing for read_timeout_s={timeout_s}"
+            raise httpx.WriteTimeout(
+                f"sending the request to {self.shown} stalled for {timeout_s}s"
+            )
+        message = f"{self.shown} sent nothing for read_timeout_s={timeout_s}"
         if not status:
             raise httpx.ReadTimeout(message)
         raise began(BodyReadTimeout, message, status)
@@ -290,7 +293,7 @@ class Exchange:
     def _early_success(self) -> httpx.RemoteProtocolError:
         # Not a ResponseBegan: the reply is not this request's, so nothing proves delivery.
         return httpx.RemoteProtocolError(
-            f"{self.url} answered HTTP {self.parser.status} before the whole request was sent;"
+            f"{self.shown} answered HTTP {self.parser.status} before the whole request was sent;"
             " a success cannot precede its request (a stray or replayed reply), so it is not"
             " taken as this request's result"
         )
@@ -317,7 +320,7 @@ class Exchange:
             except OSError as exc:
                 if self._read_early():
                     return False
-                message = f"sending the request to {self.url} failed: {exc}"
+                message = f"sending the request to {self.shown} failed: {exc}"
                 raise httpx.WriteError(message) from exc
             if progress and waited:
                 if self.expired:
@@ -409,8 +412,13 @@ class Exchange:
                 pass  # only `expire` wakes a wait on our own socket or epoll
         raise Expired
 
+    @property
+    def shown(self) -> str:
+        """The URL as messages (and so failure rows) show it: no credentials, no query."""
+        return public_url(self.url)
+
     def _broken(self, exc: OSError) -> httpx.ReadError:
-        message = f"the connection to {self.url} broke: {exc}"
+        message = f"the connection to {self.shown} broke: {exc}"
         status = self.parser.status
         if not status:
             return httpx.ReadError(message)
@@ -418,7 +426,7 @@ class Exchange:
 
     def _framing_error(self, exc: FramingError | ContentEncodingError) -> httpx.TransportError:
         status = self.parser.status
-        url = self.url
+        url = self.shown
         if isinstance(exc, BodyTooLargeError):
             message = (
                 f"the reply from {url} is too large: {exc.size} body bytes {exc.seen}, over"

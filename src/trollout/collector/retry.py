@@ -77,6 +77,7 @@ from attrs import define, frozen
 
 from ..config import COUNT, POSITIVE_COUNT, POSITIVE_SECONDS, SECONDS, RunConfig
 from ..records import Failed, FailureClass, Landed
+from ..text import public_url
 
 __all__ = [
     "GOOD_ANSWERS_PER_TOKEN",
@@ -359,16 +360,6 @@ def endpoint_of(url: str) -> str:
     """
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-
-
-def public_url(url: str) -> str:
-    """Return `url` as ``scheme://host:port/path``: what telemetry and messages may show.
-
-    ``user:password@``, the ``?query`` and the ``#fragment`` are dropped: they are where a
-    URL carries a secret (``?api_key=...``), and spans and labels leave the machine.
-    """
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 class RetryState:

@@ -62,6 +62,7 @@ import httpx
 import trio
 from attrs import frozen
 
+from ..text import public_url
 from .exchange import Deadlines, Exchange
 from .http11 import FramingError, check_field_value, encode_request, post_prefix
 from .replies import (
@@ -120,17 +121,20 @@ def _parse_target(url: str) -> _Target:
     parts = urlsplit(url)
     if parts.scheme not in _DEFAULT_PORTS:
         raise httpx.UnsupportedProtocol(
-            f"URL {url!r} uses scheme {parts.scheme!r}; Http11Transport speaks plain http:// only"
+            f"URL {public_url(url)!r} uses scheme {parts.scheme!r}; Http11Transport speaks "
+            "plain http:// only"
         )
     if not parts.hostname:
-        raise httpx.InvalidURL(f"URL {url!r} has no host; expected http://host:port/path")
+        raise httpx.InvalidURL(
+            f"URL {public_url(url)!r} has no host; expected http://host:port/path"
+        )
     port = parts.port or _DEFAULT_PORTS[parts.scheme]
     try:
         path = ((parts.path or "/") + (f"?{parts.query}" if parts.query else "")).encode("ascii")
         prefix = post_prefix(path, parts.netloc.rpartition("@")[2].encode("ascii"))
     except (FramingError, UnicodeEncodeError) as exc:
         raise httpx.InvalidURL(
-            f"URL {url!r} cannot be sent: {exc}; percent-encode its path and query"
+            f"URL {public_url(url)!r} cannot be sent: {exc}; percent-encode its path and query"
         ) from exc
     return _Target((parts.scheme, parts.hostname, port), parts.hostname, port, path, prefix)
 
@@ -139,8 +143,8 @@ def _target_of(request: httpx.Request) -> _Target:
     url = request.url
     if url.scheme not in _DEFAULT_PORTS:
         raise httpx.UnsupportedProtocol(
-            f"URL {str(url)!r} uses scheme {url.scheme!r}; Http11Transport speaks plain "
-            "http:// only"
+            f"URL {public_url(str(url))!r} uses scheme {url.scheme!r}; Http11Transport "
+            "speaks plain http:// only"
         )
     port = url.port or _DEFAULT_PORTS[url.scheme]
     return _Target((url.scheme, url.host, port), url.host, port, url.raw_path)
@@ -294,7 +298,9 @@ class Http11Transport(httpx.AsyncBaseTransport):
         try:
             data, close = encode_request(method, target.path, request.headers.raw, body)
         except FramingError as exc:
-            raise httpx.LocalProtocolError(f"cannot send {request.url}: {exc}") from exc
+            raise httpx.LocalProtocolError(
+                f"cannot send {public_url(str(request.url))}: {exc}"
+            ) from exc
         raw = await self._exchange(
             target, str(request.url), data, no_body=method == b"HEAD", close=close
         )
@@ -417,9 +423,12 @@ class Http11Transport(httpx.AsyncBaseTransport):
             try:
                 return _Connection(await self._open_stream(target.host, target.port))
             except OSError as exc:
-                raise httpx.ConnectError(f"cannot connect to {url}: {_reasons(exc)}") from exc
+                raise httpx.ConnectError(
+                    f"cannot connect to {public_url(url)}: {_reasons(exc)}"
+                ) from exc
         raise httpx.ConnectTimeout(
-            f"connecting to {url} took longer than connect_timeout_s={self._connect_timeout_s}"
+            f"connecting to {public_url(url)} took longer than "
+            f"connect_timeout_s={self._connect_timeout_s}"
         )
 
 
