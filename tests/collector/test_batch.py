@@ -249,3 +249,25 @@ async def test_batches_with_the_same_task_indices_are_timed_apart(autojump_clock
             await trio.sleep(1)
             assert collector.timer.running == 2
         assert collector.timer.running == 0
+
+
+async def test_batch_input_error_is_raised_once_and_the_rows_before_it_go_out(
+    autojump_clock: Any,
+) -> None:
+    """A bad third row raises once; iterating on yields the two rows read before it."""
+    rows = [row_body(0), row_body(1), {"responses_create_params": {}}]
+    errors: list[Exception] = []
+    async with scripted_collector() as collector, collector.open_batch(rows) as batch:
+        tasks = []
+        while len(errors) < 3:  # an error raised on every call would loop here
+            try:
+                item = await batch.__anext__()
+            except StopAsyncIteration:
+                break
+            except InputError as exc:
+                errors.append(exc)
+                continue
+            tasks.append(item.row["_ng_task_index"])
+    assert len(errors) == 1
+    assert "rows[2] has no _ng_task_index" in str(errors[0])
+    assert sorted(tasks) == [0, 1]

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from trollout.collector.dispatch import DispatchPolicy, dispatch
+from trollout.collector.dispatch import DispatchPolicy, check_run_url, dispatch
 from trollout.collector.transport import H11Transport, RawResponse
 from trollout.config import RunConfig
 from trollout.errors import ConfigError
@@ -246,6 +246,31 @@ async def test_dispatch_refuses_https_url() -> None:
     async with H11Transport(connect_timeout_s=1, read_timeout_s=1) as transport:
         with pytest.raises(ConfigError, match="https://agent/run"):
             await dispatch(transport, "https://agent/run", ROW, 0, POLICY, rng=random.Random(0))
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("https://agent/run", r"is 'https://agent/run'.*scheme is 'https'.*without TLS"),
+        ("http:///run", r"is 'http:///run'.*it has no host"),
+        ("http://agent:99999/run", r"is 'http://agent:99999/run'.*does not parse"),
+        ("https://user:secret@agent/run", r"is <not shown: it carries credentials>"),
+    ],
+)
+def test_check_run_url_names_the_url_and_the_remedy(url: str, needle: str) -> None:
+    """A URL the transport cannot send to is one line: where it came from, why, the remedy."""
+    with pytest.raises(ConfigError, match=needle) as info:
+        check_run_url(url, what="the URL of 'agent'")
+    message = str(info.value)
+    assert message.startswith("the URL of 'agent' is ")
+    assert message.endswith("through a local proxy or tunnel)")
+    assert "secret" not in message
+    assert "\n" not in message
+
+
+def test_check_run_url_returns_a_plain_http_url() -> None:
+    """A plain http:// URL passes unchanged."""
+    assert check_run_url("http://agent:8000/run", what="x") == "http://agent:8000/run"
 
 
 async def test_dispatch_refused_loopback_port_fails_not_sent() -> None:

@@ -31,12 +31,27 @@ class DriverQuit(Exception):
     """The driver's own error, leaving the block early."""
 
 
+class NurseryTransport(ScriptedTransport):
+    """Waits for its reply inside a nursery of its own, as happy eyeballs does.
+
+    A cancellation then reaches the worker as a `BaseExceptionGroup` holding `trio.Cancelled`.
+    """
+
+    async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            response = await super().post(url, body)
+            nursery.cancel_scope.cancel()
+        return response
+
+
 async def run_and_exit(
-    rows: int, delays: list[int], exit_at: int, how: str, concurrency: int
+    rows: int, delays: list[int], exit_at: int, how: str, concurrency: int, nested: bool = False
 ) -> tuple[int, ListSink]:
     """Submit rows one by one and leave the block as ``how`` says at virtual time ``exit_at``."""
     sink = ListSink()
-    transport = ScriptedTransport(delay=lambda row: delays[row["_ng_task_index"] % len(delays)])
+    kind = NurseryTransport if nested else ScriptedTransport
+    transport = kind(delay=lambda row: delays[row["_ng_task_index"] % len(delays)])
     config = RunConfig(num_samples_in_parallel=concurrency)
     submitted = 0
     with trio.move_on_at(exit_at if how == "cancel" else float("inf")):
@@ -75,11 +90,15 @@ async def leave_at(collector: Any, at: int, how: str) -> None:
     exit_at=st.integers(0, 6),
     how=st.sampled_from(EXITS),
     concurrency=st.integers(1, 6),
+    nested=st.booleans(),
 )
 def test_engine_settles_every_accepted_rollout_exactly_once(
-    rows: int, delays: list[int], exit_at: int, how: str, concurrency: int
+    rows: int, delays: list[int], exit_at: int, how: str, concurrency: int, nested: bool
 ) -> None:
-    """Whatever ends the block and whenever, each submitted row has one outcome in the sink."""
+    """Whatever ends the block and whenever, each submitted row has one outcome in the sink.
+
+    ``nested``: the transport waits in a nursery, so cancellations arrive in exception groups.
+    """
     submitted, sink = trio.run(
         run_and_exit,
         rows,
@@ -87,6 +106,7 @@ def test_engine_settles_every_accepted_rollout_exactly_once(
         exit_at,
         how,
         concurrency,
+        nested,
         clock=trio.testing.MockClock(autojump_threshold=0),
     )
     settled = Counter(o.identity.task_index for o in sink.outcomes)

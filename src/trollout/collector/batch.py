@@ -215,8 +215,8 @@ class Batch:
         )
         self._pending: deque[BatchOutcome] = deque()
         self._consumed = 0
-        self._error: Exception | None = None
-        self._reported = False
+        self._error: Exception | None = None  # the rows failed (a bad row, an unknown agent)
+        self._reported: list[Exception] = []  # failures the consumer has been raised
         self._closing = False
         self._closed = False
 
@@ -241,11 +241,16 @@ class Batch:
     async def __anext__(self) -> BatchOutcome:
         """Return the next settled outcome, in completion order.
 
+        Each error is raised once; iterating on yields what else settles, so the outcomes of
+        the rows that went out are never lost to the error.
+
         Raises:
             StopAsyncIteration: every row has settled and been consumed, or the batch closed.
-            InputError, UnknownAgentError: a row could not be dispatched (raised once; the
-                rows before it went out).
-            Exception: the batch's own sink failed (a recorded shard's disk).
+            InputError, UnknownAgentError, ConfigError: a row could not be dispatched (the
+                rows before it went out; none after it).
+            Exception: the batch's own sink failed (a recorded shard's disk), or a rollout
+                raised instead of settling (its row settled as omitted, the batch was
+                cancelled).
 
         Cancellation: a checkpoint; a cancelled wait consumes nothing.
         """
@@ -320,14 +325,14 @@ class Batch:
 
     def raise_unreported(self) -> None:
         """Raise the batch's error if the consumer has not seen it yet."""
-        if not self._reported:
-            self._raise_failure()
+        self._raise_failure()
 
     def _raise_failure(self) -> None:
-        failure = self._error or self.pool.sink_error
-        if failure is not None:
-            self._reported = True
-            raise failure
+        """Raise the first failure (the rows', then the pool's) not raised to the consumer yet."""
+        for failure in (self._error, self.pool.error):
+            if failure is not None and not any(failure is seen for seen in self._reported):
+                self._reported.append(failure)
+                raise failure
 
     def _take(self, pool: Pool, settled: list[tuple[Outcome, MaterializedRow | None]]) -> None:
         for outcome, row in settled:
@@ -368,7 +373,9 @@ async def open_batch(
     Raises:
         ConfigError: ``run_id`` cannot prefix rollout ids.
         RunStoppedError: the collector's run was stopped.
-        InputError, UnknownAgentError: raised from the iteration, or at exit if not iterated.
+        InputError, UnknownAgentError, ConfigError: a row could not be dispatched; raised
+            from the iteration (once), or at exit if not iterated.
+        Exception: what else ended the batch (its sink failed, a rollout raised): as above.
 
     Cancellation: entering is a checkpoint (nothing started if cancelled). Exit is shielded
     (bounded by 30 s): every row the batch accepted has settled and reached its sink when the

@@ -27,6 +27,7 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 import httpx
@@ -55,7 +56,7 @@ from .retry import (
 )
 from .transport import DEFAULT_MAX_BODY_BYTES, Http11Transport, PostTransport, RawResponse
 
-__all__ = ["DispatchPolicy", "NewAttempt", "dispatch"]
+__all__ = ["DispatchPolicy", "NewAttempt", "check_run_url", "dispatch"]
 
 NewAttempt = Callable[[Failed], Awaitable[int]]
 """Record a superseded failed attempt and return the next attempt number, reserved durably.
@@ -212,6 +213,36 @@ async def _observed(rollout: _Rollout, observer: Observer) -> Landed | Failed:
         raise
     observer.attempt_ended(rollout.trace, outcome, rollout.retries)
     return outcome
+
+
+def check_run_url(url: str, *, what: str) -> str:
+    """Return ``url`` if the `/run` transport can POST to it: ``http://host[:port][/path]``.
+
+    The engine checks every URL it resolves before a row is accepted, so a URL that
+    `Http11Transport` would refuse (``https://``, no host) is the caller's error, not every
+    rollout's; ``what`` names where the URL came from.
+
+    Raises:
+        ConfigError: naming ``what`` and the URL (not shown when it carries credentials).
+    """
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError for a port that is not a number in range
+    except ValueError as exc:
+        problem = f"it does not parse ({exc})"
+    else:
+        if parts.scheme == "http" and parts.hostname:
+            return url
+        problem = (
+            f"its scheme is {parts.scheme!r}, and trollout speaks plain HTTP/1.1 without TLS"
+            if parts.scheme != "http"
+            else "it has no host"
+        )
+    shown = "<not shown: it carries credentials>" if "@" in url else repr(url)
+    raise ConfigError(
+        f"{what} is {shown}, which cannot be sent to: {problem}; give agent URLs as "
+        "http://host:port (reach a TLS-only server through a local proxy or tunnel)"
+    )
 
 
 class _Rollout:

@@ -21,7 +21,14 @@ Shape (design.md, Concurrency)::
   worker of a pool, so a slow fsync back-pressures workers instead of growing memory. A sink that
   raises (a full disk) ends what it serves: the collector's own sink stops the run like `stop`;
   a batch's own sink (a recorded shard) cancels that batch, which raises the error at its exit.
-  The writer keeps draining (without the failed sink), so no worker waits on it forever.
+  The writer keeps draining (without the failed sink), so no worker waits on it forever. An
+  exception from `dispatch` itself ends its pool the same way (`fail`), after its row settled.
+  Workers wait for the writer however slow its sink while the collector is live; only when the
+  block is left early is the writer's flush bounded (30 s), and what it could not record is
+  counted (`unrecorded`) and logged.
+- **URLs are checked where they are resolved.** A static ``urls`` map is checked when the
+  collector opens; every URL a resolver returns is checked before its row is accepted
+  (`dispatch.check_run_url`), so an ``https://`` agent is the caller's error, raised once.
 - **Cancellation is a scope exit, and only of its own scope.** Pools live in tasks of the
   collector's nursery, not around the driver's code: `cancel_in_flight` and an early batch exit
   cancel workers, never the driver. Leaving ``open_collector``'s block early (an exception, a
@@ -55,6 +62,7 @@ live in `pool` and `batch`.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -66,7 +74,7 @@ import trio
 from ..config import RunConfig
 from ..errors import ConfigError, RunStoppedError, UnknownAgentError
 from ..records import Identity, MaterializedRow, Omitted, Outcome
-from .dispatch import DispatchPolicy
+from .dispatch import DispatchPolicy, check_run_url
 from .observer import Guarded, Observer
 from .pool import SHIELDED_FLUSH_S, Pool, Settled
 from .progress import Progress
@@ -84,11 +92,21 @@ __all__ = ["Collector", "open_collector", "url_resolver"]
 
 UrlResolver = Callable[[Identity], str]
 _WRITER_BATCH = 512  # outcomes handed to the sinks in one round, at most
+_CHECKED_URLS = 4096  # resolved URLs remembered as sendable, at most (a resolver may vary them)
+_log = logging.getLogger(__name__)
 
 
 def url_resolver(urls: Mapping[str, str]) -> UrlResolver:
-    """Return a resolver sending each rollout to ``urls[environment server or agent] + /run``."""
-    run_urls = {name: url.rstrip("/") + "/run" for name, url in urls.items()}
+    """Return a resolver sending each rollout to ``urls[environment server or agent] + /run``.
+
+    Raises:
+        ConfigError: a URL the `/run` transport cannot send to (``https://``, no host).
+    """
+    run_urls = {
+        name: check_run_url(url, what=f"open_collector(urls=...)'s URL for {name!r}").rstrip("/")
+        + "/run"
+        for name, url in urls.items()
+    }
 
     def resolve(identity: Identity) -> str:
         name = identity.environment_server or identity.agent_name
@@ -102,6 +120,25 @@ def url_resolver(urls: Mapping[str, str]) -> UrlResolver:
         return url
 
     return resolve
+
+
+def checked(resolve: UrlResolver) -> UrlResolver:
+    """Return ``resolve``, raising ConfigError for a URL the `/run` transport cannot send to.
+
+    Each distinct URL is checked once (up to a bound), so the check costs a set lookup per row.
+    """
+    sendable: set[str] = set()
+
+    def checked_resolve(identity: Identity) -> str:
+        url = resolve(identity)
+        if url not in sendable:
+            what = f"the /run URL of task {identity.task_index} rollout {identity.rollout_index}"
+            check_run_url(url, what=what)
+            if len(sendable) < _CHECKED_URLS:
+                sendable.add(url)
+        return url
+
+    return checked_resolve
 
 
 class Collector:
@@ -129,7 +166,7 @@ class Collector:
         self.policy_servers = policy_model_servers or {}
         self.progress = Progress(started_at=trio.current_time())
         self.limiter = trio.CapacityLimiter(config.num_samples_in_parallel)
-        self.resolve = resolve
+        self.resolve = checked(resolve)
         self.transport = transport
         self.sink = sink
         self.policy = DispatchPolicy.from_config(config)
@@ -152,8 +189,11 @@ class Collector:
         self.resident = 0
         self.max_resident = 0
         self.spawned = 0  # workers started so far, every pool
-        self.sink_error: Exception | None = None
+        self.sink_error: Exception | None = None  # the collector's sink failed: not written to
+        self.error: Exception | None = None  # what stopped the run, raised when the block exits
         self.stop_reason: str | None = None
+        self.finals = 0  # final outcomes the writer handed on (rows settled), every pool
+        self.unrecorded = 0  # accepted rows never settled: the torn-down writer stopped first
         self._nursery: trio.Nursery | None = None
         self._writer_scope = trio.CancelScope(shield=True)
         self._writer_done = trio.Event()
@@ -176,6 +216,7 @@ class Collector:
 
         Raises:
             UnknownAgentError: the row's agent has no URL; nothing was sent.
+            ConfigError: the row's URL cannot be sent to (``https://``); nothing was sent.
 
         Cancellation: a checkpoint; if cancelled, the row was not taken and nothing was sent.
         """
@@ -193,6 +234,7 @@ class Collector:
 
         Raises:
             UnknownAgentError: a row's agent has no URL (the rows before it still settle).
+            ConfigError: a row's URL cannot be sent to (the rows before it still settle).
 
         Cancellation: a checkpoint between rows; rows not yet submitted were never started, and
         every rollout in flight settles as `Omitted` through the writer.
@@ -264,6 +306,22 @@ class Collector:
         self.cancel_in_flight(reason)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel(reason=reason)
+
+    def fail(self, pool: Pool, exc: Exception, reason: str, *, whole_run: bool = False) -> None:
+        """End ``pool`` with ``exc``, which its consumer raises; the rows it accepted settle.
+
+        A batch's pool is cancelled and the batch raises ``exc``; the collector's own pool (or
+        ``whole_run``: the collector's sink failed) stops the run, and the block raises ``exc``.
+        """
+        if pool.error is None:
+            pool.error = exc
+        if whole_run or pool is self._own:
+            if self.error is None:
+                self.error = exc
+            self.stop(reason)
+        else:
+            pool.cancel(reason)
+        pool.wake()
 
     def stop_admission(self, reason: str) -> None:
         """Start no new rollout from now on, in any batch; rollouts in flight go on.
@@ -366,6 +424,7 @@ class Collector:
             by_pool.setdefault(pool, []).append((outcome, row))
         for pool, settled in by_pool.items():
             await self._write(pool, [outcome for outcome, _ in settled])
+            self.finals += sum(1 for _, row in settled if row is not None)
             pool.deliver(settled)
         self._changed.set()
         self._changed = trio.Event()
@@ -380,12 +439,28 @@ class Collector:
         try:
             await sink.write(outcomes)
         except Exception as exc:  # any sink's failure ends what it serves, never the writer
+            pool.sink_error = exc
             if own:
-                self.sink_error = pool.sink_error = exc
-                self.stop(f"the outcomes could not be written: {exc}")
+                self.sink_error = exc
+                self.fail(pool, exc, f"the outcomes could not be written: {exc}", whole_run=True)
             else:
-                pool.sink_error = exc
-                pool.cancel(f"the batch's outcomes could not be written: {exc}")
+                self.fail(pool, exc, f"the batch's outcomes could not be written: {exc}")
+
+    def count_unrecorded(self) -> None:
+        """Count (and log) accepted rows whose outcome the writer never handed to a sink.
+
+        Only a writer stopped at its teardown deadline (a sink hung past the flush bound) leaves
+        any; resume re-runs them, since nothing of theirs is on record.
+        """
+        self.unrecorded = self.progress.submitted - self.finals
+        if self.unrecorded:
+            _log.warning(
+                "trollout: %d accepted rollouts never reached the sink: the writer was stopped "
+                "after %g s of flushing while the sink still had not taken them; resume re-runs "
+                "them",
+                self.unrecorded,
+                SHIELDED_FLUSH_S,
+            )
 
 
 @asynccontextmanager
@@ -452,13 +527,14 @@ async def open_collector(
         async with _running(collector) as driver_error:
             yield collector
     finally:
+        collector.count_unrecorded()  # the nursery has exited: every worker and the writer
         if own_transport:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await transport.aclose()
     if driver_error:
         raise driver_error[0]
-    if collector.sink_error is not None:
-        raise collector.sink_error
+    if collector.error is not None:
+        raise collector.error
     if collector.stop_reason is not None:
         raise RunStoppedError(collector.stop_reason)
 

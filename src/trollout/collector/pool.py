@@ -24,11 +24,22 @@ its pool, and the writer hands it back to that pool (`Pool.deliver`) once the po
   batch exit, `Collector.cancel_in_flight`) cancels its workers and nothing else: never the
   caller's code, never another batch.
 - **Exactly once.** Every row a pool accepts produces exactly one final outcome that reaches the
-  writer: a worker cancelled in flight sends its `Omitted` under a shield; a finished one is
-  handed over without a checkpoint (`hand_over`); a row refused at the door (admission closed)
-  is settled as drained by the caller that offered it. ``accepted`` and ``settled`` count rows
-  (a row is accepted when a worker takes it, in the same step); a pool is complete when its
-  workers have exited and both counts agree.
+  writer: a rollout ended by anything but a reply (a cancellation, bare or inside an exception
+  group; KeyboardInterrupt; an error raised by `dispatch` itself) settles as `Omitted`
+  (interrupted) before the exception goes on; a finished one is handed over without a
+  checkpoint (`hand_over`); a row refused at the door (admission closed) is settled as drained
+  by the caller that offered it. ``accepted`` and ``settled`` count rows (a row is accepted when
+  a worker takes it, in the same step); a pool is complete when its workers have exited and
+  both counts agree.
+- **An error stays in its pool.** An exception from `dispatch` (not a failed rollout, which is
+  an outcome, but a bug or a setting the transport refuses) ends the pool it came from, as its
+  sink failing does (`Collector.fail`): a batch raises it to its consumer, the collector's own
+  pool stops the run. It never escapes the worker, which would end every batch.
+- **Hand-overs wait as long as the writer lives.** A worker's shielded send is not bounded: a
+  sink that takes 40 s to write delays the workers, it does not make them drop outcomes. The
+  writer itself is bounded once the collector is being torn down; when it stops, the channel
+  breaks, the senders return, and the outcomes that never reached the sink are counted
+  (`Collector.unrecorded`) and logged by the collector.
 
 Rejected alternative: one pool shared by every batch, each rollout under a cancel scope of its
 batch. A scope per rollout costs 8-10 us (design.md), and a pool per batch gets the same
@@ -40,7 +51,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from itertools import islice
 from typing import TYPE_CHECKING, TypeAlias
 
 import trio
@@ -94,7 +104,8 @@ class Pool:
         self.admitting = True
         self.accepted = 0  # rows taken by a worker, or settled at the door
         self.settled = 0  # final outcomes the writer delivered
-        self.sink_error: Exception | None = None
+        self.sink_error: Exception | None = None  # the sink failed: nothing more is written to it
+        self.error: Exception | None = None  # what ended this pool, for its consumer to raise
         self.changed = trio.Event()  # set (and replaced) whenever the writer delivers
         self.finished = trio.Event()  # the workers' nursery has exited
         self._nursery: trio.Nursery | None = None
@@ -161,8 +172,9 @@ class Pool:
         """Lend every row to the workers (resolving its URL), reserving first attempts in batches.
 
         Stops when `feed_scope` is cancelled (admission closed) or its deadline (the dispatch
-        budget) passes; rows not taken by then were never accepted. A row whose URL cannot be
-        resolved raises once the rows before it were taken.
+        budget) passes; rows not taken by then were never accepted. A row that cannot be read
+        (``rows`` raised) or whose URL cannot be resolved raises once the rows before it were
+        taken.
 
         Cancellation: a checkpoint; rows not yet taken are never accepted.
         """
@@ -309,7 +321,8 @@ class Pool:
                     outcome = await self._attempt(row, attempt, url, outcomes)
                 finally:
                     engine.resident -= 1
-                await hand_over(outcomes, (self, outcome, row))
+                if outcome is not None:
+                    await hand_over(outcomes, (self, outcome, row))
                 self._idle += 1
 
     async def _next_job(self, rows: trio.MemoryReceiveChannel[_Job]) -> _Job | None:
@@ -357,7 +370,15 @@ class Pool:
         attempt: int,
         url: str,
         outcomes: trio.MemorySendChannel[Settled],
-    ) -> Outcome:
+    ) -> Outcome | None:
+        """Run one rollout; return its outcome, or None when it was settled here already.
+
+        Whatever ends it other than an outcome settles it as `Omitted` (interrupted) first:
+        `trio.Cancelled`, also inside an exception group (a transport waiting in a nursery of
+        its own: happy eyeballs, a driver's fan-out), KeyboardInterrupt, which go on; or an
+        exception from `dispatch` (a URL the transport refuses, the ledger failing before a
+        re-send), which ends this pool (`Collector.fail`) rather than escaping the worker.
+        """
         engine = self.engine
         start = trio.current_time()
         current = [attempt]  # the attempt in flight; a re-send moves it on
@@ -392,14 +413,15 @@ class Pool:
                 )
             finally:
                 limiter.release()
-        except trio.Cancelled:
+        except BaseException as exc:
             elapsed = trio.current_time() - start
             omitted = Omitted(row.identity, current[0], OmitReason.INTERRUPTED, elapsed)
-            # The writer is shielded and alive until every worker has exited, so this send
-            # completes; the bound only guards against a sink that hangs.
-            with trio.CancelScope(shield=True), trio.move_on_after(SHIELDED_FLUSH_S):
-                await outcomes.send((self, omitted, row))
-            raise
+            await hand_over(outcomes, (self, omitted, row))
+            if not isinstance(exc, Exception):
+                raise  # a cancellation (bare or grouped) or an interrupt: it goes on
+            where = f"task {row.identity.task_index} rollout {row.identity.rollout_index}"
+            engine.fail(self, exc, f"{where} raised {exc!r} instead of settling")
+            return None
 
     def _new_attempt(
         self,
@@ -414,9 +436,9 @@ class Pool:
         async def new_attempt(failed: Failed) -> int:
             # The superseded failure is recorded and the next number reserved before the
             # re-send can leave, whatever cancellation arrives meanwhile.
+            await hand_over(outcomes, (self, failed, None))
+            current[0] = failed.attempt_index + 1
             with trio.CancelScope(shield=True):
-                await outcomes.send((self, failed, None))
-                current[0] = failed.attempt_index + 1
                 await self.reserve([(row, current[0])])
             return current[0]
 
@@ -432,19 +454,43 @@ async def hand_over(outcomes: trio.MemorySendChannel[Settled], item: Settled) ->
     A reply that woke its worker just as the run was cancelled must still be recorded:
     ``send`` would raise `trio.Cancelled` at its first checkpoint and drop it. ``send_nowait``
     has no checkpoint, and the buffer (one outcome per worker) almost always has room; when it
-    has none, the send waits shielded, since the writer drains until every worker has exited.
+    has none, the send waits shielded and unbounded: the writer drains until every worker has
+    exited, however slow its sink. Only a writer stopped at its own teardown deadline ends the
+    wait (the channel breaks); the outcome is then lost, and the collector counts it
+    (accepted, never recorded) when it exits.
+
+    Cancellation: not a checkpoint the caller's cancellation can interrupt (see above).
     """
     try:
-        outcomes.send_nowait(item)
-    except trio.WouldBlock:
-        with trio.CancelScope(shield=True), trio.move_on_after(SHIELDED_FLUSH_S):
-            await outcomes.send(item)
+        try:
+            outcomes.send_nowait(item)
+        except trio.WouldBlock:
+            with trio.CancelScope(shield=True):
+                await outcomes.send(item)
+    except trio.BrokenResourceError:
+        pass  # the writer was stopped at its teardown deadline: counted at the collector's exit
 
 
 def reserve_batches(
     rows: Iterable[tuple[MaterializedRow, int] | MaterializedRow], size: int
 ) -> Iterator[list[tuple[MaterializedRow, int]]]:
-    """Group rows (or ``(row, attempt)`` pairs) into lists of at most ``size`` pairs."""
+    """Group rows (or ``(row, attempt)`` pairs) into lists of at most ``size`` pairs.
+
+    When reading ``rows`` raises, the rows read before the error are yielded first, then the
+    error is raised: a bad row never holds back the good ones before it.
+    """
     pairs = ((item, 0) if isinstance(item, MaterializedRow) else item for item in rows)
-    while batch := list(islice(pairs, size)):
+    while True:
+        batch: list[tuple[MaterializedRow, int]] = []
+        try:
+            for pair in pairs:
+                batch.append(pair)
+                if len(batch) == size:
+                    break
+        except Exception:
+            if batch:
+                yield batch
+            raise
+        if not batch:
+            return
         yield batch
