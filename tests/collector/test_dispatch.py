@@ -254,7 +254,8 @@ async def test_dispatch_refuses_https_url() -> None:
         ("https://agent/run", r"is 'https://agent/run'.*scheme is 'https'.*without TLS"),
         ("http:///run", r"is 'http:///run'.*it has no host"),
         ("http://agent:99999/run", r"is 'http://agent:99999/run'.*does not parse"),
-        ("https://user:secret@agent/run", r"is <not shown: it carries credentials>"),
+        ("https://user:secret@agent/run", r"is 'https://agent/run'"),
+        ("https://agent/run?api_key=secret#secret", r"is 'https://agent/run'"),
     ],
 )
 def test_check_run_url_names_the_url_and_the_remedy(url: str, needle: str) -> None:

@@ -38,6 +38,7 @@ from attrs import frozen
 from ..config import COUNT, POSITIVE_COUNT, POSITIVE_SECONDS, SECONDS, RunConfig
 from ..errors import ConfigError
 from ..records import Delivery, Failed, FailureClass, Landed, MaterializedRow
+from ..text import public_url
 from .classify import (
     IDENTITY_MISMATCH,
     expected_echo,
@@ -223,7 +224,7 @@ def check_run_url(url: str, *, what: str) -> str:
     rollout's; ``what`` names where the URL came from.
 
     Raises:
-        ConfigError: naming ``what`` and the URL (not shown when it carries credentials).
+        ConfigError: naming ``what`` and the URL (without credentials or query).
     """
     try:
         parts = urlsplit(url)
@@ -238,7 +239,10 @@ def check_run_url(url: str, *, what: str) -> str:
             if parts.scheme != "http"
             else "it has no host"
         )
-    shown = "<not shown: it carries credentials>" if "@" in url else repr(url)
+    try:
+        shown = repr(public_url(url))  # never its user:password@ or ?query
+    except ValueError:
+        shown = "a URL that does not parse"
     raise ConfigError(
         f"{what} is {shown}, which cannot be sent to: {problem}; give agent URLs as "
         "http://host:port (reach a TLS-only server through a local proxy or tunnel)"
@@ -350,7 +354,8 @@ class _Rollout:
                 response = await self.transport.post(self.url, body, headers=self.trace.headers)
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise ConfigError(
-                f"cannot POST to {self.url!r}: {exc}; give agent URLs as http://host:port"
+                f"cannot POST to {public_url(self.url)!r}: {exc}; give agent URLs as "
+                "http://host:port"
             ) from exc
         except Exception as exc:  # httpx's errors, or anything a driver's own transport raises
             failed = outcome_from_error(
