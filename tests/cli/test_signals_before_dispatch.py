@@ -8,6 +8,7 @@ signal, and allow a generous hang guard; how fast the exit is gets measured, not
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import builders
 from trollout import jsonl
 from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment, task_rows
 
@@ -80,7 +82,7 @@ def test_signal_during_materialization_exits_at_once_without_temp_files(
     assert signal.Signals(signum).name in stderr.decode()
     assert not list(out.parent.glob(".*.tmp"))
     assert not (out.parent / "r_materialized_inputs.jsonl").exists()
-    assert out.read_bytes() == b""
+    assert sorted(p.name for p in out.parent.iterdir()) == ["r.lock"]  # no run started
 
 
 @pytest.mark.slow
@@ -103,3 +105,61 @@ def test_signal_during_overwrite_keeps_the_old_run(
     assert proc.returncode == 130, stderr
     after = {p.name: p.read_bytes() for p in out.parent.iterdir() if p.name != "r.lock"}
     assert after == before
+
+
+def reading(proc: subprocess.Popen[bytes], path: Path) -> bool:
+    """Whether ``proc`` has ``path`` open and has read some of it (planning is under way)."""
+    fds = Path(f"/proc/{proc.pid}/fd")
+    try:
+        for fd in fds.iterdir():
+            if os.readlink(fd) == str(path):
+                info = (fds.parent / "fdinfo" / fd.name).read_text()
+                return int(info.split("pos:", 1)[1].split()[0]) > 0
+    except (FileNotFoundError, ProcessLookupError):
+        pass  # the process or the descriptor went away meanwhile: not yet, or exited
+    return False
+
+
+def materializing(folder: Path) -> bool:
+    """Whether the materialized inputs' temp file holds bytes (the write is under way)."""
+    return any(p.stat().st_size for p in folder.glob(".r_materialized_inputs.jsonl.*.tmp"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("phase", ["planning", "materializing"])
+def test_sigterm_before_dispatch_exits_143_when_sigint_is_ignored(
+    tmp_path: Path, fake: FakeUrls, phase: str
+) -> None:
+    """SIGTERM ends a run before dispatch even when SIGINT is ignored (``cmd &`` in a script).
+
+    Without job control a shell starts background jobs with SIGINT ignored, so Trio installs
+    no SIGINT handler: SIGTERM must not depend on it. Planning runs Python code (interrupted at
+    once), materializing waits for a worker thread inside Trio (the run is cancelled); either
+    way nothing is dispatched and no run is left behind.
+    """
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(jsonl.dumps(r) for r in task_rows(200_000, seed=5)))
+    out = tmp_path / "run" / "r.jsonl"
+    argv = builders.cli_command(
+        "collect", str(source), "-o", str(out), "--agent", "math_agent", "--num-repeats", "2",
+        "--agent-url", f"math_agent={fake.run_urls['math_agent']}", "--progress", "plain",
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as `cmd &` does
+    )
+    try:
+        if phase == "planning":
+            builders.wait_for(lambda: reading(proc, source), "planning", proc=proc)
+        else:
+            builders.wait_for(lambda: materializing(out.parent), "materializing", proc=proc)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=builders.HANG_GUARD_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    assert "SIGTERM" in stderr.decode()
+    assert not (out.parent / "r_attempts.jsonl").exists()  # nothing was dispatched
+    assert not out.exists()
+    assert not list(out.parent.glob(".*.tmp"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -658,6 +659,21 @@ def test_plan_seed_extra_body_string_keeps_existing_json(tmp_path: Path) -> None
     assert c.body["responses_create_params"]["metadata"]["extra_body"] == json.dumps(
         {"seed": rollout_seed(0, 2, 0)}
     )
+
+
+def test_plan_rows_seed_extra_body_with_a_date_is_encoded_as_orjson_would() -> None:
+    """In-memory rows may hold values only orjson encodes (a date): seeding encodes them alike.
+
+    Planning accepts the row (orjson writes a date as ISO text); the seeded extra_body string
+    must hold the same text rather than fail with TypeError while rows are materialized.
+    """
+    params = {"input": "a", "metadata": {"extra_body": {"day": datetime.date(2024, 1, 2)}}}
+    rows = [{"responses_create_params": params, "agent_ref": {"name": "beta"}}]
+    config = RunConfig(num_repeats=2, num_repeats_add_seed=True)
+    seeded = list(plan_rows(rows, config, direct_router()).rows())
+    assert [extra_body(r) for r in seeded] == [
+        {"day": "2024-01-02", "seed": rollout_seed(0, 0, i)} for i in range(2)
+    ]
 
 
 def test_plan_seed_unusable_extra_body_refused(tmp_path: Path) -> None:

@@ -279,6 +279,43 @@ async def test_store_overwrite_interrupted_while_writing_inputs_keeps_the_old_ru
     assert without_lock(layout) == before
 
 
+async def test_store_new_run_interrupted_while_writing_inputs_leaves_no_run(
+    layout: RunLayout,
+) -> None:
+    """A fresh run in a new folder starts only with its inputs: cancelled before, no run shows.
+
+    No rollouts file and no status (which would say ``finished`` with nothing done and make
+    `trollout status` report missing inputs); only the lock file, which is never unlinked.
+    """
+    started = threading.Event()
+
+    def endless() -> Iterator[MaterializedRow]:
+        for i in range(10**9):
+            started.set()
+            yield MaterializedRow.from_body({"_ng_task_index": i, "_ng_rollout_index": 0})
+
+    async with open_run_store(layout, RunConfig(), expected=80_000) as store:
+        with trio.move_on_after(30) as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.write_materialized_inputs, endless())
+                await trio.to_thread.run_sync(started.wait)
+                nursery.cancel_scope.cancel()
+        assert not scope.cancelled_caught  # stopped by our cancel, not by the hang guard
+    assert sorted(p.name for p in layout.output.parent.iterdir()) == [layout.lock.name]
+
+
+async def test_store_new_run_without_inputs_starts_with_its_first_outcome(
+    layout: RunLayout,
+) -> None:
+    """A driver recording outcomes without inputs: the run starts at its first write."""
+    async with open_run_store(layout, RunConfig(), expected=2) as store:
+        assert sorted(p.name for p in layout.output.parent.iterdir()) == [layout.lock.name]
+        await store.write([landed(0)])
+    assert [r["_ng_task_index"] for r in read_rows(layout.rollouts)] == [0]
+    assert read_status(layout).completed == 1
+    assert read_status(layout).expected == 2
+
+
 async def test_store_resume_keeps_files_and_repairs_tails_once_seeded(layout: RunLayout) -> None:
     """A non-fresh open changes nothing; seed keeps rows, drops a torn tail, ends a line."""
     layout.output.parent.mkdir(parents=True)
@@ -372,7 +409,10 @@ async def test_store_status_interval_on_fake_clock(
     inline_io: None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The status is saved at open, at most every status_interval_s, and once at close."""
+    """The status is saved when the run starts, at most every status_interval_s, and at close.
+
+    A fresh run in a new folder, fed no inputs, starts at its first outcome (0.5 s).
+    """
     saved: list[tuple[float, int, bool]] = []
     real = store_mod._write_status_file
 
@@ -390,9 +430,9 @@ async def test_store_status_interval_on_fake_clock(
         await trio.sleep_until(12.0)
         nursery.cancel_scope.cancel()
     assert saved == [
-        (0.0, 0, False),
-        (2.0, 2, False),
-        (4.0, 3, False),
+        (0.5, 0, False),
+        (2.5, 2, False),
+        (4.5, 3, False),
         (9.0, 4, False),  # quiet for longer than the interval: saved at once
         (12.0, 4, True),
     ]
@@ -502,6 +542,7 @@ async def test_store_fsyncs_a_batch_together(layout: RunLayout, fsyncs: list[str
     """One batch is one fsync per file; a newly created sidecar also fsyncs the folder once."""
     config = RunConfig(fsync=FsyncPolicy.ROW, status_interval_s=3600.0)
     async with open_run_store(layout, config, expected=10) as store:
+        await store.write([])  # starts the run: its status and the new rollouts file
         fsyncs.clear()
         await store.write([landed(0), landed(1), failed(2), failed(3)])
         assert fsyncs == [str(layout.rollouts), str(layout.failures), str(layout.output.parent)]
@@ -656,7 +697,7 @@ async def test_store_writes_materialized_inputs(layout: RunLayout, fsyncs: list[
     assert count == 1000
     assert read_rows(layout.materialized_inputs) == bodies
     assert fsyncs[0].startswith(f"{layout.output.parent}/.out_materialized_inputs.jsonl.")
-    assert fsyncs[1] == str(layout.output.parent)
+    assert fsyncs[-1] == str(layout.output.parent)  # the rename is durable
 
 
 async def test_store_counts_summarize_the_run(layout: RunLayout) -> None:
@@ -696,10 +737,10 @@ async def test_store_landed_keys_never_collide(layout: RunLayout) -> None:
     assert len(read_rows(layout.rollouts)) == 3
 
 
-async def test_store_open_failure_releases_the_lock(
+async def test_store_start_failure_releases_the_lock(
     layout: RunLayout, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A folder that cannot be prepared raises a RunFolderError and leaves the lock free."""
+    """A folder where the run cannot start raises a RunFolderError and leaves the lock free."""
 
     def cannot(path: Any) -> None:
         raise PermissionError(errno.EACCES, "Permission denied")
@@ -707,8 +748,8 @@ async def test_store_open_failure_releases_the_lock(
     layout.output.parent.mkdir(parents=True)
     layout.batch_status.write_text("{}")
     monkeypatch.setattr(os, "unlink", cannot)
-    with pytest.raises(RunFolderError, match=r"cannot clear the old files of '.*out\.jsonl'"):
-        async with open_run_store(layout, RunConfig(), expected=1):
-            pass  # pragma: no cover
+    with pytest.raises(RunFolderError, match=r"cannot start the run in '.*out\.jsonl'"):
+        async with open_run_store(layout, RunConfig(), expected=1) as store:
+            await store.write([landed(0)])
     with RunLock.for_layout(layout) as lock:
         assert lock.held

@@ -11,7 +11,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -71,47 +70,77 @@ def run_trio(fn: Callable[..., Any], *args: Any) -> Any:
 
     Signals: a dispatch session watches SIGINT and SIGTERM itself (`session`). Outside it
     (discovery, planning, writing the materialized inputs, aggregation) SIGINT interrupts at
-    once, as Trio delivers KeyboardInterrupt, and so does SIGTERM, which is turned into the same
-    interrupt here; both leave the folder as it was or resumable, and exit 130 or 143.
+    once, as Trio delivers KeyboardInterrupt, and so does SIGTERM (`_SigtermInterrupts`), which
+    works whatever SIGINT's disposition (a job started with ``&`` by a script ignores SIGINT);
+    both leave the folder as it was or resumable, and exit 130 or 143.
     """
-    with _sigterm_interrupts() as received:
-        try:
-            return trio.run(fn, *args)
-        except KeyboardInterrupt:
-            signum = received[-1] if received else signal.SIGINT
-            name = signal.Signals(signum).name
-            click.echo(f"trollout: {name}: stopped; the run folder is kept as it was", err=True)
-            sys.exit(128 + signum)
-        except TrolloutError as exc:
-            report_errors([exc])
-        except BaseExceptionGroup as group:
-            leaves = list(_leaves(group))
-            if not all(isinstance(leaf, TrolloutError) for leaf in leaves):
-                raise
-            report_errors(leaves)
-
-
-@contextmanager
-def _sigterm_interrupts() -> Iterator[list[int]]:
-    """Make SIGTERM interrupt like SIGINT (Trio's safe KeyboardInterrupt) while in the block.
-
-    Yields the signals received, so the caller can exit 143 rather than 130. Only on the main
-    thread (Python's rule for handlers); the previous handler is restored on exit.
-    """
-    received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        received.append(signum)
-        signal.raise_signal(signal.SIGINT)  # runs Trio's KeyboardInterrupt handler
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    sigterm = _SigtermInterrupts()
     try:
-        yield received
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        return trio.run(sigterm.run, fn, *args)
+    except KeyboardInterrupt:
+        _interrupted(sigterm.received)
+    except TrolloutError as exc:
+        report_errors([exc])
+    except BaseExceptionGroup as group:
+        if group.subgroup(KeyboardInterrupt) is not None:  # raised in a nursery's child task
+            _interrupted(sigterm.received)
+        leaves = list(_leaves(group))
+        if not all(isinstance(leaf, TrolloutError) for leaf in leaves):
+            raise
+        report_errors(leaves)
+
+
+def _interrupted(signum: int | None) -> NoReturn:
+    name = signal.Signals(signum or signal.SIGINT).name
+    click.echo(f"trollout: {name}: stopped; the run folder is kept as it was", err=True)
+    sys.exit(128 + (signum or signal.SIGINT))
+
+
+class _SigtermInterrupts:
+    """Make SIGTERM interrupt a Trio run as SIGINT does, without relying on SIGINT at all.
+
+    The handler does what Trio's own SIGINT handler does: in code outside Trio's machinery
+    (planning's loops, say) it raises KeyboardInterrupt at once; where Trio is protected from
+    KeyboardInterrupt (its scheduler, a task waiting for a worker thread), it cancels the run,
+    and the run then ends in KeyboardInterrupt. Either way the code in the run unwinds as on a
+    Ctrl-C, so what is written stays whole. Only on the main thread (Python's rule for
+    handlers); a session's own signal watcher takes precedence while it is open, and the
+    previous handler is restored when the run ends.
+
+    Design note: turning SIGTERM into ``raise_signal(SIGINT)`` was rejected: a process that
+    ignores SIGINT (``cmd &`` in a script without job control, a common batch-job pattern)
+    gets no SIGINT handler from Trio, so the re-raised signal was dropped and SIGTERM lost.
+    """
+
+    def __init__(self) -> None:
+        """Start with no signal received."""
+        self.received: int | None = None
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` with SIGTERM interrupting it.
+
+        Cancellation: as ``fn``'s; a SIGTERM ends it in KeyboardInterrupt.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return await fn(*args)
+        token = trio.lowlevel.current_trio_token()
+        result = None
+        with trio.CancelScope() as scope:
+
+            def interrupt(signum: int, frame: object) -> None:
+                self.received = signum
+                if not trio.lowlevel.currently_ki_protected():
+                    raise KeyboardInterrupt
+                token.run_sync_soon(scope.cancel, "received SIGTERM")  # signal-safe
+
+            previous = signal.signal(signal.SIGTERM, interrupt)
+            try:
+                result = await fn(*args)
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+        if self.received is not None:
+            raise KeyboardInterrupt
+        return result
 
 
 def report_errors(errors: Sequence[BaseException]) -> NoReturn:

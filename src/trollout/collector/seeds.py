@@ -50,6 +50,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
+import orjson
+
 from ..config import RunConfig, SeedMode
 from ..records import (
     COLLECTOR_KEY_PREFIX,
@@ -204,8 +206,19 @@ class Materializer:
 
     def _seeded(self, params: Row, extra: Row, task: int, rollout: int) -> Row:
         metadata = dict(params.get("metadata") or {})
-        metadata["extra_body"] = json.dumps({**extra, "seed": self.seed_for(task, rollout)})
+        seeded = {**extra, "seed": self.seed_for(task, rollout)}
+        metadata["extra_body"] = json.dumps(seeded, default=_as_orjson_encodes)
         return {**params, "metadata": metadata}
+
+
+def _as_orjson_encodes(value: object) -> Any:
+    """Encode what stdlib json cannot as orjson, which checked the row in planning, does.
+
+    An in-memory row (`plan_rows`) may hold a ``datetime.date``, a UUID or a dataclass: planning
+    accepts them, and the materialized row holds them as orjson writes them (a date as ISO
+    text), so its seeded extra_body must hold the same, not fail while rows are materialized.
+    """
+    return orjson.loads(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS))
 
 
 def _any_true(setting: bool | Mapping[str, bool]) -> bool:

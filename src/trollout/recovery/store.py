@@ -9,9 +9,10 @@ one ``write(2)`` per file: landed rows to the rollouts file, failures to the sid
 landed (task, rollout) is refused and counted, never written.
 
 Starting, and never destroying early: a store writes nothing until its run starts. A fresh run
-in a folder holding no run starts at once; a fresh run over an old one (``overwrite``) starts in
-`RunStore.write_materialized_inputs`, which removes the old files only once the new inputs are
-complete on disk, so a run refused, failing or interrupted before then leaves the old run whole;
+starts in `RunStore.write_materialized_inputs`, which removes an old run's files (``overwrite``)
+only once the new inputs are complete on disk, so a run refused, failing or interrupted before
+then leaves the old run whole, and a new folder holds no run (its lock file aside); a fresh run
+in a new folder fed no inputs (a driver recording outcomes alone) starts at its first outcome;
 a resume starts in `RunStore.seed`, after the caller's checks, which repairs torn tails and hands
 the store what the folder holds (landed keys, latest states, the whole run's ``expected``), so a
 refused resume leaves the folder byte for byte as it was, and a resumed one reports the whole run.
@@ -152,7 +153,9 @@ async def open_run_store(
     `RunStore.write_materialized_inputs` has written the new inputs completely, so a run refused
     or interrupted before that leaves the old one as it was; a resumed run repairs torn tails
     only in `RunStore.seed`, after the caller's checks passed, so a refused resume leaves the
-    folder byte for byte as it was. A fresh run in a folder that holds no run starts at once.
+    folder byte for byte as it was. A fresh run in a folder that holds no run starts the same
+    way, with its inputs (interrupted before, the folder holds only the lock file, which is
+    never unlinked), or at its first outcome when it has none.
 
     Args:
         layout: the run folder's file names.
@@ -209,6 +212,7 @@ class RunStore:
         self._ledger = Appender(layout.attempts)
         self._status_enabled = False  # until the run starts (fresh, seeded or replaced)
         self._may_replace = False  # a new run's inputs may replace what the folder holds
+        self._may_start_bare = False  # a fresh run in a new folder: its first outcome starts it
         self._started = False
         self._failure: RunFolderWriteError | None = None
         self._landed: set[_Key] = set()
@@ -255,9 +259,9 @@ class RunStore:
 
         ``rows`` is consumed in a worker thread (streaming: memory does not grow with it), so it
         must not touch Trio. The file appears complete or not at all. In a store that has not
-        started yet (a fresh run over an old one, or a resume of a folder holding no run), this
-        starts the run: once the new inputs are complete and synced, and only then, the old
-        run's files are removed and the new inputs take their place.
+        started yet (a fresh run, or a resume of a folder holding no run), this starts the run:
+        once the new inputs are complete and synced, and only then, the old run's files (if
+        any) are removed, the first status is saved and the new inputs take their place.
 
         Raises:
             RunFolderError: the file cannot be written, or the store is resuming a folder that
@@ -409,15 +413,22 @@ class RunStore:
     # --- opening ------------------------------------------------------------------------------
 
     def _open(self, *, fresh: bool) -> None:
-        """Decide how the run starts (under the lock); a fresh run in a new folder starts now."""
+        """Decide how the run may start (under the lock); nothing is written yet."""
         new = folder_state(self.layout) is FolderState.NEW
         if fresh:
             check_fresh(self.layout, overwrite=self.config.overwrite)
         self._may_replace = fresh or new
-        if fresh and new:
-            with os_errors(self.layout.output, "clear the old files of"):
-                _clear_run_files(self.layout, self.snapshot(), None)
-            self._opened(status_at=trio.current_time())
+        self._may_start_bare = fresh and new
+
+    def _start_bare(self) -> None:
+        """Start a fresh run in a new folder at its first outcome, without materialized inputs.
+
+        A driver may record outcomes alone; the folder holds nothing to keep, and a run that
+        writes its inputs starts in `write_materialized_inputs` before its first outcome.
+        """
+        with os_errors(self.layout.output, "start the run in"):
+            _clear_run_files(self.layout, self.snapshot(), None)
+        self._opened(status_at=trio.current_time())
 
     def _opened(self, *, status_at: float) -> None:
         """Open the rollouts file and start saving status: the run has begun."""
@@ -439,6 +450,8 @@ class RunStore:
 
     def _check_started(self) -> None:
         self._check_open()
+        if not self._started and self._may_start_bare:
+            self._start_bare()
         if not self._started:
             raise RunFolderError(
                 f"the run store of {str(self.layout.output)!r} has not started: write the "
