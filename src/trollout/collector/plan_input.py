@@ -55,6 +55,7 @@ __all__ = [
     "check_nesting",
     "check_row",
     "is_task_row",
+    "regular_file",
 ]
 
 TASK_INDEX: Final = "_ng_task_index"
@@ -121,20 +122,14 @@ class FileSource:
             ) from exc
 
     def _check_unchanged(self) -> None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
+        st = regular_file(
+            self.path,
+            "the input",
+            "it is read several times, so save it to a file first (e.g. `cat ... > tasks.jsonl`) "
+            "and pass that",
+        )
+        if st is None:
             return  # reading reports it
-        if stat.S_ISDIR(st.st_mode):
-            raise InputError([f"{self.path}: the input is a directory; pass a JSONL file"])
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(
-                [
-                    f"{self.path}: the input is {_file_kind(st.st_mode)}, not a regular file; it "
-                    "is read several times, so save it to a file first "
-                    "(e.g. `cat ... > tasks.jsonl`) and pass that"
-                ]
-            )
         stamp = (st.st_size, st.st_mtime_ns)
         if self._stamp is None:
             self._stamp = stamp
@@ -142,6 +137,30 @@ class FileSource:
             raise InputError(
                 [f"{self.path}: the input file changed after it was planned; plan the run again"]
             )
+
+
+def regular_file(
+    path: str, what: str, remedy: str, expected: str = "a JSONL file"
+) -> os.stat_result | None:
+    """Stat a file a user named; refuse anything but a regular file, without opening it.
+
+    Opening a FIFO blocks until a writer comes, and a device or a pipe may never end, so the
+    kind is checked before any open (``what`` names the file in the message, ``remedy`` ends
+    it; ``expected`` is what a directory should have been). Returns None when the path cannot be stat'ed: opening it reports why.
+
+    Raises:
+        InputError: the path is a directory, FIFO, socket or device (one line naming it).
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError([f"{path}: {what} is a directory; pass {expected}"])
+    if not stat.S_ISREG(st.st_mode):
+        kind = _file_kind(st.st_mode)
+        raise InputError([f"{path}: {what} is {kind}, not a regular file; {remedy}"])
+    return st
 
 
 def _file_kind(mode: int) -> str:

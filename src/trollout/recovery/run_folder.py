@@ -35,6 +35,7 @@ from attrs import define, frozen
 
 from .. import jsonl
 from ..collector.deployment import Deployment
+from ..collector.plan_input import regular_file
 from ..config import RunConfig
 from ..errors import ConfigError, RunFolderError
 from ..records import MaterializedRow, RunManifest
@@ -55,6 +56,7 @@ from .store import RunStore, open_run_store
 __all__ = ["MaterializedRows", "RowSource", "RunFolder", "open_run_folder"]
 
 Warn = Callable[[str], None]
+_INPUT_REMEDY = "pass the JSONL file the run was planned from"
 
 
 class RowSource(Protocol):
@@ -291,7 +293,10 @@ def _rules(config: RunConfig, resubmit: Resubmit | None) -> ResumeRules:
 async def _input_digest(config: RunConfig, warn: Warn) -> str | None:
     path = config.input_jsonl_fpath
     if path and await trio.Path(path).exists():
-        return await trio.to_thread.run_sync(sha256_file, path)
+        # Checked before it is opened: opening a FIFO blocks, a device never ends.
+        regular_file(path, "the input", _INPUT_REMEDY)
+        # Read-only, so a Ctrl-C may abandon it at once.
+        return await trio.to_thread.run_sync(sha256_file, path, abandon_on_cancel=True)
     warn(f"input file {path!r} is gone; resuming from the materialized inputs without checking it")
     return None
 
