@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -427,10 +427,8 @@ def without_hanging(call: Callable[[], Any], *fifos: Path) -> Any:
     worker.join(timeout=HANG_GUARD_S)
     if worker.is_alive():
         for fifo in fifos:
-            try:
+            with suppress(OSError):
                 os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
         raise AssertionError(f"hung: the call did not return within {HANG_GUARD_S:g} s")
     assert outcome, "the call raised (see the thread's traceback above)"
     return outcome[0]

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import without_hanging
 from plan_router import direct_router
 
+from builders import without_hanging
 from trollout.collector.plan import plan_rollouts
 from trollout.collector.prompts import MAX_PROMPT_BYTES
 from trollout.config import RunConfig

@@ -109,9 +109,10 @@ class FileSource:
 
         Raises:
             InputError: the file cannot be read, is not a regular file, has a line longer than
-                ``max_line_bytes``, or changed since the first pass.
+                ``max_line_bytes``, or changed since the first pass or during this one (its
+                size and modification time are checked when the pass starts and ends).
         """
-        self._check_unchanged()
+        self._check_unchanged("after it was planned")
         try:
             for number, text in jsonl.iter_lines(self.path, max_line_bytes=self.max_line_bytes):
                 row, problem = jsonl.try_parse_line(text)
@@ -120,8 +121,11 @@ class FileSource:
             raise InputError(
                 [f"{self.path}: cannot read the input file ({exc.strerror}); check the path"]
             ) from exc
+        # A change while the pass read the file (a line appended) would reach this pass's
+        # rows but not the plan's counts, so a whole pass is only good if nothing changed.
+        self._check_unchanged("while it was read")
 
-    def _check_unchanged(self) -> None:
+    def _check_unchanged(self, when: str) -> None:
         st = regular_file(
             self.path,
             "the input",
@@ -134,9 +138,7 @@ class FileSource:
         if self._stamp is None:
             self._stamp = stamp
         elif stamp != self._stamp:
-            raise InputError(
-                [f"{self.path}: the input file changed after it was planned; plan the run again"]
-            )
+            raise InputError([f"{self.path}: the input file changed {when}; plan the run again"])
 
 
 def regular_file(
@@ -146,7 +148,8 @@ def regular_file(
 
     Opening a FIFO blocks until a writer comes, and a device or a pipe may never end, so the
     kind is checked before any open (``what`` names the file in the message, ``remedy`` ends
-    it; ``expected`` is what a directory should have been). Returns None when the path cannot be stat'ed: opening it reports why.
+    it; ``expected`` is what a directory should have been). Returns None when the path cannot
+    be stat'ed: opening it reports why.
 
     Raises:
         InputError: the path is a directory, FIFO, socket or device (one line naming it).
