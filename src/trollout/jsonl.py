@@ -20,10 +20,11 @@ error, because it means something other than a crash damaged the file.
 
 Wide integers: orjson keeps integers from -2**63 to 2**64-1 exact, parses any other as a float
 (``2**70`` would become ``1.1805916207174113e+21``) and cannot write them. A row holding one is
-refused, naming ``file:line``: a user's value is never changed silently, and never passed on
-inexactly (NeMo Gym's stdlib json would keep it; quoting it keeps it exact for both). A line is
-parsed a second time, by the standard library, only when it holds a run of 19 or more digits
-(one C-speed translate and find), so the check costs next to nothing on other lines.
+refused by planning, naming ``file:line``: a user's value is never changed silently, and never
+passed on inexactly (NeMo Gym's stdlib json would keep it; quoting it keeps it exact for both).
+`wide_integer_problem` parses a line a second time, by the standard library, only when it holds
+a run of 19 or more digits (one C-speed translate and find); planning calls it once per input
+line, in its checking pass, never on files trollout wrote (orjson cannot write such integers).
 
 Rows are serialized with orjson (compact, UTF-8, no NaN): the writer runs once per rollout, and
 orjson is several times faster than the standard library on the rows NeMo Gym produces.
@@ -53,6 +54,7 @@ __all__ = [
     "repair_tail",
     "row_too_deep",
     "try_parse_line",
+    "wide_integer_problem",
     "write_rows",
 ]
 
@@ -170,22 +172,26 @@ def try_parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(row, dict):
         kind = type(row).__name__
         return None, f"expected a JSON object, got {kind}; each line must be one object"
-    if line.translate(_DIGITS).find(_LONG_RUN) >= 0:  # rare: settled by a second parse
-        return _check_wide_ints(line, row)
     return row, None
 
 
-def _check_wide_ints(line: bytes, row: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
-    """Return ``(row, None)``, or the problem of an integer outside orjson's 64-bit range."""
+def wide_integer_problem(line: bytes) -> str | None:
+    """Return why a parsed line holds an integer orjson cannot keep exact, or None.
+
+    Checked once per input line, by planning's first pass (the module doc): a line is parsed a
+    second time, by the standard library, only when it holds a run of 19 or more digits.
+    """
+    if line.translate(_DIGITS).find(_LONG_RUN) < 0:
+        return None
     try:
         json.loads(line, parse_int=_int64)
     except _WideInt as exc:
         shown = exc.text if len(exc.text) <= 40 else exc.text[:40] + "..."
-        return None, (
+        return (
             f"integer {shown} is outside the 64-bit range (-2**63 to 2**64-1) and would not be "
             "passed on exactly; quote it (make it a string) or remove the line"
         )
-    return row, None
+    return None
 
 
 class _WideInt(Exception):

@@ -52,8 +52,8 @@ __all__ = [
     "Selection",
     "SourceLine",
     "TaskTable",
-    "check_nesting",
     "check_row",
+    "check_write_back",
     "is_task_row",
     "regular_file",
 ]
@@ -203,14 +203,20 @@ class RowsSource:
             yield SourceLine(index, text, dict(row), None)
 
 
-def check_nesting(line: SourceLine) -> str | None:
-    """Return why a parsed line nests too deep to be written back, or None."""
-    if line.row is None or not jsonl.row_too_deep(line.text, line.row):
+def check_write_back(line: SourceLine) -> str | None:
+    """Return why a parsed line cannot be written back exactly, or None.
+
+    It nests deeper than a run can write, or holds an integer outside the 64-bit range
+    (`jsonl.wide_integer_problem`).
+    """
+    if line.row is None:
         return None
-    return (
-        f"the row nests deeper than {jsonl.MAX_DEPTH} levels of objects and arrays, more than "
-        "a run can write back; flatten it or remove the line"
-    )
+    if jsonl.row_too_deep(line.text, line.row):
+        return (
+            f"the row nests deeper than {jsonl.MAX_DEPTH} levels of objects and arrays, more "
+            "than a run can write back; flatten it or remove the line"
+        )
+    return jsonl.wide_integer_problem(line.text)
 
 
 def is_task_row(row: Mapping[str, Any]) -> bool:
