@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -412,3 +413,22 @@ def connections(sock: socket.socket) -> int:
             return n
         conn.close()
         n += 1
+
+
+def without_hanging(call: Callable[[], Any], *fifos: Path) -> Any:
+    """Run ``call`` in a thread and return its result; fail if it blocks (on opening a FIFO).
+
+    The clock is only a hang guard. On a hang each FIFO is opened for writing (non-blocking),
+    which releases a reader stuck opening it, so the stuck thread ends with the test.
+    """
+    outcome: list[Any] = []
+    worker = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
+    worker.start()
+    worker.join(timeout=HANG_GUARD_S)
+    if worker.is_alive():
+        for fifo in fifos:
+            with suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        raise AssertionError(f"hung: the call did not return within {HANG_GUARD_S:g} s")
+    assert outcome, "the call raised (see the thread's traceback above)"
+    return outcome[0]

@@ -18,12 +18,21 @@ drops a final line that does not parse, and adds the missing newline to one that
 (protocol.md section 8). Only the *last* line is ever repaired; a bad line in the middle is an
 error, because it means something other than a crash damaged the file.
 
+Wide integers: orjson keeps integers from -2**63 to 2**64-1 exact, parses any other as a float
+(``2**70`` would become ``1.1805916207174113e+21``) and cannot write them. A row holding one is
+refused by planning, naming ``file:line``: a user's value is never changed silently, and never
+passed on inexactly (NeMo Gym's stdlib json would keep it; quoting it keeps it exact for both).
+`wide_integer_problem` parses a line a second time, by the standard library, only when it holds
+a run of 19 or more digits (one C-speed translate and find); planning calls it once per input
+line, in its checking pass, never on files trollout wrote (orjson cannot write such integers).
+
 Rows are serialized with orjson (compact, UTF-8, no NaN): the writer runs once per rollout, and
 orjson is several times faster than the standard library on the rows NeMo Gym produces.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -45,11 +54,16 @@ __all__ = [
     "repair_tail",
     "row_too_deep",
     "try_parse_line",
+    "wide_integer_problem",
     "write_rows",
 ]
 
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 MAX_DEPTH = 128  # levels of nested objects and arrays in one row (module doc)
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what orjson parses and writes as exact integers
+_SHORTEST_WIDE = 19  # digits of the shortest integer outside that range (-2**63 - 1)
+_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))  # every digit -> b"0"
+_LONG_RUN = b"0" * _SHORTEST_WIDE
 
 
 def dumps(row: Mapping[str, Any]) -> bytes:
@@ -83,7 +97,7 @@ def iter_lines(
 
     Args:
         path: the file.
-        max_line_bytes: refuse a line longer than this (newline excluded) once that many bytes
+        max_line_bytes: refuse a line longer than this (LF or CRLF excluded) once that many bytes
             are read; None reads lines of any length (files trollout wrote itself).
 
     Raises:
@@ -100,9 +114,9 @@ def iter_lines(
 
 def _bounded(f: IO[bytes], path: str | os.PathLike[str], limit: int) -> Iterator[bytes]:
     number = 0
-    while line := f.readline(limit + 1):  # the limit plus a newline, never more
+    while line := f.readline(limit + 2):  # the limit plus a CRLF, never more
         number += 1
-        if len(line) > limit and not line.endswith(b"\n"):
+        if len(line) > limit and _content_length(line) > limit:
             raise InputError(
                 [
                     f"{os.fspath(path)}:{number}: line is longer than {limit:,} bytes (the "
@@ -111,6 +125,13 @@ def _bounded(f: IO[bytes], path: str | os.PathLike[str], limit: int) -> Iterator
                 ]
             )
         yield line
+
+
+def _content_length(line: bytes) -> int:
+    """Return a line's length without its line ending (LF or CRLF)."""
+    if line.endswith(b"\r\n"):
+        return len(line) - 2
+    return len(line) - 1 if line.endswith(b"\n") else len(line)
 
 
 def nested_deeper_than(value: Any, limit: int) -> bool:
@@ -152,6 +173,40 @@ def try_parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
         kind = type(row).__name__
         return None, f"expected a JSON object, got {kind}; each line must be one object"
     return row, None
+
+
+def wide_integer_problem(line: bytes) -> str | None:
+    """Return why a parsed line holds an integer orjson cannot keep exact, or None.
+
+    Checked once per input line, by planning's first pass (the module doc): a line is parsed a
+    second time, by the standard library, only when it holds a run of 19 or more digits.
+    """
+    if line.translate(_DIGITS).find(_LONG_RUN) < 0:
+        return None
+    try:
+        json.loads(line, parse_int=_int64)
+    except _WideInt as exc:
+        shown = exc.text if len(exc.text) <= 40 else exc.text[:40] + "..."
+        return (
+            f"integer {shown} is outside the 64-bit range (-2**63 to 2**64-1) and would not be "
+            "passed on exactly; quote it (make it a string) or remove the line"
+        )
+    return None
+
+
+class _WideInt(Exception):
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _int64(text: str) -> int:
+    """Parse an integer literal of the range orjson keeps exact, or raise `_WideInt`."""
+    if len(text) > 20:  # 2**64 - 1 has 20 digits, -2**63 has 19 and a sign
+        raise _WideInt(text)
+    value = int(text)
+    if not _INT_MIN <= value <= _INT_MAX:
+        raise _WideInt(text)
+    return value
 
 
 def parse_line(path: str | os.PathLike[str], number: int, line: bytes) -> dict[str, Any]:

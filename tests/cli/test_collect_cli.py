@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from builders import connections, serve_head_config
+from builders import connections, serve_head_config, without_hanging
 from trollout.cli.main import cli
 from trollout.testing import AgentSpec, DeploymentSpec, spawn_fake_deployment
 
@@ -346,3 +346,14 @@ def test_collect_runs_with_every_duration_and_the_seed_at_their_bounds(tmp_path:
     manifest = json.loads((tmp_path / "out" / "r_manifest.json").read_text())
     assert manifest["settings"]["seed"] == 2**64 - 1
     assert landed["_ng_task_index"] == 0
+
+
+def test_collect_prompt_config_fifo_exits_2_without_opening_it(tmp_path: Path) -> None:
+    """+prompt_config=<FIFO>: exit 2 at once, one line naming it, nothing written."""
+    fifo = tmp_path / "prompt.yaml"
+    os.mkfifo(fifo)
+    row = {"q": "1 + 1", "agent_ref": {"name": "math_agent"}}
+    error, _ = without_hanging(
+        lambda: run_refused(tmp_path, [json.dumps(row)], f"+prompt_config={fifo}"), fifo
+    )
+    assert f"{fifo}: prompt_config is a pipe or FIFO, not a regular file" in error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 from click.testing import Result
 
-from builders import invoke
+from builders import invoke, without_hanging
 from trollout import jsonl
 from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment, task_rows
 
@@ -139,3 +140,19 @@ def test_resume_cli_resubmit_by_class(tmp_path: Path, fake: FakeUrls) -> None:
     assert "dispatched 1" in result.stdout
     landed = sorted(r["_ng_task_index"] for r in jsonl.read_rows(out))
     assert landed == [0, 2, 3]
+
+
+def test_resume_cli_fifo_input_exits_2_without_opening_it(tmp_path: Path, fake: FakeUrls) -> None:
+    """A resume whose input is now a FIFO is refused at once (it is never opened, so nothing
+    blocks), one line naming it; the folder is left as it was."""
+    source, out = first_run(tmp_path, fake)
+    source.unlink()
+    os.mkfifo(source)
+    before = {p.name: p.read_bytes() for p in out.parent.iterdir()}
+    result = without_hanging(lambda: resume_collect(source, out, fake), source)
+    assert result.exit_code == 2, result.output
+    assert errors(result) == [
+        f"trollout: error: {source}: the input is a pipe or FIFO, not a regular file; pass the "
+        "JSONL file the run was planned from"
+    ]
+    assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == before

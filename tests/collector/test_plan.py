@@ -1156,6 +1156,50 @@ def test_plan_line_exactly_at_the_limit_plans(tmp_path: Path) -> None:
     assert plan_rollouts(path, config, direct_router()).expected == 2
 
 
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n"])
+def test_plan_line_at_the_limit_plans_with_lf_or_crlf_one_byte_more_refused(
+    tmp_path: Path, ending: bytes
+) -> None:
+    """The newline is not counted, whether LF or CRLF; one byte of content more is refused."""
+    text = json.dumps(row("a")).encode()
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(text + ending + text + ending)
+    config = RunConfig(max_input_line_bytes=len(text))
+    assert plan_rollouts(path, config, direct_router()).expected == 2
+    path.write_bytes(text + ending + text + b" " + ending)
+    with pytest.raises(InputError, match=r"in\.jsonl:2: line is longer than"):
+        plan_rollouts(path, config, direct_router())
+
+
+@pytest.mark.parametrize(
+    "number", [str(2**70), str(2**64), str(-(2**63) - 1), "1" + "0" * 300], ids=str.__len__
+)
+def test_plan_integer_beyond_64_bits_refused_naming_file_and_line(
+    tmp_path: Path, number: str
+) -> None:
+    """An integer orjson would turn into a float is refused, never passed on changed."""
+    text = '{"responses_create_params": {"input": "q"}, "expected_answer": ' + number + "}"
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps(row("a")) + "\n" + text + "\n")
+    with pytest.raises(InputError) as info:
+        plan_rollouts(path, RunConfig(), direct_router())
+    shown = number if len(number) <= 40 else number[:40] + "..."
+    assert problems_of(info) == [
+        f"{path}:2: integer {shown} is outside the 64-bit range (-2**63 to 2**64-1) and would "
+        "not be passed on exactly; quote it (make it a string) or remove the line"
+    ]
+
+
+def test_plan_64_bit_edges_and_long_digit_runs_elsewhere_are_kept_exactly(
+    tmp_path: Path,
+) -> None:
+    """The range's ends, long digit runs in strings and long decimals plan unchanged."""
+    values = [2**64 - 1, -(2**63), "123456789012345678901234567890", 0.1234567890123456789012]
+    p = plan(tmp_path, [row("a", v=v) for v in values])
+    assert [body["v"] for body in bodies(p)] == values
+    assert type(bodies(p)[0]["v"]) is int
+
+
 def test_plan_file_with_no_newline_reads_at_most_the_limit(tmp_path: Path) -> None:
     """A 64 MiB sparse file of zeros (a /dev/zero stand-in) costs the limit, not the file."""
     path = tmp_path / "zeros.jsonl"
@@ -1230,3 +1274,19 @@ def test_plan_seed_at_the_top_of_its_range_materializes(tmp_path: Path) -> None:
     [r] = list(p.rows())
     assert extra_body(r)["seed"] == rollout_seed(2**64 - 1, 0, 0)
     assert jsonl.loads(jsonl.dumps(r.body)) == r.body
+
+
+def test_plan_input_changed_during_a_pass_refused(tmp_path: Path) -> None:
+    """A line appended while rows() reads the input fails the pass at its end (a copy of a
+    planned row would otherwise be materialized as one rollout more than the plan has)."""
+    path = write(tmp_path, [row("a"), row("b")])
+    p = plan_rollouts(path, RunConfig(), direct_router())
+    rows = p.rows()
+    next(rows)
+    with open(path, "a") as f:
+        f.write(json.dumps(row("b")) + "\n")
+    with pytest.raises(InputError) as info:
+        list(rows)
+    assert problems_of(info) == [
+        f"{path}: the input file changed while it was read; plan the run again"
+    ]

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from plan_router import direct_router
 
+from builders import without_hanging
 from trollout.collector.plan import plan_rollouts
+from trollout.collector.prompts import MAX_PROMPT_BYTES
 from trollout.config import RunConfig
 from trollout.errors import ConfigError, InputError
 
@@ -102,3 +105,40 @@ def test_num_repeats_add_seed_per_agent(tmp_path: Path) -> None:
         "beta": True,
     }
     assert seeded_agents(tmp_path, True) == {"alpha": True, "beta": True}
+
+
+def test_prompt_config_fifo_refused_without_opening_it(tmp_path: Path) -> None:
+    """A FIFO as prompt_config is refused by its kind; it is never opened, so nothing blocks."""
+    fifo = tmp_path / "prompt.yaml"
+    os.mkfifo(fifo)
+    config = RunConfig(prompt_config=str(fifo), agent_name="alpha")
+    source = write(tmp_path / "in.jsonl", [{"q": 1}])
+
+    def plan() -> str:
+        with pytest.raises(ConfigError) as info:
+            plan_rollouts(source, config, direct_router())
+        return str(info.value)
+
+    message = without_hanging(plan, fifo)
+    assert message == (
+        f"{fifo}: prompt_config is a pipe or FIFO, not a regular file; save the prompt "
+        "template to a file and pass that"
+    )
+
+
+def test_prompt_config_larger_than_the_bound_refused_naming_it(tmp_path: Path) -> None:
+    """A prompt file past MAX_PROMPT_BYTES (1 MiB) is refused after reading only the bound."""
+    assert MAX_PROMPT_BYTES == 1 << 20
+    path = tmp_path / "prompt.yaml"
+    path.write_text("user: '" + "x" * (MAX_PROMPT_BYTES - 9) + "'\n")  # exactly the bound
+    config = RunConfig(prompt_config=str(path), agent_name="alpha")
+    source = write(tmp_path / "in.jsonl", [{"q": 1}])
+    assert plan_rollouts(source, config, direct_router()).expected == 1
+    with open(path, "ab") as f:
+        f.truncate(MAX_PROMPT_BYTES + 1)  # one byte more (a NUL: the read stops before YAML)
+    with pytest.raises(ConfigError) as info:
+        plan_rollouts(source, config, direct_router())
+    assert str(info.value) == (
+        f"prompt_config {str(path)!r} is larger than 1,048,576 bytes (the prompt file limit); "
+        "a prompt template is a small YAML file: check the path"
+    )

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
+import pytest
+import trio
+from attrs import frozen
 
+from trollout.collector.deployment import Deployment
+from trollout.collector.plan import Plan, plan_rollouts
+from trollout.config import RunConfig
+from trollout.errors import InputError
+from trollout.records import MaterializedRow
 from trollout.recovery.layout import RunLayout
-from trollout.recovery.run_folder import _materialized
+from trollout.recovery.run_folder import _materialized, open_run_folder
 
 
 def test_rows_keep_their_line_so_the_first_attempt_is_not_serialized_again(
@@ -24,3 +33,89 @@ def test_rows_keep_their_line_so_the_first_attempt_is_not_serialized_again(
     assert [row.raw for row in rows] == lines
     assert [row.body for row in rows] == [orjson.loads(line) for line in lines]
     assert [row.identity.task_index for row in rows] == [0, 1]
+
+
+# --- a new run's rows must be the plan's, read from the input it was planned from -----------
+
+DEPLOYMENT = Deployment.from_agent_urls({"a": "http://127.0.0.1:1"})
+ROW = b'{"responses_create_params": {"input": "q%d"}, "agent_ref": {"name": "a"}}\n'
+
+
+@frozen
+class _Rows:
+    """A RowSource that passes a plan's rows on, then runs ``after`` (or counts ``expected``)."""
+
+    plan: Plan
+    after: Callable[[], None] = lambda: None
+    at_end: Callable[[], None] = lambda: None
+    expected_shift: int = 0
+
+    @property
+    def tasks(self) -> int:
+        return self.plan.tasks
+
+    @property
+    def expected(self) -> int:
+        return self.plan.expected + self.expected_shift
+
+    def rows(self) -> Iterator[MaterializedRow]:
+        for number, row in enumerate(self.plan.rows()):
+            yield row
+            if number == 0:
+                self.after()
+        self.at_end()
+
+
+def _start(tmp_path: Path, make: Callable[[Plan, Path], _Rows]) -> tuple[str, list[str]]:
+    """Start a run of a 3-row input through `make`'s source; return the error and the folder."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(ROW % i for i in range(3)))
+    out = tmp_path / "run" / "r.jsonl"
+    config = RunConfig(input_jsonl_fpath=str(source), output_jsonl_fpath=str(out))
+    rows = make(plan_rollouts(source, config, DEPLOYMENT), source)
+
+    async def main() -> None:
+        async with open_run_folder(config, DEPLOYMENT, plan=rows):
+            raise AssertionError("the run started")
+
+    with pytest.raises(InputError) as info:
+        trio.run(main)
+    return str(info.value), sorted(p.name for p in out.parent.iterdir())
+
+
+def _append(path: Path) -> Callable[[], None]:
+    def append() -> None:
+        with open(path, "ab") as f:
+            f.write(ROW % 1)  # a copy of a planned row: one rollout more, same task
+
+    return append
+
+
+def test_input_appended_while_materializing_commits_nothing(tmp_path: Path) -> None:
+    """A line appended during the materialization pass: refused, no inputs, no manifest."""
+    error, left = _start(tmp_path, lambda plan, source: _Rows(plan, _append(source)))
+    assert error.endswith("in.jsonl: the input file changed while it was read; plan the run again")
+    assert "r_materialized_inputs.jsonl" not in left
+    assert "r_manifest.json" not in left
+
+
+def test_materialized_count_differing_from_the_plan_commits_nothing(tmp_path: Path) -> None:
+    """Rows that do not number what the plan said (however that came about) are refused."""
+    error, left = _start(tmp_path, lambda plan, _: _Rows(plan, expected_shift=-1))
+    assert error == (
+        "the rows to materialize numbered 3 but the plan has 2 rollouts; the input changed "
+        "while it was read; plan the run again"
+    )
+    assert "r_materialized_inputs.jsonl" not in left
+    assert "r_manifest.json" not in left
+
+
+def test_input_changed_after_the_pass_ends_commits_nothing(tmp_path: Path) -> None:
+    """A change after the last row was read, before the manifest hashes the input: refused,
+    so the manifest's hash is always of the input that was planned."""
+    error, left = _start(tmp_path, lambda plan, source: _Rows(plan, at_end=_append(source)))
+    assert error.endswith(
+        "in.jsonl: the input file changed while the run was being started; plan the run again"
+    )
+    assert "r_materialized_inputs.jsonl" not in left
+    assert "r_manifest.json" not in left

@@ -62,8 +62,8 @@ from .plan_input import (
     RowsSource,
     Selection,
     TaskTable,
-    check_nesting,
     check_row,
+    check_write_back,
 )
 from .plan_routing import Copy, Resolver, Router
 from .seeds import Materializer, Prepared, rollout_seed
@@ -306,7 +306,7 @@ def _check_rows(
     """Pass 1: check every row, record task identity, collect every problem."""
     for line in source.lines():
         row = line.row
-        problem = line.problem if row is None else check_nesting(line)
+        problem = line.problem if row is None else check_write_back(line)
         if row is None or problem is not None:
             problems.line(source.label(line.number), str(problem))
             continue

@@ -52,9 +52,10 @@ __all__ = [
     "Selection",
     "SourceLine",
     "TaskTable",
-    "check_nesting",
     "check_row",
+    "check_write_back",
     "is_task_row",
+    "regular_file",
 ]
 
 TASK_INDEX: Final = "_ng_task_index"
@@ -108,9 +109,10 @@ class FileSource:
 
         Raises:
             InputError: the file cannot be read, is not a regular file, has a line longer than
-                ``max_line_bytes``, or changed since the first pass.
+                ``max_line_bytes``, or changed since the first pass or during this one (its
+                size and modification time are checked when the pass starts and ends).
         """
-        self._check_unchanged()
+        self._check_unchanged("after it was planned")
         try:
             for number, text in jsonl.iter_lines(self.path, max_line_bytes=self.max_line_bytes):
                 row, problem = jsonl.try_parse_line(text)
@@ -119,29 +121,49 @@ class FileSource:
             raise InputError(
                 [f"{self.path}: cannot read the input file ({exc.strerror}); check the path"]
             ) from exc
+        # A change while the pass read the file (a line appended) would reach this pass's
+        # rows but not the plan's counts, so a whole pass is only good if nothing changed.
+        self._check_unchanged("while it was read")
 
-    def _check_unchanged(self) -> None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
+    def _check_unchanged(self, when: str) -> None:
+        st = regular_file(
+            self.path,
+            "the input",
+            "it is read several times, so save it to a file first (e.g. `cat ... > tasks.jsonl`) "
+            "and pass that",
+        )
+        if st is None:
             return  # reading reports it
-        if stat.S_ISDIR(st.st_mode):
-            raise InputError([f"{self.path}: the input is a directory; pass a JSONL file"])
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(
-                [
-                    f"{self.path}: the input is {_file_kind(st.st_mode)}, not a regular file; it "
-                    "is read several times, so save it to a file first "
-                    "(e.g. `cat ... > tasks.jsonl`) and pass that"
-                ]
-            )
         stamp = (st.st_size, st.st_mtime_ns)
         if self._stamp is None:
             self._stamp = stamp
         elif stamp != self._stamp:
-            raise InputError(
-                [f"{self.path}: the input file changed after it was planned; plan the run again"]
-            )
+            raise InputError([f"{self.path}: the input file changed {when}; plan the run again"])
+
+
+def regular_file(
+    path: str, what: str, remedy: str, expected: str = "a JSONL file"
+) -> os.stat_result | None:
+    """Stat a file a user named; refuse anything but a regular file, without opening it.
+
+    Opening a FIFO blocks until a writer comes, and a device or a pipe may never end, so the
+    kind is checked before any open (``what`` names the file in the message, ``remedy`` ends
+    it; ``expected`` is what a directory should have been). Returns None when the path cannot
+    be stat'ed: opening it reports why.
+
+    Raises:
+        InputError: the path is a directory, FIFO, socket or device (one line naming it).
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError([f"{path}: {what} is a directory; pass {expected}"])
+    if not stat.S_ISREG(st.st_mode):
+        kind = _file_kind(st.st_mode)
+        raise InputError([f"{path}: {what} is {kind}, not a regular file; {remedy}"])
+    return st
 
 
 def _file_kind(mode: int) -> str:
@@ -181,14 +203,20 @@ class RowsSource:
             yield SourceLine(index, text, dict(row), None)
 
 
-def check_nesting(line: SourceLine) -> str | None:
-    """Return why a parsed line nests too deep to be written back, or None."""
-    if line.row is None or not jsonl.row_too_deep(line.text, line.row):
+def check_write_back(line: SourceLine) -> str | None:
+    """Return why a parsed line cannot be written back exactly, or None.
+
+    It nests deeper than a run can write, or holds an integer outside the 64-bit range
+    (`jsonl.wide_integer_problem`).
+    """
+    if line.row is None:
         return None
-    return (
-        f"the row nests deeper than {jsonl.MAX_DEPTH} levels of objects and arrays, more than "
-        "a run can write back; flatten it or remove the line"
-    )
+    if jsonl.row_too_deep(line.text, line.row):
+        return (
+            f"the row nests deeper than {jsonl.MAX_DEPTH} levels of objects and arrays, more "
+            "than a run can write back; flatten it or remove the line"
+        )
+    return jsonl.wide_integer_problem(line.text)
 
 
 def is_task_row(row: Mapping[str, Any]) -> bool:

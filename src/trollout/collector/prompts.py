@@ -9,25 +9,30 @@ has an ``input`` are mutually exclusive: such rows are refused, every one in one
 anything is written. Task identity is still the input line, as in NeMo Gym.
 
 Differences from NeMo Gym: a relative path is taken from the current folder (NeMo Gym resolves
-it against its install root, which trollout does not have).
+it against its install root, which trollout does not have). The file must be a regular file
+(a FIFO or a device is refused before it is opened, so it cannot block the run) of at most
+`MAX_PROMPT_BYTES` (1 MiB, far more than any template needs), so an endless file is refused
+once the bound is read instead of filling memory.
 """
 
 from __future__ import annotations
 
 import string
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Final
 
 from attrs import frozen
 
 from ..config import load_yaml
 from ..errors import ConfigError
+from .plan_input import regular_file
 
-__all__ = ["PromptTemplate", "load_prompt"]
+__all__ = ["MAX_PROMPT_BYTES", "PromptTemplate", "load_prompt"]
 
 PARAMS: Final = "responses_create_params"
 _KEYS: Final = frozenset({"user", "system"})
+MAX_PROMPT_BYTES: Final = 1 << 20  # a prompt file's bound (module docstring)
+_REMEDY: Final = "save the prompt template to a file and pass that"
 
 
 @frozen
@@ -90,12 +95,7 @@ def load_prompt(path: str) -> PromptTemplate:
         ConfigError: the file cannot be read, is not such a mapping, or holds a bad template.
     """
     shown = repr(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ConfigError(f"cannot read prompt_config {shown}: {reason}; check the path") from exc
-    data = load_yaml(text, source=f"prompt_config {shown}")
+    data = load_yaml(_read_prompt(path, shown), source=f"prompt_config {shown}")
     if not isinstance(data, dict) or not isinstance(data.get("user"), str):
         raise ConfigError(
             f"prompt_config {shown} must be a mapping with a 'user' template (a string) and an "
@@ -110,6 +110,23 @@ def load_prompt(path: str) -> PromptTemplate:
         if template is not None:
             _check_template(shown, name, template)
     return PromptTemplate(data["user"], system, shown)
+
+
+def _read_prompt(path: str, shown: str) -> str:
+    """Read a prompt file: a regular file (checked before opening) of at most the bound."""
+    regular_file(path, "prompt_config", _REMEDY, expected="a YAML file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PROMPT_BYTES + 1)
+        if len(data) > MAX_PROMPT_BYTES:
+            raise ConfigError(
+                f"prompt_config {shown} is larger than {MAX_PROMPT_BYTES:,} bytes (the prompt "
+                "file limit); a prompt template is a small YAML file: check the path"
+            )
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"cannot read prompt_config {shown}: {reason}; check the path") from exc
 
 
 def _check_template(shown: str, name: str, template: str) -> None:

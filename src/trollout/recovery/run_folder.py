@@ -35,8 +35,9 @@ from attrs import define, frozen
 
 from .. import jsonl
 from ..collector.deployment import Deployment
+from ..collector.plan_input import regular_file
 from ..config import RunConfig
-from ..errors import ConfigError, RunFolderError
+from ..errors import ConfigError, InputError, RunFolderError
 from ..records import MaterializedRow, RunManifest
 from .layout import RunLayout
 from .manifest import (
@@ -55,6 +56,7 @@ from .store import RunStore, open_run_store
 __all__ = ["MaterializedRows", "RowSource", "RunFolder", "open_run_folder"]
 
 Warn = Callable[[str], None]
+_INPUT_REMEDY = "pass the JSONL file the run was planned from"
 
 
 class RowSource(Protocol):
@@ -201,15 +203,21 @@ async def _start(
     source: RowSource,
     run_id: str | None,
 ) -> RunManifest:
-    """Write the materialized inputs, then the manifest (both fsynced) of a new run."""
-    await store.write_materialized_inputs(source.rows())
-    if config.input_jsonl_fpath is None:
-        config = attrs.evolve(config, input_jsonl_fpath=str(store.layout.materialized_inputs))
-    assert config.input_jsonl_fpath is not None
+    """Write the materialized inputs, then the manifest (both fsynced) of a new run.
+
+    The input is hashed before its rows are materialized, and its size and modification time
+    must be the same once they all are: the manifest's hash is of the input the rows came from.
+    """
+    path = config.input_jsonl_fpath
+    stamp = _stamp(path) if path is not None else None
     # Read-only, so a Ctrl-C may abandon it at once.
-    digest = await trio.to_thread.run_sync(
-        sha256_file, config.input_jsonl_fpath, abandon_on_cancel=True
-    )
+    if path is not None:
+        digest = await trio.to_thread.run_sync(sha256_file, path, abandon_on_cancel=True)
+    await store.write_materialized_inputs(_checked_rows(source, path, stamp))
+    if path is None:  # the rows are the input: the manifest names their file
+        path = str(store.layout.materialized_inputs)
+        config = attrs.evolve(config, input_jsonl_fpath=path)
+        digest = await trio.to_thread.run_sync(sha256_file, path, abandon_on_cancel=True)
     manifest = build_manifest(
         config,
         deployment,
@@ -220,6 +228,35 @@ async def _start(
     )
     await trio.to_thread.run_sync(write_manifest, store.layout, manifest)
     return manifest
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    st = regular_file(path, "the input", _INPUT_REMEDY)
+    return None if st is None else (st.st_size, st.st_mtime_ns)
+
+
+def _checked_rows(
+    source: RowSource, path: str | None, stamp: tuple[int, int] | None
+) -> Iterator[MaterializedRow]:
+    """Yield ``source``'s rows; at their end, refuse a count or an input that changed.
+
+    Raised before the last row is committed, so a refused run writes no inputs and no manifest.
+    """
+    count = 0
+    for row in source.rows():
+        count += 1
+        yield row
+    if count != source.expected:
+        raise InputError(
+            [
+                f"the rows to materialize numbered {count} but the plan has {source.expected} "
+                "rollouts; the input changed while it was read; plan the run again"
+            ]
+        )
+    if path is not None and _stamp(path) != stamp:
+        raise InputError(
+            [f"{path}: the input file changed while the run was being started; plan the run again"]
+        )
 
 
 async def _resume(
@@ -291,7 +328,10 @@ def _rules(config: RunConfig, resubmit: Resubmit | None) -> ResumeRules:
 async def _input_digest(config: RunConfig, warn: Warn) -> str | None:
     path = config.input_jsonl_fpath
     if path and await trio.Path(path).exists():
-        return await trio.to_thread.run_sync(sha256_file, path)
+        # Checked before it is opened: opening a FIFO blocks, a device never ends.
+        regular_file(path, "the input", _INPUT_REMEDY)
+        # Read-only, so a Ctrl-C may abandon it at once.
+        return await trio.to_thread.run_sync(sha256_file, path, abandon_on_cancel=True)
     warn(f"input file {path!r} is gone; resuming from the materialized inputs without checking it")
     return None
 
