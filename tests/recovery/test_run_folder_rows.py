@@ -119,3 +119,19 @@ def test_input_changed_after_the_pass_ends_commits_nothing(tmp_path: Path) -> No
     )
     assert "r_materialized_inputs.jsonl" not in left
     assert "r_manifest.json" not in left
+
+
+async def test_input_sha256_refuses_a_fifo_without_opening_it(tmp_path: Path) -> None:
+    """The input's digest (resume, and the Ray driver's resume) checks the file is regular
+    before opening it: opening a FIFO would block until a writer came."""
+    import os
+
+    from trollout.recovery.run_folder import input_sha256
+
+    fifo = tmp_path / "in.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="in.jsonl"):
+        await input_sha256(str(fifo))
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(b'{"a": 1}\n')
+    assert len(await input_sha256(str(plain))) == 64

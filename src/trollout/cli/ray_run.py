@@ -67,10 +67,10 @@ from ..recovery.manifest import (
     build_manifest,
     check_manifest,
     read_manifest,
-    sha256_file,
     write_manifest,
 )
 from ..recovery.preflight import check_run_folder, check_run_paths
+from ..recovery.run_folder import input_sha256
 from ..scaleout.layout import check_shards_root, shard_folders, shard_output
 from .collect import RunResult, load_deployment
 from .common import http_client
@@ -255,7 +255,7 @@ async def _digest(config: RunConfig) -> str | None:
     path = config.input_jsonl_fpath
     if not path or not await trio.Path(path).exists():
         return None
-    return await trio.to_thread.run_sync(sha256_file, path)
+    return await input_sha256(path)
 
 
 def _write_start(layout: RunLayout, manifest: RunManifest, overwrite: bool) -> None:

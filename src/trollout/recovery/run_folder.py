@@ -53,7 +53,7 @@ from .manifest import (
 from .resume import Resubmit, ResumePlan, ResumeRules, RunTally, scan_run
 from .store import RunStore, open_run_store
 
-__all__ = ["MaterializedRows", "RowSource", "RunFolder", "open_run_folder"]
+__all__ = ["MaterializedRows", "RowSource", "RunFolder", "input_sha256", "open_run_folder"]
 
 Warn = Callable[[str], None]
 _INPUT_REMEDY = "pass the JSONL file the run was planned from"
@@ -325,13 +325,23 @@ def _rules(config: RunConfig, resubmit: Resubmit | None) -> ResumeRules:
     )
 
 
+async def input_sha256(path: str) -> str:
+    """Return the SHA-256 of a run's input file, as its manifest records it.
+
+    Raises:
+        InputError: the input is not a regular file (one line naming it and the remedy).
+
+    Cancellation: abandons the read at once (a worker thread that only reads).
+    """
+    # Checked before it is opened: opening a FIFO blocks, a device never ends.
+    regular_file(path, "the input", _INPUT_REMEDY)
+    return await trio.to_thread.run_sync(sha256_file, path, abandon_on_cancel=True)
+
+
 async def _input_digest(config: RunConfig, warn: Warn) -> str | None:
     path = config.input_jsonl_fpath
     if path and await trio.Path(path).exists():
-        # Checked before it is opened: opening a FIFO blocks, a device never ends.
-        regular_file(path, "the input", _INPUT_REMEDY)
-        # Read-only, so a Ctrl-C may abandon it at once.
-        return await trio.to_thread.run_sync(sha256_file, path, abandon_on_cancel=True)
+        return await input_sha256(path)
     warn(f"input file {path!r} is gone; resuming from the materialized inputs without checking it")
     return None
 
