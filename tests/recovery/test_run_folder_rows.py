@@ -130,7 +130,7 @@ async def test_input_sha256_refuses_a_fifo_without_opening_it(tmp_path: Path) ->
 
     fifo = tmp_path / "in.jsonl"
     os.mkfifo(fifo)
-    with pytest.raises(InputError, match="in.jsonl"):
+    with pytest.raises(InputError, match=r"in\.jsonl"):
         await input_sha256(str(fifo))
     plain = tmp_path / "plain.jsonl"
     plain.write_bytes(b'{"a": 1}\n')
