@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypeGuard
 
 import attrs
 import cattrs
@@ -56,6 +56,7 @@ __all__ = [
     "is_task_row",
     "outcome_from_row",
     "outcome_to_row",
+    "policy_model_server_of",
     "provenance_of",
 ]
 
@@ -187,7 +188,7 @@ class RolloutState(enum.Enum):
 
 def is_task_row(row: Mapping[str, Any]) -> bool:
     """Return whether a row is a 0.7.0 materialized task (``task_id`` object + ``task_input``)."""
-    return isinstance(row.get(TASK_ID_FIELD), Mapping) and TASK_INPUT in row
+    return _is_mapping(row.get(TASK_ID_FIELD)) and TASK_INPUT in row
 
 
 @frozen
@@ -260,27 +261,60 @@ class Identity:
         return row
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Identity:
-        """Read the stamps of a row written by a collector, or of a materialized row."""
+    def from_row(
+        cls, row: Mapping[str, Any], policy_model_servers: Mapping[str, str] | None = None
+    ) -> Identity:
+        """Read the stamps of a row written by a collector, or of a materialized row.
+
+        Args:
+            row: the row.
+            policy_model_servers: the deployment's model server per agent or environment
+                server (`policy_model_server_of`); the row's executor's entry, when there is
+                one, is its ``policy_model_server`` (over any the row carries). A collector
+                reading the rows it dispatches passes it, so the identity is built once.
+        """
         agent_ref = row.get(AGENT_REF)
         task_id = row.get(TASK_ID)
         if task_id is None and is_task_row(row):
             task_id = row[TASK_ID_FIELD]
-        policy = row.get(POLICY_MODEL_SERVER)
+        agent_name = agent_ref.get("name") if _is_mapping(agent_ref) else None
+        environment_server = row.get(ENVIRONMENT_SERVER)
+        policy = None
+        if policy_model_servers:
+            policy = policy_model_server_of(policy_model_servers, agent_name, environment_server)
+        if policy is None:
+            policy = row.get(POLICY_MODEL_SERVER)
         run_id = row.get(RUN_ID)
         return cls(
             task_index=row[TASK_INDEX],
             rollout_index=row[ROLLOUT_INDEX],
-            agent_name=agent_ref.get("name") if isinstance(agent_ref, Mapping) else None,
-            environment_server=row.get(ENVIRONMENT_SERVER),
+            agent_name=agent_name,
+            environment_server=environment_server,
             result_type=row.get(RESULT_TYPE),
             rollout_id=row.get(ROLLOUT_ID),
             task_source=row.get(TASK_SOURCE),
-            task_id=task_id if isinstance(task_id, Mapping) else None,
+            task_id=task_id if _is_mapping(task_id) else None,
             provenance=provenance_of(row),
             policy_model_server=policy if isinstance(policy, str) else None,
             run_id=run_id if isinstance(run_id, str) else None,
         )
+
+
+def policy_model_server_of(
+    servers: Mapping[str, str], agent_name: str | None, environment_server: str | None
+) -> str | None:
+    """Return the model server of the agent that runs a rollout (None: the deployment names none).
+
+    ``servers`` maps agent and environment server names to model servers
+    (`collector.deployment.Deployment.policy_model_servers`); a rollout is looked up by its
+    agent, else by the environment server that fronts it.
+    """
+    return servers.get(agent_name or environment_server or "")
+
+
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    """`isinstance(value, Mapping)`, without the ABC check for parsed JSON's plain dicts."""
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def provenance_of(row: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -311,9 +345,17 @@ class MaterializedRow:
     raw: bytes | None = attrs.field(default=None, eq=False, repr=False)
 
     @classmethod
-    def from_body(cls, body: Mapping[str, Any], raw: bytes | None = None) -> MaterializedRow:
-        """Wrap a stamped body (and its JSON text `raw`), reading its identity from the stamps."""
-        return cls(Identity.from_row(body), body, raw)
+    def from_body(
+        cls,
+        body: Mapping[str, Any],
+        raw: bytes | None = None,
+        policy_model_servers: Mapping[str, str] | None = None,
+    ) -> MaterializedRow:
+        """Wrap a stamped body (and its JSON text `raw`), reading its identity from the stamps.
+
+        ``policy_model_servers`` stamps the identity's model server (`Identity.from_row`).
+        """
+        return cls(Identity.from_row(body, policy_model_servers), body, raw)
 
     @property
     def is_episode(self) -> bool:

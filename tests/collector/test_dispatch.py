@@ -17,7 +17,7 @@ from trollout.collector.dispatch import DispatchPolicy, check_run_url, dispatch
 from trollout.collector.transport import H11Transport, RawResponse
 from trollout.config import RunConfig
 from trollout.errors import ConfigError
-from trollout.records import Delivery, Failed, Landed, MaterializedRow
+from trollout.records import Delivery, Failed, Identity, Landed, MaterializedRow
 
 URL = "http://agent:8000/run"
 ROW = MaterializedRow.from_body(
@@ -387,6 +387,41 @@ async def test_dispatch_stamps_the_policy_model_server_on_flat_failures(
         )
     assert isinstance(outcome, Failed)
     assert outcome.identity.policy_model_server == "pm"
+
+
+def test_identity_from_row_takes_the_executors_model_server_first() -> None:
+    """The deployment's model server of the row's agent (else of its environment server) wins
+    over one the row carries; without an entry the row's own stays; a non-text one is dropped."""
+    servers = {"math": "pm", "env": "pe"}
+    body = dict(ROW.body, ng_policy_model_server="old")
+    assert Identity.from_row(body, servers).policy_model_server == "pm"
+    assert Identity.from_row(body, {"other": "x"}).policy_model_server == "old"
+    assert Identity.from_row(body).policy_model_server == "old"
+    fronted = {k: v for k, v in ROW.body.items() if k != "agent_ref"}
+    fronted["_ng_environment_server"] = "env"
+    assert Identity.from_row(fronted, servers).policy_model_server == "pe"
+    assert Identity.from_row(dict(body, ng_policy_model_server=3)).policy_model_server is None
+    assert Identity.from_row(body, servers) == Identity.from_row(body)  # not part of the key
+
+
+async def test_dispatch_keeps_the_identity_of_a_row_read_stamped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A row whose identity already names the model server (a run folder reads its rows that
+    way) is not copied per rollout: the outcome carries the row's own identity."""
+    stamped = MaterializedRow.from_body(ROW.body, None, {"math": "pm"})
+    assert stamped.identity.policy_model_server == "pm"
+    replies = [answer(200, b'{"reward": 1.0}'), answer(200, b'{"reward": 1.0}')]
+    async with scripted(replies, POLICY) as transport:
+        outcome = await dispatch(
+            transport, URL, stamped, 0, POLICY, rng=random.Random(0), policy_model_server="pm"
+        )
+        assert isinstance(outcome, Landed)
+        assert outcome.identity is stamped.identity
+        other = await dispatch(
+            transport, URL, stamped, 0, POLICY, rng=random.Random(0), policy_model_server="pm2"
+        )
+    assert other.identity.policy_model_server == "pm2"  # the engine's own still wins
 
 
 class _Recorder:

@@ -87,6 +87,23 @@ def test_plan_every_task_rollout_appears_exactly_once(
     assert len({task for task, _ in keys}) == p.tasks
 
 
+@given(row_lists(min_size=1), plan_settings(), st.sampled_from(ORDERS))
+def test_plan_counted_in_the_checking_pass_equals_the_counting_pass(
+    rows: list[dict[str, Any]], settings: dict[str, Any], order: dict[str, bool]
+) -> None:
+    """A plan keeping every task is counted while it is checked (one pass); a `limit` that
+    keeps them all too makes planning count in a second pass: the plans are the same
+    (rollouts, bytes, and the dispatch order the round-robin groups decide)."""
+    one = planned(rows, settings, **order)
+    two = planned(rows, {**settings, "limit": len(rows)}, **order)
+    assert (one.tasks, one.expected, one.materialized_bytes) == (
+        two.tasks,
+        two.expected,
+        two.materialized_bytes,
+    )
+    assert canonical_rows(one) == canonical_rows(two)
+
+
 @given(row_lists(min_size=1), plan_settings())
 def test_plan_rollouts_per_task_equal_sum_of_repeats(
     rows: list[dict[str, Any]], settings: dict[str, Any]

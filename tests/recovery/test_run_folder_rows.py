@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
+import attrs
 import orjson
 import pytest
 import trio
@@ -29,7 +31,7 @@ def test_rows_keep_their_line_so_the_first_attempt_is_not_serialized_again(
         b'{"_ng_task_index":1,"_ng_rollout_index":0,"agent_ref":{"name":"a"}}',
     ]
     layout.materialized_inputs.write_bytes(lines[0] + b"\n\n" + lines[1] + b"\n")
-    rows = list(_materialized(layout))
+    rows = list(_materialized(layout, {}))
     assert [row.raw for row in rows] == lines
     assert [row.body for row in rows] == [orjson.loads(line) for line in lines]
     assert [row.identity.task_index for row in rows] == [0, 1]
@@ -135,3 +137,50 @@ async def test_input_sha256_refuses_a_fifo_without_opening_it(tmp_path: Path) ->
     plain = tmp_path / "plain.jsonl"
     plain.write_bytes(b'{"a": 1}\n')
     assert len(await input_sha256(str(plain))) == 64
+
+
+# --- the rows come with their model server: the identity is built once per rollout ------------
+
+
+def _deployment_with_model_server() -> Deployment:
+    def block(kind: str, port: int, **refs: str) -> dict[str, Any]:
+        types = {"model_server": "responses_api_models", "agent_server": "responses_api_agents"}
+        links = {key: {"type": types[key], "name": name} for key, name in refs.items()}
+        return {kind: {"impl": {"host": "127.0.0.1", "port": port, **links}}}
+
+    return Deployment.from_config(
+        {
+            "m": block("responses_api_models", 1),
+            "a": block("responses_api_agents", 2, model_server="m"),
+            "b": block("responses_api_agents", 3),
+        }
+    )
+
+
+def test_fresh_and_resumed_rows_carry_their_agents_model_server(tmp_path: Path) -> None:
+    """Rows read back for a fresh run and for a resume name their agent's model server (as
+    the engine would stamp it); an agent without one gets none."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(
+        b"".join(ROW % i for i in range(2)) + b'{"responses_create_params": {"input": "b"}, '
+        b'"agent_ref": {"name": "b"}}\n'
+    )
+    out = tmp_path / "run" / "r.jsonl"
+    deployment = _deployment_with_model_server()
+    config = RunConfig(input_jsonl_fpath=str(source), output_jsonl_fpath=str(out))
+    plan = plan_rollouts(source, config, deployment)
+    seen: dict[str, list[tuple[str | None, str | None]]] = {}
+
+    def servers(rows: Iterable[tuple[MaterializedRow, int]]) -> list[tuple[str | None, str | None]]:
+        return [(r.identity.agent_name, r.identity.policy_model_server) for r, _ in rows]
+
+    async def main() -> None:
+        async with open_run_folder(config, deployment, plan=plan) as run:
+            seen["fresh"] = servers(run.rows())
+        resume = attrs.evolve(config, resume_from_cache=True)
+        async with open_run_folder(resume, deployment) as run:
+            seen["resumed"] = servers(run.rows())
+
+    trio.run(main)
+    expected = [("a", "m"), ("a", "m"), ("b", None)]
+    assert seen == {"fresh": expected, "resumed": expected}

@@ -181,7 +181,8 @@ async def dispatch(
     unknown, so re-sending it is not automatically safe. Hitting ``rollout_timeout_s`` is not
     a cancellation of the caller: it returns ``Failed(kind="timeout")``.
     """
-    if policy_model_server is not None:
+    if policy_model_server is not None and row.identity.policy_model_server != policy_model_server:
+        # Rows read from a run folder come stamped (`MaterializedRow.from_body`): no copy then.
         identity = attrs.evolve(row.identity, policy_model_server=policy_model_server)
         row = MaterializedRow(identity, row.body, row.raw)
     rollout = _Rollout(transport, url, row, attempt_index, policy, rng, retry_state, new_attempt)

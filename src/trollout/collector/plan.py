@@ -7,11 +7,12 @@ stream of `MaterializedRow` records in dispatch order. The rules live in three h
 (agents, fan-out, environment servers, repeats; the `Router` protocol) and `seeds` (stale keys,
 overrides, seeds, stamps).
 
-Passes. Planning reads the input twice: pass 1 checks every row (rows that `limit` or
-`task_ids` will drop included, so a broken file never half-runs) and records task identity, and
-every problem (bad lines, rows nested deeper than a run can write, unknown or refused agents,
-missing routes, bad settings) is raised together as one `InputError` before anything can be
-dispatched; pass 2 walks the kept rows to count rollouts and find the round-robin groups. A plan
+Passes. Planning reads the input once or twice: pass 1 checks every row (rows that `limit` or
+`task_ids` will drop included, so a broken file never half-runs), records task identity and
+counts rollouts, and every problem (bad lines, rows nested deeper than a run can write, unknown
+or refused agents, missing routes, bad settings) is raised together as one `InputError` before
+anything can be dispatched; only when `limit`, `task_ids` or `shard` drop tasks does pass 2 walk
+the kept rows to count their rollouts and find the round-robin groups. A plan
 with no rollout (an empty input, ``limit`` 0, a ``task_ids`` that keeps nothing) is an
 `InputError` too: a run that would do nothing is a mistake, not a success. The exception is a
 ``shard`` that keeps none of the tasks the rest of the plan keeps (more shards than tasks, or an
@@ -256,13 +257,17 @@ def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
     materializer = Materializer(config)
     shard = parse_shard(config.shard) if config.shard is not None else None
     table = TaskTable(limit=config.limit, task_ids=config.task_ids, shard=shard)
-    _check_rows(source, resolver, materializer, table, problems)
+    totals = _check_rows(source, resolver, materializer, table, problems)
     problems.raise_if_any()
     table.finish()
     selection = table.selection(config.task_ids, problems)
     problems.raise_if_any()
     walker = _Walker(source, table, selection, resolver)
-    expected, size, rounds, groups = _count(walker)
+    if selection.tasks is not None or selection.each_once:
+        totals = _Totals()  # pass 2: only the kept rows count
+        for entry in walker.entries():
+            totals.add(entry.copies, entry.size)
+    expected, size, rounds, groups = totals.expected, totals.size, totals.rounds, totals.groups
     if expected > config.max_rollouts:
         raise ConfigError(
             f"the plan has {expected:,} rollouts, more than max_rollouts={config.max_rollouts:,}; "
@@ -302,8 +307,12 @@ def _check_rows(
     materializer: Materializer,
     table: TaskTable,
     problems: Problems,
-) -> None:
-    """Pass 1: check every row, record task identity, collect every problem."""
+) -> _Totals:
+    """Pass 1: check every row, record task identity, collect every problem.
+
+    Returns the totals of every row, which are the plan's when the selection keeps them all.
+    """
+    totals = _Totals()
     for line in source.lines():
         row = line.row
         problem = line.problem if row is None else check_write_back(line)
@@ -320,21 +329,34 @@ def _check_rows(
         if shape:
             continue
         table.record(line)
-        for issue in resolver.resolve(built).issues:
+        resolution = resolver.resolve(built)
+        for issue in resolution.issues:
             problems.group(issue.key, source.label(line.number), issue.what, issue.remedy)
         seed_problem = materializer.check(built)
         if seed_problem:
             problems.line(source.label(line.number), seed_problem)
+        # Counted as the walker will route it: the row as read, not as a prompt built it.
+        copies = resolution.copies if built is row else resolver.resolve(row).copies
+        totals.add(copies, len(line.text))
+    return totals
 
 
-def _count(walker: _Walker) -> tuple[int, int, int, list[_Group]]:
-    """Pass 2: count rollouts, their bytes, repeat rounds and round-robin groups of kept rows."""
-    expected, size, rounds = 0, 0, 0
-    groups: dict[_Group, None] = {}
-    for entry in walker.entries():
-        for copy in entry.copies:
-            expected += copy.repeats
-            size += copy.repeats * (entry.size + _STAMP_BYTES)
-            rounds = max(rounds, copy.repeats)
-            groups.setdefault(copy.group, None)
-    return expected, size, rounds, list(groups)
+class _Totals:
+    """Rollouts, their bytes, repeat rounds and round-robin groups of the rows added."""
+
+    def __init__(self) -> None:
+        self.expected = self.size = self.rounds = 0
+        self._groups: dict[_Group, None] = {}
+
+    @property
+    def groups(self) -> list[_Group]:
+        """The (agent, environment server) groups, in order of first appearance."""
+        return list(self._groups)
+
+    def add(self, copies: Sequence[Copy], size: int) -> None:
+        """Count one kept row of ``size`` bytes as read, with its routed copies."""
+        for copy in copies:
+            self.expected += copy.repeats
+            self.size += copy.repeats * (size + _STAMP_BYTES)
+            self.rounds = max(self.rounds, copy.repeats)
+            self._groups.setdefault(copy.group, None)

@@ -55,7 +55,14 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import trio
 
-from ..records import Failed, MaterializedRow, OmitReason, Omitted, Outcome
+from ..records import (
+    Failed,
+    MaterializedRow,
+    OmitReason,
+    Omitted,
+    Outcome,
+    policy_model_server_of,
+)
 from .dispatch import NewAttempt, dispatch
 from .sink import AttemptReserver, OutcomeSink
 
@@ -397,8 +404,8 @@ class Pool:
                     return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
                 if not self.admitting:
                     return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
-                engine.timer.started(row.identity)
-                who = row.identity.agent_name or row.identity.environment_server or ""
+                identity = row.identity
+                engine.timer.started(identity)
                 return await dispatch(
                     engine.transport,
                     url,
@@ -408,7 +415,9 @@ class Pool:
                     rng=engine.rng,
                     retry_state=engine.retry_state,
                     new_attempt=self._new_attempt(row, current, outcomes),
-                    policy_model_server=engine.policy_servers.get(who),
+                    policy_model_server=policy_model_server_of(
+                        engine.policy_servers, identity.agent_name, identity.environment_server
+                    ),
                     observer=engine.observer,
                 )
             finally:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import jsonl
 from ..errors import RunFolderError, RunFolderWriteError, TrolloutError
-from ..records import MaterializedRow, converter
+from ..records import MaterializedRow
 from .layout import RunLayout
 
 __all__ = [
@@ -166,7 +166,8 @@ def write_materialized(
             if stop is not None and count % 256 == 0 and stop.is_set():
                 raise Stopped(f"writing {str(path)!r} was stopped")
             count += 1
-            yield jsonl.dumps(converter.unstructure(row, MaterializedRow))
+            body = row.body  # the row as written (`records.MaterializedRow`), not copied
+            yield jsonl.dumps(body if type(body) is dict else dict(body))
 
     with os_errors(path, "write"):
         replace_atomically(path, lines(), before_replace=before_replace)

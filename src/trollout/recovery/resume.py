@@ -39,7 +39,7 @@ import enum
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -184,15 +184,19 @@ class ResumePlan:
     _attempts: array[int] = attrs.field(alias="attempts")
     _statuses: list[RolloutStatus] = attrs.field(alias="statuses")
 
-    def rows(self) -> Iterator[tuple[MaterializedRow, int]]:
+    def rows(
+        self, policy_model_servers: Mapping[str, str] | None = None
+    ) -> Iterator[tuple[MaterializedRow, int]]:
         """Yield ``(row, attempt)`` to dispatch, in order, read back from the inputs file.
 
         Blocking file reads, one line at a time (as the engine's feeder reads a fresh run).
+        ``policy_model_servers`` stamps each identity's model server (`Identity.from_row`).
         """
+        servers = policy_model_servers
         with open(self.layout.materialized_inputs, "rb") as f:
             for offset, attempt in zip(self._offsets, self._attempts, strict=True):
                 f.seek(offset)
-                yield MaterializedRow.from_body(orjson.loads(f.readline())), attempt
+                yield MaterializedRow.from_body(orjson.loads(f.readline()), None, servers), attempt
 
     def take_statuses(self) -> list[RolloutStatus]:
         """Hand over the latest state of rollouts with an outcome that have not landed.

@@ -25,8 +25,9 @@ checks and dispatches exactly those rows (NeMo Gym resumes a shard the same way,
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Protocol
 
 import attrs
@@ -175,13 +176,14 @@ async def open_run_folder(
                     "(pass plan=)"
                 )
             manifest = await _start(store, config, deployment, source, run_id)
+            servers = deployment.policy_model_servers()
             yield RunFolder(
                 layout,
                 store,
                 manifest,
                 source.expected,
                 source.expected,
-                rows=lambda: ((row, 0) for row in _materialized(layout)),
+                rows=lambda: ((row, 0) for row in _materialized(layout, servers)),
             )
 
 
@@ -189,11 +191,12 @@ def _stderr(text: str) -> None:
     print(f"trollout: warning: {text}", file=sys.stderr)
 
 
-def _materialized(layout: RunLayout) -> Iterator[MaterializedRow]:
+def _materialized(layout: RunLayout, servers: Mapping[str, str]) -> Iterator[MaterializedRow]:
+    """Read a fresh run's rows back, stamped with their model servers (`Identity.from_row`)."""
     path = layout.materialized_inputs
     for number, line in jsonl.iter_lines(path):
         # The line is kept: it is the first attempt's request as it is (MaterializedRow.raw).
-        yield MaterializedRow.from_body(jsonl.parse_line(path, number, line), line)
+        yield MaterializedRow.from_body(jsonl.parse_line(path, number, line), line, servers)
 
 
 async def _start(
@@ -300,10 +303,12 @@ async def _resume(
             config, deployment, input_sha256=digest or "", expected=tally.expected, tasks=0
         )
         await trio.to_thread.run_sync(write_manifest, layout, manifest)
-    return _resumed_folder(store, manifest, resumed)
+    return _resumed_folder(store, manifest, resumed, deployment.policy_model_servers())
 
 
-def _resumed_folder(store: RunStore, manifest: RunManifest, resumed: ResumePlan) -> RunFolder:
+def _resumed_folder(
+    store: RunStore, manifest: RunManifest, resumed: ResumePlan, servers: Mapping[str, str]
+) -> RunFolder:
     tally = resumed.tally
     return RunFolder(
         store.layout,
@@ -312,7 +317,7 @@ def _resumed_folder(store: RunStore, manifest: RunManifest, resumed: ResumePlan)
         tally.expected,
         tally.to_dispatch,
         resumed=tally,
-        rows=resumed.rows,
+        rows=partial(resumed.rows, servers),
     )
 
 
