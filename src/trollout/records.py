@@ -53,6 +53,7 @@ __all__ = [
     "RolloutState",
     "RunManifest",
     "converter",
+    "is_mapping",
     "is_task_row",
     "outcome_from_row",
     "outcome_to_row",
@@ -188,7 +189,7 @@ class RolloutState(enum.Enum):
 
 def is_task_row(row: Mapping[str, Any]) -> bool:
     """Return whether a row is a 0.7.0 materialized task (``task_id`` object + ``task_input``)."""
-    return _is_mapping(row.get(TASK_ID_FIELD)) and TASK_INPUT in row
+    return is_mapping(row.get(TASK_ID_FIELD)) and TASK_INPUT in row
 
 
 @frozen
@@ -277,7 +278,7 @@ class Identity:
         task_id = row.get(TASK_ID)
         if task_id is None and is_task_row(row):
             task_id = row[TASK_ID_FIELD]
-        agent_name = agent_ref.get("name") if _is_mapping(agent_ref) else None
+        agent_name = agent_ref.get("name") if is_mapping(agent_ref) else None
         environment_server = row.get(ENVIRONMENT_SERVER)
         policy = None
         if policy_model_servers:
@@ -293,7 +294,7 @@ class Identity:
             result_type=row.get(RESULT_TYPE),
             rollout_id=row.get(ROLLOUT_ID),
             task_source=row.get(TASK_SOURCE),
-            task_id=task_id if _is_mapping(task_id) else None,
+            task_id=task_id if is_mapping(task_id) else None,
             provenance=provenance_of(row),
             policy_model_server=policy if isinstance(policy, str) else None,
             run_id=run_id if isinstance(run_id, str) else None,
@@ -312,16 +313,20 @@ def policy_model_server_of(
     return servers.get(agent_name or environment_server or "")
 
 
-def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
-    """`isinstance(value, Mapping)`, without the ABC check for parsed JSON's plain dicts."""
-    return type(value) is dict or isinstance(value, Mapping)
+def is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    """Return ``isinstance(value, Mapping)``, skipping the ABC check for a dict or None.
+
+    Rows are parsed JSON: their objects are dicts and absent keys None, and an ABC check costs
+    a few hundred ns on every row the collector reads.
+    """
+    return type(value) is dict or (value is not None and isinstance(value, Mapping))
 
 
 def provenance_of(row: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """Return a row's provenance stamps: its own (a record), else its ``task_data``'s."""
     if DIGEST not in row and DATASET_DIGEST not in row:
         data = row.get(TASK_DATA)
-        if not isinstance(data, Mapping):
+        if not is_mapping(data):
             return ()  # the common case, every flat row: two lookups and out
         row = data
     return tuple((key, row[key]) for key in PROVENANCE_KEYS if key in row)

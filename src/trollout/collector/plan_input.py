@@ -42,7 +42,7 @@ from attrs import frozen
 from .. import jsonl
 from ..config import DEFAULT_MAX_INPUT_LINE_BYTES
 from ..errors import InputError
-from ..records import ROLLOUT_ID_PATTERN
+from ..records import ROLLOUT_ID_PATTERN, is_mapping
 from .task_selection import STORED_ID_PLACES, StoredIds, task_shard
 
 __all__ = [
@@ -221,7 +221,7 @@ def check_write_back(line: SourceLine) -> str | None:
 
 def is_task_row(row: Mapping[str, Any]) -> bool:
     """Return whether a row is a 0.7.0 task row (``task_id`` is an object)."""
-    return isinstance(row.get("task_id"), Mapping)
+    return is_mapping(row.get("task_id"))
 
 
 def check_row(row: Mapping[str, Any]) -> list[str]:

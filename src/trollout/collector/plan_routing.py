@@ -47,6 +47,7 @@ from typing import Any, Final, NamedTuple, Protocol
 
 from ..config import TASKSET_NEEDS_ROUTES, RunConfig, repeats_problems
 from ..errors import DeploymentError
+from ..records import is_mapping
 from .deployment import Route
 from .plan_input import Problems, is_task_row
 
@@ -341,7 +342,7 @@ def _key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     if is_task_row(row):
         return ("task", row["task_id"]["taskset"])
     ref = row.get("agent_ref")
-    return ("flat", ref.get("name") if isinstance(ref, Mapping) else None, row.get("task_source"))
+    return ("flat", ref.get("name") if is_mapping(ref) else None, row.get("task_source"))
 
 
 def _refused(key: Hashable, what: str, remedy: str) -> Resolution:
