@@ -212,8 +212,9 @@ def outcome_from_response(
         )
     if reply.get(records.NO_PERSIST) is True or reply.get(records.FAILURE_CLASS) is not None:
         return _producer_failure(identity, attempt_index, reply, elapsed_seconds, max_attempts)
-    result = {key: value for key, value in reply.items() if key not in _STAMP_KEYS}
-    return Landed(identity, attempt_index, result, elapsed_seconds)
+    if not _STAMP_KEYS.isdisjoint(reply):  # an echo of the row: the record restamps it
+        reply = {key: value for key, value in reply.items() if key not in _STAMP_KEYS}
+    return Landed(identity, attempt_index, reply, elapsed_seconds)
 
 
 def outcome_from_error(
