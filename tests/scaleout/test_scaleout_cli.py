@@ -19,6 +19,8 @@ BAD = [
     (["--workers", "4"], "needs --ray"),
     (["--ray", "--shard", "0/2"], "do not go together"),
     (["--ray", "not-an-address"], "is not a Ray address"),
+    (["--ray", "--metrics-port", "9464"], "--metrics-port 9464 and --ray do not go together"),
+    (["--ray", "--metrics-port", "0"], "--metrics-port 0 and --ray do not go together"),
 ]
 
 

@@ -364,7 +364,8 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
         "--metrics-port",
         "metrics_port",
         type=int,
-        help="Serve Prometheus metrics on this port while the run lasts (0: any free port).",
+        help="Serve Prometheus metrics on this port while the run lasts (0: any free port; "
+        "not with --ray, whose blocks share hosts: use --otlp-endpoint there).",
     ),
     "metrics-host": click.option(
         "--metrics-host",

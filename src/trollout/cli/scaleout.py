@@ -110,6 +110,12 @@ def _check_ray_settings(config: RunConfig, resubmit: Resubmit | None) -> None:
             f"--shard {config.shard!r} and --ray do not go together: a Ray run cuts the plan "
             "into blocks itself; drop --shard"
         )
+    if config.metrics_port is not None:
+        raise ConfigError(
+            f"--metrics-port {config.metrics_port!r} and --ray do not go together: a Ray run's "
+            "blocks share hosts, where one port cannot serve them all, so no Prometheus "
+            "endpoint would be served; send metrics over OTLP (--otlp-endpoint) instead"
+        )
     if resubmit is not None or config.resubmit:
         raise ConfigError("resubmit is not supported on Ray yet; resubmit each block folder")
 
