@@ -84,6 +84,55 @@ async def test_cancelled_collect_settles_rollouts_cancelled_inside_a_transport_n
     assert interrupted(sink) == [0, 1, 2]
 
 
+class FailsWhenCancelledTransport:
+    """Agent ``mixed``'s rollouts wait in a nursery whose other task fails as it is cancelled,
+    so cancelling one raises a group of `trio.Cancelled` and a `ValueError`; others land."""
+
+    async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+        if b'"mixed"' not in body:
+            await trio.lowlevel.checkpoint()
+            return RawResponse(200, [], b'{"reward": 1.0}', False, url)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._fails_when_cancelled)
+            await trio.sleep_forever()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    async def _fails_when_cancelled() -> None:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            raise ValueError("the fan-out's cleanup failed") from None
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_cancellation_grouped_with_an_error_fails_that_batch_only(
+    autojump_clock: Any,
+) -> None:
+    """Closing a batch whose rollout's transport raises Cancelled together with an error: the
+    row settles, the batch raises the error, and another batch and the collector go on."""
+    sink = ListSink()
+    urls = {**URLS, "mixed": "http://127.0.0.1:1"}
+    async with open_collector(
+        urls=urls, transport=FailsWhenCancelledTransport(), sink=sink
+    ) as collector:
+        with trio.fail_after(GUARD_S):
+            async with collector.open_batch([row_body(0), row_body(1)]) as steady:
+                with pytest.RaisesGroup(
+                    pytest.RaisesExc(ValueError, match="cleanup failed"), flatten_subgroups=True
+                ):
+                    async with collector.open_batch([row_body(5, agent="mixed")]) as doomed:
+                        await trio.sleep(1)
+                assert doomed.accepted == doomed.settled == 1
+                assert [item.landed async for item in steady] == [True, True]
+            async with collector.open_batch([row_body(2)]) as after:
+                assert [item.landed async for item in after] == [True]
+    final = {o.identity.task_index: o for o in sink.outcomes}
+    assert [type(final[t]) for t in (0, 1, 2, 5)] == [Landed, Landed, Landed, Omitted]
+
+
 class InterruptingTransport(ScriptedTransport):
     """Task 0's request is interrupted by KeyboardInterrupt after 1 s; the others hang."""
 

@@ -34,7 +34,9 @@ its pool, and the writer hands it back to that pool (`Pool.deliver`) once the po
 - **An error stays in its pool.** An exception from `dispatch` (not a failed rollout, which is
   an outcome, but a bug or a setting the transport refuses) ends the pool it came from, as its
   sink failing does (`Collector.fail`): a batch raises it to its consumer, the collector's own
-  pool stops the run. It never escapes the worker, which would end every batch.
+  pool stops the run. It never escapes the worker, which would end every batch; an error that
+  arrives grouped with a cancellation (a transport's nursery) is split off and reported the
+  same way while the cancellation goes on.
 - **Hand-overs wait as long as the writer lives.** A worker's shielded send is not bounded: a
   sink that takes 40 s to write delays the workers, it does not make them drop outcomes. The
   writer itself is bounded once the collector is being torn down; when it stops, the channel
@@ -319,7 +321,7 @@ class Pool:
         outcomes: trio.MemorySendChannel[Settled],
     ) -> None:
         engine = self.engine
-        async with rows, outcomes:
+        try:
             while (job := await self._next_job(rows)) is not None:
                 row, attempt, url = job
                 engine.resident += 1
@@ -331,6 +333,11 @@ class Pool:
                 if outcome is not None:
                     await hand_over(outcomes, (self, outcome, row))
                 self._idle += 1
+        finally:
+            # Closed synchronously: `async with` would checkpoint on the way out, and in a
+            # cancelled worker that raises a fresh Cancelled over whatever is propagating.
+            rows.close()
+            outcomes.close()
 
     async def _next_job(self, rows: trio.MemoryReceiveChannel[_Job]) -> _Job | None:
         """Return the next row for this worker, or None once no row can come.
@@ -426,10 +433,14 @@ class Pool:
             elapsed = trio.current_time() - start
             omitted = Omitted(row.identity, current[0], OmitReason.INTERRUPTED, elapsed)
             await hand_over(outcomes, (self, omitted, row))
-            if not isinstance(exc, Exception):
+            errors, goes_on = _split_errors(exc)
+            if errors is not None:
+                where = f"task {row.identity.task_index} rollout {row.identity.rollout_index}"
+                engine.fail(self, errors, f"{where} raised {errors!r} instead of settling")
+            if goes_on is exc:
                 raise  # a cancellation (bare or grouped) or an interrupt: it goes on
-            where = f"task {row.identity.task_index} rollout {row.identity.rollout_index}"
-            engine.fail(self, exc, f"{where} raised {exc!r} instead of settling")
+            if goes_on is not None:
+                raise goes_on from None  # the cancellation part of a group that held errors
             return None
 
     def _new_attempt(
@@ -455,6 +466,23 @@ class Pool:
 
 
 Resolve = Callable[[MaterializedRow], str]
+
+
+def _split_errors(exc: BaseException) -> tuple[Exception | None, BaseException | None]:
+    """Split what ended a rollout into errors (its pool's) and what must go on (cancellation).
+
+    An `Exception` is all error; a bare `trio.Cancelled` or KeyboardInterrupt all goes on; a
+    group holding both (a transport's nursery cancelled while one of its tasks failed) splits,
+    so the error is reported instead of vanishing or ending every batch with the worker.
+    """
+    if isinstance(exc, Exception):
+        return exc, None
+    if not isinstance(exc, BaseExceptionGroup):
+        return None, exc
+    errors, rest = exc.split(Exception)
+    if errors is None:
+        return None, exc
+    return errors, rest
 
 
 async def hand_over(outcomes: trio.MemorySendChannel[Settled], item: Settled) -> None:
