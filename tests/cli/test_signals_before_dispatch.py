@@ -43,6 +43,24 @@ def command(source: Path, out: Path, fake: FakeUrls, *extra: str) -> list[str]:
             "--progress", "plain", "--no-aggregate", *extra]  # fmt: skip
 
 
+def start(argv: list[str], *, sigint: signal.Handlers = signal.SIG_DFL) -> subprocess.Popen[bytes]:
+    """Start the CLI with SIGINT's disposition set, not inherited.
+
+    A shell without job control starts background jobs with SIGINT ignored, and the ignoring is
+    inherited: a suite run as ``make test &`` from a script would start every child ignoring
+    Ctrl-C, and a test of Ctrl-C would wait for an exit that never comes.
+    """
+    return subprocess.Popen(
+        argv, stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, sigint)
+    )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the child if it still runs, and reap it (no zombie, no warning in a later test)."""
+    proc.kill()
+    proc.wait()
+
+
 def wait_for_temp_file(folder: Path, proc: subprocess.Popen[bytes]) -> None:
     """Wait until the materialized inputs' temp file holds bytes (the write is under way)."""
     deadline = time.monotonic() + HANG_GUARD_S
@@ -71,13 +89,13 @@ def test_signal_during_materialization_exits_at_once_without_temp_files(
 ) -> None:
     """A signal mid-write exits 128+signal, removes the temp file, dispatches nothing."""
     out = tmp_path / "run" / "r.jsonl"
-    proc = subprocess.Popen(command(source, out, fake), stderr=subprocess.PIPE)
+    proc = start(command(source, out, fake))
     try:
         wait_for_temp_file(out.parent, proc)
         proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=HANG_GUARD_S)
     finally:
-        proc.kill()
+        stop(proc)
     assert proc.returncode == code, stderr
     assert signal.Signals(signum).name in stderr.decode()
     assert not list(out.parent.glob(".*.tmp"))
@@ -95,13 +113,13 @@ def test_signal_during_overwrite_keeps_the_old_run(
     first[first.index("--num-repeats") + 1] = "1"
     subprocess.run(first, check=True, capture_output=True, timeout=HANG_GUARD_S)
     before = {p.name: p.read_bytes() for p in out.parent.iterdir() if p.name != "r.lock"}
-    proc = subprocess.Popen(command(source, out, fake, "--overwrite"), stderr=subprocess.PIPE)
+    proc = start(command(source, out, fake, "--overwrite"))
     try:
         wait_for_temp_file(out.parent, proc)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=HANG_GUARD_S)
     finally:
-        proc.kill()
+        stop(proc)
     assert proc.returncode == 130, stderr
     after = {p.name: p.read_bytes() for p in out.parent.iterdir() if p.name != "r.lock"}
     assert after == before
@@ -144,11 +162,7 @@ def test_sigterm_before_dispatch_exits_143_when_sigint_is_ignored(
         "collect", str(source), "-o", str(out), "--agent", "math_agent", "--num-repeats", "2",
         "--agent-url", f"math_agent={fake.run_urls['math_agent']}", "--progress", "plain",
     )  # fmt: skip
-    proc = subprocess.Popen(
-        argv,
-        stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as `cmd &` does
-    )
+    proc = start(argv, sigint=signal.SIG_IGN)  # as `cmd &` does
     try:
         if phase == "planning":
             builders.wait_for(lambda: reading(proc, source), "planning", proc=proc)
@@ -157,7 +171,7 @@ def test_sigterm_before_dispatch_exits_143_when_sigint_is_ignored(
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=builders.HANG_GUARD_S)
     finally:
-        proc.kill()
+        stop(proc)
     assert proc.returncode == 143, stderr
     assert "SIGTERM" in stderr.decode()
     assert not (out.parent / "r_attempts.jsonl").exists()  # nothing was dispatched
