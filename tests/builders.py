@@ -160,6 +160,16 @@ def collect_config(
 # --- the CLI ------------------------------------------------------------------------------------
 
 
+def served_block(kind: str, port: int, **refs: str) -> dict[str, Any]:
+    """One server of a served config: ``{kind: {impl: {host, port, refs}}}``.
+
+    ``refs`` name the servers it links to: ``model_server="m"``, ``agent_server="a"``.
+    """
+    types = {"model_server": "responses_api_models", "agent_server": "responses_api_agents"}
+    links = {key: {"type": types[key], "name": name} for key, name in refs.items()}
+    return {kind: {"impl": {"host": "127.0.0.1", "port": port, **links}}}
+
+
 def cli_command(*args: str) -> list[str]:
     """Return the command line of the trollout CLI in this interpreter (for a subprocess)."""
     return [sys.executable, "-m", "trollout.cli.main", *args]

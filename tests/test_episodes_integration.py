@@ -25,7 +25,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builders import invoke, read_jsonl, write_jsonl
+from builders import invoke, read_jsonl, served_block, write_jsonl
 from trollout.cli.collect import collect_run
 from trollout.collector.deployment import Deployment
 from trollout.collector.transport import RawResponse
@@ -465,19 +465,13 @@ async def run_property_case(
 def test_policy_model_servers_maps_agents_and_their_environment_servers() -> None:
     """Agents map to their model server; an environment server to its bound agent's; others
     (no model server, no bound agent) are left out."""
-
-    def block(kind: str, port: int, **refs: str) -> dict[str, Any]:
-        types = {"model_server": "responses_api_models", "agent_server": "responses_api_agents"}
-        links = {key: {"type": types[key], "name": name} for key, name in refs.items()}
-        return {kind: {"impl": {"host": "h", "port": port, **links}}}
-
     config = {
-        "m": block("responses_api_models", 1),
-        "a": block("responses_api_agents", 2, model_server="m"),
-        "b": block("responses_api_agents", 3),
-        "a_env": block("environment_servers", 4, agent_server="a"),
-        "b_env": block("environment_servers", 5, agent_server="b"),
-        "native": block("environment_servers", 6),
+        "m": served_block("responses_api_models", 1),
+        "a": served_block("responses_api_agents", 2, model_server="m"),
+        "b": served_block("responses_api_agents", 3),
+        "a_env": served_block("environment_servers", 4, agent_server="a"),
+        "b_env": served_block("environment_servers", 5, agent_server="b"),
+        "native": served_block("environment_servers", 6),
     }
     assert Deployment.from_config(config).policy_model_servers() == {"a": "m", "a_env": "m"}
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import attrs
 import orjson
@@ -12,6 +11,7 @@ import pytest
 import trio
 from attrs import frozen
 
+from builders import served_block
 from trollout.collector.deployment import Deployment
 from trollout.collector.plan import Plan, plan_rollouts
 from trollout.config import RunConfig
@@ -143,16 +143,11 @@ async def test_input_sha256_refuses_a_fifo_without_opening_it(tmp_path: Path) ->
 
 
 def _deployment_with_model_server() -> Deployment:
-    def block(kind: str, port: int, **refs: str) -> dict[str, Any]:
-        types = {"model_server": "responses_api_models", "agent_server": "responses_api_agents"}
-        links = {key: {"type": types[key], "name": name} for key, name in refs.items()}
-        return {kind: {"impl": {"host": "127.0.0.1", "port": port, **links}}}
-
     return Deployment.from_config(
         {
-            "m": block("responses_api_models", 1),
-            "a": block("responses_api_agents", 2, model_server="m"),
-            "b": block("responses_api_agents", 3),
+            "m": served_block("responses_api_models", 1),
+            "a": served_block("responses_api_agents", 2, model_server="m"),
+            "b": served_block("responses_api_agents", 3),
         }
     )
 

@@ -165,9 +165,11 @@ async def open_run_folder(
     layout = RunLayout.for_output(config.output_jsonl_fpath)
     resuming = config.resume_from_cache or resubmit is not None
     expected = plan.expected if plan is not None and not callable(plan) else 0
+    servers = deployment.policy_model_servers()  # rows are read stamped with them
     async with open_run_store(layout, config, expected=expected, fresh=not resuming) as store:
         if resuming and folder_state(layout) is not FolderState.NEW:
-            yield await _resume(store, config, deployment, resubmit, warn or _stderr)
+            resumed = await _resume(store, config, deployment, resubmit, warn or _stderr)
+            yield _resumed_folder(store, *resumed, servers)
         else:
             source = plan() if callable(plan) else plan
             if source is None:
@@ -176,7 +178,6 @@ async def open_run_folder(
                     "(pass plan=)"
                 )
             manifest = await _start(store, config, deployment, source, run_id)
-            servers = deployment.policy_model_servers()
             yield RunFolder(
                 layout,
                 store,
@@ -268,8 +269,8 @@ async def _resume(
     deployment: Deployment,
     resubmit: Resubmit | None,
     warn: Warn,
-) -> RunFolder:
-    """Check the folder against its manifest, decide what to dispatch, seed the store.
+) -> tuple[RunManifest, ResumePlan]:
+    """Check the folder against its manifest, seed the store; return the manifest and the plan.
 
     Raises:
         RunFolderError: the folder's materialized inputs are missing, or it holds outcomes but
@@ -303,7 +304,7 @@ async def _resume(
             config, deployment, input_sha256=digest or "", expected=tally.expected, tasks=0
         )
         await trio.to_thread.run_sync(write_manifest, layout, manifest)
-    return _resumed_folder(store, manifest, resumed, deployment.policy_model_servers())
+    return manifest, resumed
 
 
 def _resumed_folder(
