@@ -47,6 +47,28 @@ async def test_engine_runs_in_exact_virtual_time(autojump_clock: Any) -> None:
     assert progress.mean_reward == pytest.approx(0.5)
 
 
+async def test_engine_times_a_rollout_from_its_token(autojump_clock: Any) -> None:
+    """A worker that waited for a concurrency token times its rollout from the token on.
+
+    4 three-second rollouts, 2 tokens, 4 workers: the last two wait 3 s for a token. Their
+    outcomes and the run's latency both say 3 s (the clock is read once when a rollout starts,
+    and once per settled batch: neither may be a reading from before the wait).
+    """
+    sink = ListSink()
+    transport = ScriptedTransport(delay=lambda row: 3.0)
+    collector = await collect_scripted(
+        4, transport, sink=sink, num_samples_in_parallel=2, max_resident_rollout_tasks=4
+    )
+    assert collector.max_resident == 4
+    assert [o.elapsed_seconds for o in sink.outcomes] == pytest.approx([3.0] * 4)
+    latency = collector.timer.latency()
+    assert (latency.finished, latency.max_s, latency.task_hours) == (
+        4,
+        pytest.approx(3.0),
+        pytest.approx(4 * 3.0 / 3600),
+    )
+
+
 async def test_engine_failed_rollout_does_not_abort_run(autojump_clock: Any) -> None:
     """A 500 on some rollouts lands them in failures; every other rollout still lands."""
     transport = ScriptedTransport(status=lambda row: 500 if row["_ng_task_index"] % 5 == 0 else 200)

@@ -456,6 +456,29 @@ async def test_dispatch_breaker_opens_probes_and_closes(
     assert state.open_breakers() == []
 
 
+async def test_dispatch_breaker_opens_when_the_failing_request_ended(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The breaker's open period counts from the end of the request that opened it."""
+
+    class SlowRefusal:
+        async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+            await trio.sleep(4.0)
+            raise refused()
+
+    state = RetryState(RetryPolicy(breaker_failure_threshold=1, breaker_open_s=5.0))
+    start = trio.current_time()
+    p = attrs.evolve(policy(), max_connect_retries=0)
+    failed = await dispatch(
+        SlowRefusal(), URL, row(1), 0, p, rng=random.Random(1), retry_state=state
+    )
+    assert isinstance(failed, Failed)
+    assert failed.elapsed_seconds == pytest.approx(4.0)
+    health = state.endpoint(URL)
+    assert (health.state, health.opened_at) == (BreakerState.OPEN, pytest.approx(start + 4.0))
+    assert health.next_probe_at() == pytest.approx(start + 9.0)
+
+
 async def test_dispatch_waiters_follow_the_probe(autojump_clock: trio.testing.MockClock) -> None:
     """Rollouts turned away while a probe is out send as soon as it closes the breaker."""
     state = RetryState(RetryPolicy(breaker_failure_threshold=1, breaker_open_s=5.0))

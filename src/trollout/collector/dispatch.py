@@ -151,6 +151,7 @@ async def dispatch(
     new_attempt: NewAttempt | None = None,
     policy_model_server: str | None = None,
     observer: Observer | None = None,
+    started_at: float | None = None,
 ) -> Landed | Failed:
     """Run one rollout of `row` against `url` (the full ``.../run`` URL), starting at an attempt.
 
@@ -172,6 +173,8 @@ async def dispatch(
             ``ng_policy_model_server`` (None: not known, not stamped).
         observer: telemetry's hook (`observer.Observer`): told when each attempt starts,
             waits and ends; its trace headers go on every POST (None: off, nothing called).
+        started_at: the trio time the rollout started, when the caller has just read the
+            clock (the pool does); outcomes' ``elapsed_seconds`` count from it. None: now.
 
     Raises:
         ConfigError: `url` is not a plain ``http://`` URL.
@@ -185,7 +188,10 @@ async def dispatch(
         # Rows read from a run folder come stamped (`MaterializedRow.from_body`): no copy then.
         identity = attrs.evolve(row.identity, policy_model_server=policy_model_server)
         row = MaterializedRow(identity, row.body, row.raw)
-    rollout = _Rollout(transport, url, row, attempt_index, policy, rng, retry_state, new_attempt)
+    start = trio.current_time() if started_at is None else started_at
+    rollout = _Rollout(
+        transport, url, row, attempt_index, policy, rng, retry_state, new_attempt, start
+    )
     if observer is not None:
         return await _observed(rollout, observer)
     limit = policy.rollout_timeout_s
@@ -263,13 +269,15 @@ class _Rollout:
         rng: random.Random,
         state: RetryState | None,
         new_attempt: NewAttempt | None,
+        start: float,
     ) -> None:
         self.transport, self.url, self.row = transport, url, row
         self.attempt, self.policy, self.rng = attempt_index, policy, rng
         self.state = state
         self.health = state.endpoint(url) if state is not None else None
         self.new_attempt = new_attempt
-        self.start = trio.current_time()
+        self.start = start
+        self.answered_at = start  # when the last request ended (its outcome was built)
         self.connect_retries = 0
         self.request_retries = 0
         self.delivery = Delivery.NOT_SENT
@@ -327,10 +335,15 @@ class _Rollout:
         return orjson.dumps(request)
 
     async def _send_once(self, body: bytes) -> Landed | Failed:
-        admission = Admission.ALLOWED if self.health is None else self.health.admit(self._now())
+        health = self.health
+        # A closed breaker admits every request: the clock is read only when it is not.
+        if health is None or health.state is BreakerState.CLOSED:
+            admission = Admission.ALLOWED
+        else:
+            admission = health.admit(self._now())
         if admission is Admission.REJECTED:
-            assert self.health is not None
-            admission = await self.health.await_probe(self._now)  # within the rollout's limit
+            assert health is not None
+            admission = await health.await_probe(self._now)  # within the rollout's limit
             if admission is Admission.REJECTED:
                 self.note = "; the probe that followed failed too"
                 return self._breaker_open()
@@ -341,8 +354,8 @@ class _Rollout:
             if probe and self.health is not None:
                 self.health.abandon_probe()  # a cancelled probe must not block the endpoint
             raise
-        if self.health is not None:
-            self.health.record(outcome, self._now(), probe=probe)
+        if health is not None:
+            health.record(outcome, self.answered_at, probe=probe)
         return outcome
 
     async def _post(self, body: bytes) -> Landed | Failed:
@@ -359,21 +372,23 @@ class _Rollout:
                 "http://host:port"
             ) from exc
         except Exception as exc:  # httpx's errors, or anything a driver's own transport raises
+            self.answered_at = self._now()
             failed = outcome_from_error(
                 self.row.identity,
                 self.attempt,
                 exc,
-                elapsed_seconds=self._now() - self.start,
+                elapsed_seconds=self.answered_at - self.start,
                 max_attempts=self.policy.max_attempts,
             )
             self.delivery = failed.delivery
             return failed
         self.delivery = Delivery.DELIVERED
+        self.answered_at = self._now()
         outcome = self.classify(
             self.row.identity,
             self.attempt,
             response,
-            elapsed_seconds=self._now() - self.start,
+            elapsed_seconds=self.answered_at - self.start,
             max_attempts=self.policy.max_attempts,
             echo=self.echo,
         )

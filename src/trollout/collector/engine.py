@@ -411,11 +411,12 @@ class Collector:
     async def _settle(self, batch: list[Settled]) -> None:
         by_pool: dict[Pool, list[tuple[Outcome, MaterializedRow | None]]] = {}
         observer = self.observer
+        now = self.timer.now()  # the batch settles at one instant: no checkpoint in this loop
         for pool, outcome, row in batch:
             self.progress.record(outcome)
             if observer is not None:
                 observer.outcome_settled(outcome, row is not None)
-            self.timer.finished(outcome)
+            self.timer.finished(outcome, now)
             if type(outcome) is not Omitted:
                 self.window.finished(outcome.elapsed_seconds)
             reason = self._stops.check(outcome)

@@ -50,7 +50,6 @@ isolation from the nursery Trio gives every task group, at no cost per rollout.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeAlias
@@ -348,7 +347,8 @@ class Pool:
         in ``receive``, which raises `trio.Cancelled` before taking anything; so does one whose
         deadline has passed but not yet been delivered (nothing else would stop the send).
         """
-        if trio.current_effective_deadline() > trio.current_time():
+        now = trio.current_time()
+        if trio.current_effective_deadline() > now:
             if self._offering:
                 try:
                     return rows.receive_nowait()
@@ -356,7 +356,7 @@ class Pool:
                     pass
                 except trio.EndOfChannel:
                     return None
-            if self._ready and self._may_take():
+            if self._ready and self._may_take(now):
                 job = self._ready.popleft()
                 self._idle -= 1
                 self.accepted += 1
@@ -373,10 +373,11 @@ class Pool:
         finally:
             self._waiting -= 1
 
-    def _may_take(self) -> bool:
-        """Whether a lent row may start: admission open and the feeder's deadline not passed."""
+    def _may_take(self, now: float) -> bool:
+        """Whether a lent row may start at ``now``: admission open, the feeder's deadline not
+        passed."""
         deadline = self.feed_scope.deadline
-        return self.admits() and (deadline == math.inf or trio.current_time() < deadline)
+        return self.admits() and now < deadline
 
     async def _attempt(
         self,
@@ -401,10 +402,12 @@ class Pool:
             # A free token is taken without a checkpoint: the task switch `async with limiter`
             # pays on every acquire is ~7 us per rollout, and `dispatch` checkpoints before
             # anything is sent, so a cancellation is still seen before the request leaves.
+            began = start  # when the rollout starts: after its token, read once for all
             try:
                 limiter.acquire_nowait()
             except trio.WouldBlock:
                 await limiter.acquire()
+                began = trio.current_time()
             try:
                 if not engine.window.admits():
                     engine.stop_admission(engine.window.closed_reason or "admission closed")
@@ -412,7 +415,7 @@ class Pool:
                 if not self.admitting:
                     return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
                 identity = row.identity
-                engine.timer.started(identity)
+                engine.timer.started(identity, began)
                 return await dispatch(
                     engine.transport,
                     url,
@@ -426,6 +429,7 @@ class Pool:
                         engine.policy_servers, identity.agent_name, identity.environment_server
                     ),
                     observer=engine.observer,
+                    started_at=began,
                 )
             finally:
                 limiter.release()

@@ -127,9 +127,14 @@ class RunTimer:
         if self.dispatch_start is None:
             self.dispatch_start = self._clock()
 
-    def started(self, identity: Identity) -> None:
-        """Record that a rollout was sent now."""
-        now = self._clock()
+    def now(self) -> float:
+        """Read the timer's clock (a caller recording many outcomes at once reads it once)."""
+        return self._clock()
+
+    def started(self, identity: Identity, now: float | None = None) -> None:
+        """Record that a rollout was sent at ``now`` (None: read the clock)."""
+        if now is None:
+            now = self._clock()
         self.mark_dispatch_start()
         assert self.dispatch_start is not None
         self.started_count += 1
@@ -139,8 +144,11 @@ class RunTimer:
         self.last_start = now
         self._running[(identity.run_id, *identity.key)] = (identity, now)
 
-    def finished(self, outcome: Outcome) -> None:
-        """Record a rollout's settled outcome (drained ones need no `started`)."""
+    def finished(self, outcome: Outcome, now: float | None = None) -> None:
+        """Record a rollout's settled outcome at ``now`` (None: read the clock).
+
+        Drained ones need no `started`.
+        """
         ident = outcome.identity
         begun = self._running.pop((ident.run_id, *ident.key), None)
         if type(outcome) is Omitted:
@@ -149,7 +157,10 @@ class RunTimer:
             else:
                 self.interrupted += 1
             return
-        duration = self._clock() - begun[1] if begun else outcome.elapsed_seconds
+        if begun:
+            duration: float | None = (self._clock() if now is None else now) - begun[1]
+        else:
+            duration = outcome.elapsed_seconds
         if duration is None:
             return
         self._durations.append(duration)
