@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 from hypothesis import given
@@ -20,6 +21,8 @@ from strategies import AGENTS, TASK_SOURCES, plan_settings, row_lists
 from trollout.collector.plan import Plan, plan_rollouts, plan_rows
 from trollout.config import RunConfig
 from trollout.errors import InputError
+from trollout.records import MaterializedRow
+from trollout.recovery.files import write_materialized
 
 ORDERS = [
     {"interleave_repeats": i, "round_robin_agents": r} for i in (False, True) for r in (False, True)
@@ -102,6 +105,27 @@ def test_plan_counted_in_the_checking_pass_equals_the_counting_pass(
         two.materialized_bytes,
     )
     assert canonical_rows(one) == canonical_rows(two)
+
+
+@given(row_lists(min_size=1), plan_settings(), st.sampled_from(ORDERS))
+def test_plan_bodies_written_and_read_back_are_the_plans_rows(
+    rows: list[dict[str, Any]], settings: dict[str, Any], order: dict[str, bool]
+) -> None:
+    """A fresh run writes the plan's bodies (no identity built) and dispatches them read back:
+    those rows are the plan's rows, every identity field included (task_id, provenance,
+    routing), in the same order."""
+    p = planned(rows, settings, **order)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "m.jsonl"
+        assert write_materialized(path, p.bodies()) == p.expected
+        read = [
+            MaterializedRow.from_body(orjson.loads(line)) for line in path.read_bytes().splitlines()
+        ]
+    planned_rows = list(p.rows())
+    assert [attrs.astuple(r.identity) for r in read] == [
+        attrs.astuple(r.identity) for r in planned_rows
+    ]
+    assert [r.body for r in read] == [dict(r.body) for r in planned_rows]
 
 
 @given(row_lists(min_size=1), plan_settings())

@@ -2,7 +2,8 @@
 
 `plan_rollouts` (a JSONL file) and `plan_rows` (in-memory rows, for embedding drivers) check the
 whole input and return a `Plan`: ``tasks``, ``expected`` rollouts, and ``rows()``, a re-iterable
-stream of `MaterializedRow` records in dispatch order. The rules live in three helpers:
+stream of `MaterializedRow` records in dispatch order (``bodies()``: the same rows' bodies alone,
+what the materialized-inputs file holds, with no identity built). The rules live in three helpers:
 `plan_input` (reading, row checks, task identity, `limit`/`task_ids`/`shard`), `plan_routing`
 (agents, fan-out, environment servers, repeats; the `Router` protocol) and `seeds` (stale keys,
 overrides, seeds, stamps).
@@ -48,6 +49,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Generator, Iterator, Mapping, Sequence
+from contextlib import closing
 from typing import Any, NamedTuple
 
 import attrs
@@ -74,6 +76,7 @@ __all__ = ["Plan", "Router", "plan_rollouts", "plan_rows", "rollout_seed"]
 _Source = FileSource | RowsSource
 _Group = tuple[str | None, str | None]
 _Rows = Generator[MaterializedRow, None, None]
+_Bodies = Generator[dict[str, Any], None, None]
 _STAMP_BYTES = 128  # what materializing adds to a row, about: indices, agent_ref, seed
 
 
@@ -170,27 +173,27 @@ class _Orders:
         self._interleave = interleave
         self._round_robin = round_robin
 
-    def rows(self) -> _Rows:
-        """Return a fresh stream of every materialized row, in dispatch order."""
+    def bodies(self) -> _Bodies:
+        """Return a fresh stream of every materialized row's body, in dispatch order."""
         if self._round_robin and len(self._groups) > 1:
             return self._round_robin_rows()
         return self._base(None)
 
-    def _base(self, group: _Group | None) -> _Rows:
+    def _base(self, group: _Group | None) -> _Bodies:
         if self._interleave:
             return self._interleaved(group)
         return self._row_by_row(group)
 
-    def _row_by_row(self, group: _Group | None) -> _Rows:
+    def _row_by_row(self, group: _Group | None) -> _Bodies:
         for entry in self._walker.entries():
             yield from self._emit(entry, group, None)
 
-    def _interleaved(self, group: _Group | None) -> _Rows:
+    def _interleaved(self, group: _Group | None) -> _Bodies:
         for round_ in range(self._rounds):
             for entry in self._walker.entries():
                 yield from self._emit(entry, group, round_)
 
-    def _emit(self, entry: _Entry, group: _Group | None, round_: int | None) -> _Rows:
+    def _emit(self, entry: _Entry, group: _Group | None, round_: int | None) -> _Bodies:
         """Yield an entry's rollouts (all, or only repeat ``round_``), of ``group`` or all."""
         prepared: Prepared | None = None
         start = entry.base
@@ -203,7 +206,7 @@ class _Orders:
                     yield self._materializer.make(prepared, entry.task, start + j, copy)
             start += copy.repeats
 
-    def _round_robin_rows(self) -> _Rows:
+    def _round_robin_rows(self) -> _Bodies:
         streams = deque(self._base(group) for group in self._groups)
         try:
             while streams:
@@ -233,17 +236,31 @@ class Plan:
     materialized_bytes: int
     _orders: _Orders = attrs.field(alias="orders", repr=False, eq=False)
 
-    def rows(self) -> Generator[MaterializedRow, None, None]:
+    def rows(self) -> _Rows:
         """Stream every materialized row in dispatch order (re-reads the input).
 
         Each call starts a fresh pass; close the generator to stop early (it closes the file).
         Reading is blocking file I/O: a Trio feeder should pull rows from a worker thread
-        (``trio.to_thread.run_sync``) or in small batches.
+        (``trio.to_thread.run_sync``) or in small batches. Each row's identity is read from its
+        body (`MaterializedRow.from_body`), as from the materialized-inputs file.
 
         Raises:
             InputError: the input changed since it was planned.
         """
-        return self._orders.rows()
+        with closing(self._orders.bodies()) as bodies:
+            for body in bodies:
+                yield MaterializedRow.from_body(body)
+
+    def bodies(self) -> _Bodies:
+        """Stream the bodies of `rows`, the rows as written to the materialized-inputs file.
+
+        What writing that file needs, and cheaper than `rows`: no `Identity` is built. As
+        `rows`: a fresh pass each call; close it to stop early.
+
+        Raises:
+            InputError: the input changed since it was planned.
+        """
+        return self._orders.bodies()
 
 
 def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:

@@ -25,9 +25,9 @@ the merge. Rows without ``responses_create_params`` (0.7.0 task rows) get neithe
 
 Stamps: ``_ng_task_index``, ``_ng_rollout_index``, ``agent_ref`` (extra fields such as ``type``
 kept when the agent is the row's own), and when the route has them ``_ng_environment_server`` and
-``_ng_result_type``. Both routing stamps go on the body, not only in the `Identity`, because
-resume and the CLI rebuild identities from the materialized-inputs file
-(`MaterializedRow.from_body`), so the body must carry everything the identity holds. A task
+``_ng_result_type``. The body carries everything the rollout's `Identity` holds: the identity
+is read from it (`MaterializedRow.from_body`), by a plan's ``rows()`` as by resume and the CLI
+from the materialized-inputs file, so there is one rule for both. A task
 row's ``task_id`` and its ``task_data`` provenance keys (``_ng_digest``, ``_ng_dataset_digest``)
 are dataset fields already on the body; the `Identity` reads them from there, and every record
 of the rollout carries them (``_ng_task_id`` and the provenance keys at the top level).
@@ -53,14 +53,7 @@ from typing import Any, Final, NamedTuple
 import orjson
 
 from ..config import RunConfig, SeedMode
-from ..records import (
-    COLLECTOR_KEY_PREFIX,
-    TASK_ID_FIELD,
-    Identity,
-    MaterializedRow,
-    is_task_row,
-    provenance_of,
-)
+from ..records import COLLECTOR_KEY_PREFIX, is_mapping
 from .plan_routing import Copy
 from .prompts import load_prompt
 
@@ -105,14 +98,10 @@ class Prepared(NamedTuple):
     params: Row | None  # the merged responses_create_params, if the row has them
     extra: Row | None  # the parsed extra_body, when seeding
     agent_ref: Mapping[str, Any] | None
-    rollout_id: str | None
-    task_source: str | None
-    task_id: Mapping[str, Any] | None  # a task row's task_id
-    provenance: tuple[tuple[str, Any], ...]  # its task_data's provenance keys
 
 
 class Materializer:
-    """Turn prepared rows into `MaterializedRow` records (seeds, stamps)."""
+    """Turn prepared rows into materialized bodies (seeds, stamps)."""
 
     def __init__(self, config: RunConfig) -> None:
         self._overrides = config.responses_create_params
@@ -143,20 +132,14 @@ class Materializer:
         if params is not None:
             body[PARAMS] = params
         extra = _extra_body(params)[0] if self._any_seed and params is not None else None
-        ref, source = body.get("agent_ref"), body.get("task_source")
-        return Prepared(
-            body=body,
-            params=params,
-            extra=extra,
-            agent_ref=ref if isinstance(ref, Mapping) else None,
-            rollout_id=body.get(ROLLOUT_ID),
-            task_source=source if isinstance(source, str) else None,
-            task_id=body[TASK_ID_FIELD] if is_task_row(body) else None,
-            provenance=provenance_of(body),
-        )
+        ref = body.get("agent_ref")
+        return Prepared(body, params, extra, ref if is_mapping(ref) else None)
 
-    def make(self, prepared: Prepared, task: int, rollout: int, copy: Copy) -> MaterializedRow:
-        """Return rollout ``rollout`` of task ``task``, run by ``copy``'s agent and server."""
+    def make(self, prepared: Prepared, task: int, rollout: int, copy: Copy) -> Row:
+        """Return the body of rollout ``rollout`` of task ``task``, run by ``copy``'s agent.
+
+        Its identity is read from it (`MaterializedRow.from_body`), as from the file.
+        """
         body = dict(prepared.body)
         if prepared.params is not None and prepared.extra is not None and self.seeds(copy.agent):
             body[PARAMS] = self._seeded(prepared.params, prepared.extra, task, rollout)
@@ -172,18 +155,7 @@ class Materializer:
             body[ENVIRONMENT_SERVER] = copy.environment_server
         if copy.result_type is not None:
             body[RESULT_TYPE] = copy.result_type
-        identity = Identity(
-            task_index=task,
-            rollout_index=rollout,
-            agent_name=copy.agent,
-            environment_server=copy.environment_server,
-            result_type=copy.result_type,
-            rollout_id=prepared.rollout_id,
-            task_source=prepared.task_source,
-            task_id=prepared.task_id,
-            provenance=prepared.provenance,
-        )
-        return MaterializedRow(identity, body)
+        return body
 
     def seeds(self, agent: str | None) -> bool:
         """Return whether an agent's rollouts get seeds (``num_repeats_add_seed`` per agent)."""

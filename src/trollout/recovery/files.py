@@ -19,9 +19,10 @@ import re
 import secrets
 import shutil
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 from .. import jsonl
 from ..errors import RunFolderError, RunFolderWriteError, TrolloutError
@@ -144,7 +145,7 @@ def replace_atomically(
 
 def write_materialized(
     path: Path,
-    rows: Iterable[MaterializedRow],
+    rows: Iterable[MaterializedRow | Mapping[str, Any]],
     *,
     stop: threading.Event | None = None,
     before_replace: Callable[[Path], None] | None = None,
@@ -153,7 +154,7 @@ def write_materialized(
 
     Args:
         path: the materialized-inputs file.
-        rows: the rows, consumed once.
+        rows: the rows, or their bodies (what the file holds), consumed once.
         stop: when set (by a cancelled caller in another thread), the write stops at the next
             row with `Stopped` and removes its temp file.
         before_replace: as for `replace_atomically`.
@@ -166,7 +167,7 @@ def write_materialized(
             if stop is not None and count % 256 == 0 and stop.is_set():
                 raise Stopped(f"writing {str(path)!r} was stopped")
             count += 1
-            body = row.body  # the row as written (`records.MaterializedRow`), not copied
+            body = row.body if isinstance(row, MaterializedRow) else row  # as written, not copied
             yield jsonl.dumps(body if type(body) is dict else dict(body))
 
     with os_errors(path, "write"):

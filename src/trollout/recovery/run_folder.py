@@ -28,7 +28,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -61,7 +61,11 @@ _INPUT_REMEDY = "pass the JSONL file the run was planned from"
 
 
 class RowSource(Protocol):
-    """The rows of a new run: a `collector.plan.Plan`, or `MaterializedRows`."""
+    """The rows of a new run: a `collector.plan.Plan`, or `MaterializedRows`.
+
+    A source may also have ``bodies()``, the same rows' bodies (a `Plan` has): the
+    materialized-inputs file is then written from those, and no identity is built for it.
+    """
 
     @property
     def tasks(self) -> int:
@@ -241,13 +245,15 @@ def _stamp(path: str) -> tuple[int, int] | None:
 
 def _checked_rows(
     source: RowSource, path: str | None, stamp: tuple[int, int] | None
-) -> Iterator[MaterializedRow]:
-    """Yield ``source``'s rows; at their end, refuse a count or an input that changed.
+) -> Iterator[MaterializedRow | Mapping[str, Any]]:
+    """Yield ``source``'s rows (or their bodies, when it has ``bodies()``) to write; at their
+    end, refuse a count or an input that changed.
 
     Raised before the last row is committed, so a refused run writes no inputs and no manifest.
     """
+    bodies = getattr(source, "bodies", None)
     count = 0
-    for row in source.rows():
+    for row in bodies() if callable(bodies) else source.rows():
         count += 1
         yield row
     if count != source.expected:

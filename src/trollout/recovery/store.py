@@ -57,11 +57,11 @@ import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from functools import partial
 from pathlib import Path
-from typing import TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import orjson
 import trio
@@ -254,14 +254,17 @@ class RunStore:
             self.expected, len(self._landed), list(self._pending.values()), finished
         )
 
-    async def write_materialized_inputs(self, rows: Iterable[MaterializedRow]) -> int:
+    async def write_materialized_inputs(
+        self, rows: Iterable[MaterializedRow | Mapping[str, Any]]
+    ) -> int:
         """Write the materialized-inputs file atomically and fsync it; return the row count.
 
-        ``rows`` is consumed in a worker thread (streaming: memory does not grow with it), so it
-        must not touch Trio. The file appears complete or not at all. In a store that has not
-        started yet (a fresh run, or a resume of a folder holding no run), this starts the run:
-        once the new inputs are complete and synced, and only then, the old run's files (if
-        any) are removed, the first status is saved and the new inputs take their place.
+        ``rows`` (the rows, or their bodies: a plan's ``bodies()``) is consumed in a worker
+        thread (streaming: memory does not grow with it), so it must not touch Trio. The file
+        appears complete or not at all. In a store that has not started yet (a fresh run, or a
+        resume of a folder holding no run), this starts the run: once the new inputs are
+        complete and synced, and only then, the old run's files (if any) are removed, the first
+        status is saved and the new inputs take their place.
 
         Raises:
             RunFolderError: the file cannot be written, or the store is resuming a folder that
