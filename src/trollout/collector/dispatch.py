@@ -259,6 +259,29 @@ def check_run_url(url: str, *, what: str) -> str:
 class _Rollout:
     """The state of one rollout's request loop: attempt, retries so far, what was last seen."""
 
+    __slots__ = (
+        "answered_at",
+        "attempt",
+        "classify",
+        "connect_retries",
+        "delivery",
+        "echo",
+        "health",
+        "last",
+        "new_attempt",
+        "note",
+        "observer",
+        "policy",
+        "request_retries",
+        "rng",
+        "row",
+        "start",
+        "state",
+        "trace",
+        "transport",
+        "url",
+    )
+
     def __init__(
         self,
         transport: PostTransport,

@@ -244,9 +244,8 @@ class Collector:
         # The feeder's scope is the dispatch window: its deadline is the budget's end, and
         # stop_admission cancels it; either way rows not yet handed out are never started.
         pool.feed_scope.deadline = self.window.deadline
-        pairs = ((item, 0) if isinstance(item, MaterializedRow) else item for item in rows)
         try:
-            await pool.feed(pairs, lambda row: self.resolve(row.identity))
+            await pool.feed(rows, lambda row: self.resolve(row.identity))
         finally:
             pool.close_rows()
         if pool.feed_scope.cancelled_caught and self.window.closed_reason is None:

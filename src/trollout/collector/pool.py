@@ -176,8 +176,11 @@ class Pool:
         self.accepted += 1
         self.engine.progress.submitted += 1
 
-    async def feed(self, rows: Iterable[tuple[MaterializedRow, int]], resolve: Resolve) -> None:
-        """Lend every row to the workers (resolving its URL), reserving first attempts in batches.
+    async def feed(
+        self, rows: Iterable[tuple[MaterializedRow, int] | MaterializedRow], resolve: Resolve
+    ) -> None:
+        """Lend every row (or ``(row, attempt)`` pair) to the workers, resolving its URL and
+        reserving first attempts in batches.
 
         Stops when `feed_scope` is cancelled (admission closed) or its deadline (the dispatch
         budget) passes; rows not taken by then were never accepted. A row that cannot be read

@@ -53,15 +53,17 @@ class RunStops:
 
     def check(self, outcome: Outcome) -> str | None:
         """Return why the run must stop after this outcome, or None."""
-        server = outcome.identity.environment_server or outcome.identity.agent_name or "?"
         if type(outcome) is Landed:
-            self._auth[server] = 0
-            self._violations[server] = 0
+            if self._auth or self._violations:  # a streak is running somewhere: end this one's
+                server = outcome.identity.environment_server or outcome.identity.agent_name or "?"
+                self._auth.pop(server, None)
+                self._violations.pop(server, None)
             return None
         if type(outcome) is not Failed or outcome.no_persist:
             return None
+        server = outcome.identity.environment_server or outcome.identity.agent_name or "?"
         if outcome.identity.task_id is not None and outcome.exception_type == EPISODE_FAILURE:
-            self._violations[server] = 0  # a well-formed failure is a usable answer
+            self._violations.pop(server, None)  # a well-formed failure is a usable answer
         return (
             self._fail_fast(outcome)
             or self._quota(outcome, server)

@@ -152,15 +152,17 @@ def _target_of(request: httpx.Request) -> _Target:
 
 if hasattr(select, "poll"):
 
-    def _readable_check(sock: socket.socket) -> Callable[[], bool]:
+    def _readable_check(sock: socket.socket) -> Callable[[], object]:
+        """Return a check of whether ``sock`` is readable now (its result is truthy if so)."""
         poller = select.poll()  # one per connection: a check is then one call, one syscall
         poller.register(sock, select.POLLIN)
-        return lambda: bool(poller.poll(0))
+        return partial(poller.poll, 0)  # no Python frame per check: it runs once per request
 
 else:  # pragma: no cover - Windows has no poll()
 
-    def _readable_check(sock: socket.socket) -> Callable[[], bool]:
-        return lambda: bool(select.select([sock], [], [], 0)[0])
+    def _readable_check(sock: socket.socket) -> Callable[[], object]:
+        """Return a check of whether ``sock`` is readable now (its result is truthy if so)."""
+        return lambda: select.select([sock], [], [], 0)[0]
 
 
 class _Connection:
