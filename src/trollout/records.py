@@ -239,7 +239,14 @@ class Identity:
 
     def stamps(self, attempt_index: int = 0) -> Row:
         """Return the stamps this identity puts on a row (absent values left out)."""
-        row: Row = {TASK_INDEX: self.task_index, ROLLOUT_INDEX: self.rollout_index}
+        row: Row = {}
+        self.stamp(row, attempt_index)
+        return row
+
+    def stamp(self, row: Row, attempt_index: int = 0) -> None:
+        """Put this identity's stamps on ``row``, in `stamps` order, over any it holds."""
+        row[TASK_INDEX] = self.task_index
+        row[ROLLOUT_INDEX] = self.rollout_index
         if self.agent_name is not None:
             row[AGENT_REF] = {"name": self.agent_name}
         if attempt_index:
@@ -259,7 +266,6 @@ class Identity:
             row[POLICY_MODEL_SERVER] = self.policy_model_server
         if self.run_id is not None:
             row[RUN_ID] = self.run_id
-        return row
 
     @classmethod
     def from_row(
@@ -566,7 +572,7 @@ def _materialized_from_row(row: Mapping[str, Any], _: type) -> MaterializedRow:
 
 def _landed_to_row(outcome: Landed) -> Row:
     row = dict(outcome.result)
-    row.update(outcome.identity.stamps(outcome.attempt_index))
+    outcome.identity.stamp(row, outcome.attempt_index)
     if outcome.elapsed_seconds is not None:
         row[ELAPSED] = outcome.elapsed_seconds
     return row
@@ -595,7 +601,7 @@ def _failed_to_row(outcome: Failed) -> Row:
     row[FAILURE_KIND] = outcome.kind
     if outcome.no_persist:
         row[NO_PERSIST] = True
-    row.update(outcome.identity.stamps(outcome.attempt_index))
+    outcome.identity.stamp(row, outcome.attempt_index)
     if outcome.elapsed_seconds is not None:
         row[ELAPSED] = outcome.elapsed_seconds
     return row
@@ -632,7 +638,7 @@ def _omitted_to_row(outcome: Omitted) -> Row:
     if outcome.reason is OmitReason.DRAINED:
         row[DISPATCH_DRAINED] = True
         row[NO_PERSIST] = True
-    row.update(outcome.identity.stamps(outcome.attempt_index))
+    outcome.identity.stamp(row, outcome.attempt_index)
     if outcome.elapsed_seconds is not None:
         row[ELAPSED] = outcome.elapsed_seconds
     return row

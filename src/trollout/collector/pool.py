@@ -327,7 +327,8 @@ class Pool:
             while (job := await self._next_job(rows)) is not None:
                 row, attempt, url = job
                 engine.resident += 1
-                engine.max_resident = max(engine.max_resident, engine.resident)
+                if engine.resident > engine.max_resident:
+                    engine.max_resident = engine.resident
                 try:
                     outcome = await self._attempt(row, attempt, url, outcomes)
                 finally:
