@@ -55,13 +55,13 @@ class RunStops:
         """Return why the run must stop after this outcome, or None."""
         if type(outcome) is Landed:
             if self._auth or self._violations:  # a streak is running somewhere: end this one's
-                server = outcome.identity.environment_server or outcome.identity.agent_name or "?"
+                server = _server_of(outcome)
                 self._auth.pop(server, None)
                 self._violations.pop(server, None)
             return None
         if type(outcome) is not Failed or outcome.no_persist:
             return None
-        server = outcome.identity.environment_server or outcome.identity.agent_name or "?"
+        server = _server_of(outcome)
         if outcome.identity.task_id is not None and outcome.exception_type == EPISODE_FAILURE:
             self._violations.pop(server, None)  # a well-formed failure is a usable answer
         return (
@@ -114,3 +114,8 @@ class RunStops:
             f"{server!r} broke the environment protocol on {self._violations[server]} "
             f"consecutive rollouts (last: {failed.message}); fix the server, then resume"
         )
+
+
+def _server_of(outcome: Outcome) -> str:
+    """The server whose streaks an outcome counts in: its environment server, else its agent."""
+    return outcome.identity.environment_server or outcome.identity.agent_name or "?"
