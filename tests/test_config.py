@@ -543,13 +543,11 @@ def test_task_ids_must_be_stored_ids(task: Any) -> None:
 @pytest.mark.parametrize(
     ("policy", "name"),
     [
-        (lambda v: DispatchPolicy(v, 1.0, 1, 1.0), "connect_timeout_s"),
-        (lambda v: DispatchPolicy(1.0, v, 1, 1.0), "read_timeout_s"),
-        (lambda v: DispatchPolicy(1.0, 1.0, 1, v), "dispatch_connect_grace_s"),
-        (lambda v: DispatchPolicy(1.0, 1.0, 1, 1.0, backoff_base_s=v), "backoff_base_s"),
-        (lambda v: DispatchPolicy(1.0, 1.0, 1, 1.0, backoff_max_s=v), "backoff_max_s"),
-        (lambda v: DispatchPolicy(1.0, 1.0, 1, 1.0, rollout_timeout_s=v), "rollout_timeout_s"),
-        (lambda v: DispatchPolicy(1.0, 1.0, v, 1.0), "max_connect_retries"),
+        (lambda v: DispatchPolicy(v, 1.0), "connect_timeout_s"),
+        (lambda v: DispatchPolicy(1.0, v), "read_timeout_s"),
+        (lambda v: DispatchPolicy(1.0, 1.0, rollout_timeout_s=v), "rollout_timeout_s"),
+        (lambda v: RetryPolicy(outage_grace_s=v), "outage_grace_s"),
+        (lambda v: RetryPolicy(max_connect_retries=v), "max_connect_retries"),
         (lambda v: RetryPolicy(backoff_base_s=v), "backoff_base_s"),
         (lambda v: RetryPolicy(backoff_max_s=v), "backoff_max_s"),
         (lambda v: RetryPolicy(breaker_open_s=v), "breaker_open_s"),
@@ -567,10 +565,11 @@ def test_dispatch_and_retry_policies_share_the_number_checks(
 def test_backoff_does_not_overflow_after_a_thousand_retries() -> None:
     """max_connect_retries / max_request_retries may be huge: 2.0**1024 must never be computed."""
     rng = random.Random(0)
-    dispatch_policy = DispatchPolicy(1.0, 1.0, 2**63 - 1, 1e9, backoff_base_s=1e9)
-    assert 0.0 <= dispatch_policy.backoff_s(5000, rng) <= dispatch_policy.backoff_max_s
-    retry_policy = RetryPolicy(max_request_retries=2**63 - 1, backoff_base_s=1e9)
+    retry_policy = RetryPolicy(
+        max_request_retries=2**63 - 1, max_connect_retries=2**63 - 1, backoff_base_s=1e9
+    )
     assert 0.0 <= retry_policy.backoff_s(5000, rng) <= retry_policy.backoff_max_s
+    assert retry_policy.open_period_s(5000) == retry_policy.breaker_open_s
 
 
 # --- untrusted structure: YAML aliases and depth, override depth (issue 8) -----------------

@@ -71,6 +71,7 @@ __all__ = [
     "TASKSET_NEEDS_ROUTES",
     "FsyncPolicy",
     "NumberRange",
+    "OutagePolicy",
     "RunConfig",
     "SeedMode",
     "default_max_attempts",
@@ -116,6 +117,13 @@ class FsyncPolicy(enum.Enum):
     ROW = "row"  # after every row: safest, slowest
     BATCH = "batch"  # every fsync_every_rows rows or fsync_every_s seconds (default)
     NEVER = "never"  # leave it to the OS
+
+
+class OutagePolicy(enum.Enum):
+    """What the run does once an endpoint is down (collector/retry.py's design note)."""
+
+    STOP = "stop"  # stop the run, exit 1, resumable: one line names the endpoint (default)
+    FAIL = "fail"  # fail its rollouts (endpoint_down, not sent) and go on with the others
 
 
 MAX_ATTEMPTS_ENV = "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"
@@ -288,6 +296,10 @@ def _fsync(value: Any) -> FsyncPolicy:
     return _choice(FsyncPolicy, "fsync", value)
 
 
+def _outage(value: Any) -> OutagePolicy:
+    return _choice(OutagePolicy, "on_endpoint_outage", value)
+
+
 @frozen(kw_only=True)
 class RunConfig:
     """Every setting of a collection run (NeMo Gym key names where NeMo Gym has the setting).
@@ -339,8 +351,10 @@ class RunConfig:
     reply_timeout_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
     max_reply_bytes: int = attrs.field(default=256 * 1024 * 1024, validator=POSITIVE_COUNT)
     max_rollouts: int = attrs.field(default=10_000_000, validator=POSITIVE_COUNT)  # a plan's size
+    # the outage grace: an endpoint that gave no answer this long is down (collector/retry.py)
     dispatch_connect_grace_s: float = attrs.field(default=30.0, validator=SECONDS)
-    max_connect_retries: int = attrs.field(default=4, validator=COUNT)
+    max_connect_retries: int = attrs.field(default=4, validator=COUNT)  # own, per attempt
+    on_endpoint_outage: OutagePolicy = attrs.field(default=OutagePolicy.STOP, converter=_outage)
     fail_fast: bool = attrs.field(default=False, validator=_flag)
     # budget, drain and the run's wall clock (protocol.md section 9); a budget of 0 starts
     # nothing (the engine's documented meaning), which the CLI refuses as an empty run
@@ -360,8 +374,8 @@ class RunConfig:
     retry_backoff_base_s: float = attrs.field(default=0.5, validator=SECONDS)
     retry_backoff_max_s: float = attrs.field(default=30.0, validator=SECONDS)
     retry_budget_per_endpoint: int = attrs.field(default=100, validator=COUNT)  # a count
-    breaker_failure_threshold: int = attrs.field(default=20, validator=POSITIVE_COUNT)
-    breaker_open_s: float = attrs.field(default=30.0, validator=POSITIVE_SECONDS)
+    breaker_failure_threshold: int = attrs.field(default=5, validator=POSITIVE_COUNT)
+    breaker_open_s: float = attrs.field(default=5.0, validator=POSITIVE_SECONDS)  # the longest
     rollout_timeout_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
     timeout_is_terminal: bool = attrs.field(default=False, validator=_flag)
     # the run timing report (protocol.md section 9; collector/timing.py)

@@ -8,12 +8,14 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import attrs
 import orjson
 import pytest
 import trio
 import trio.testing
 
 from trollout.collector.dispatch import DispatchPolicy, check_run_url, dispatch
+from trollout.collector.retry import RetryPolicy, RetryState
 from trollout.collector.transport import H11Transport, RawResponse
 from trollout.config import RunConfig
 from trollout.errors import ConfigError
@@ -29,7 +31,8 @@ ROW = MaterializedRow.from_body(
         "_ng_rollout_index": 3,
     }
 )
-POLICY = DispatchPolicy(10.0, 60.0, 3, 30.0)
+RETRY = RetryPolicy(max_connect_retries=3, backoff_base_s=0.25, backoff_max_s=8.0)
+POLICY = DispatchPolicy(10.0, 60.0, retry=RETRY)
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 Step = Handler | str  # a server for the connection, "refuse" or "hang"
 
@@ -89,7 +92,9 @@ def schedule(seed: int, retries: int, policy: DispatchPolicy = POLICY) -> list[f
     """Return the virtual times of the connects, replaying the backoff draws of `seed`."""
     rng, times, now = random.Random(seed), [0.0], 0.0
     for retry in range(retries):
-        now += rng.uniform(0.0, min(policy.backoff_max_s, policy.backoff_base_s * 2.0**retry))
+        retry_policy = policy.retry
+        cap = min(retry_policy.backoff_max_s, retry_policy.backoff_base_s * 2.0**retry)
+        now += rng.uniform(0.0, cap)
         times.append(now)
     return times
 
@@ -100,10 +105,15 @@ def schedule(seed: int, retries: int, policy: DispatchPolicy = POLICY) -> list[f
 def test_dispatch_policy_from_config_takes_run_settings() -> None:
     """from_config copies the run's timeouts, retry count, grace and attempt cap."""
     config = RunConfig(
-        connect_timeout_s=2.0, read_timeout_s=90.0, max_connect_retries=1, max_attempts=5
+        connect_timeout_s=2.0,
+        read_timeout_s=90.0,
+        max_connect_retries=1,
+        max_attempts=5,
+        dispatch_connect_grace_s=7.0,
     )
     policy = DispatchPolicy.from_config(config)
-    assert policy == DispatchPolicy(2.0, 90.0, 1, config.dispatch_connect_grace_s, max_attempts=5)
+    retry = RetryPolicy(max_connect_retries=1, outage_grace_s=7.0)
+    assert policy == DispatchPolicy(2.0, 90.0, max_attempts=5, retry=retry)
 
 
 def test_dispatch_policy_carries_the_reply_limits_to_its_transport() -> None:
@@ -120,14 +130,14 @@ def test_dispatch_policy_carries_the_reply_limits_to_its_transport() -> None:
 def test_dispatch_policy_rejects_negative_values() -> None:
     """A negative retry count or zero timeout is refused with the setting's name."""
     with pytest.raises(ConfigError, match=r"max_connect_retries must be an integer from 0 .*-1"):
-        DispatchPolicy(1.0, 1.0, -1, 1.0)
+        RetryPolicy(max_connect_retries=-1)
     with pytest.raises(ConfigError, match="connect_timeout_s must be a number of seconds > 0"):
-        DispatchPolicy(0.0, 1.0, 1, 1.0)
+        DispatchPolicy(0.0, 1.0)
 
 
 def test_dispatch_policy_backoff_is_capped_full_jitter() -> None:
     """Backoff n is uniform in [0, min(max, base * 2**n)]."""
-    policy = DispatchPolicy(1.0, 1.0, 10, 100.0, backoff_base_s=1.0, backoff_max_s=4.0)
+    policy = RetryPolicy(max_connect_retries=10, backoff_base_s=1.0, backoff_max_s=4.0)
     rng = random.Random(1)
     for retry, cap in [(0, 1.0), (1, 2.0), (2, 4.0), (5, 4.0)]:
         draws = [policy.backoff_s(retry, rng) for _ in range(200)]
@@ -196,18 +206,34 @@ async def test_dispatch_lands_after_refused_connects(
     assert transport.connects == pytest.approx(schedule(5, 2), abs=1e-9)
 
 
-async def test_dispatch_no_retry_starts_after_the_grace(
+async def test_dispatch_no_retry_starts_after_the_outage_grace(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Connect timeouts are retried only while the retry would start within the grace."""
-    policy = DispatchPolicy(10.0, 60.0, 5, 15.0)
+    """Connect timeouts are retried only until the endpoint has given no answer for the grace:
+    the rollout then ends endpoint_down at once, not after its next backoff."""
+    retry = attrs.evolve(RETRY, max_connect_retries=5, outage_grace_s=15.0)
+    policy = DispatchPolicy(10.0, 60.0, retry=retry)
+    state = RetryState(retry)
     async with scripted(["hang", "hang", "hang"], policy) as transport:
-        outcome = await dispatch(transport, URL, ROW, 0, policy, rng=random.Random(3))
+        outcome = await dispatch(
+            transport, URL, ROW, 0, policy, rng=random.Random(3), retry_state=state
+        )
     first_delay = random.Random(3).uniform(0.0, 0.25)
     assert transport.connects == pytest.approx([0.0, 10.0 + first_delay], abs=1e-9)
     assert isinstance(outcome, Failed)
-    assert (outcome.kind, outcome.delivery) == ("connect_timeout", Delivery.NOT_SENT)
+    assert (outcome.kind, outcome.delivery, outcome.spends_attempt) == (
+        "endpoint_down",
+        Delivery.NOT_SENT,
+        False,
+    )
     assert outcome.elapsed_seconds == pytest.approx(20.0 + first_delay, abs=1e-9)
+    assert (outcome.message or "").startswith(
+        "http://agent:8000 gave no answer for 20.1s (2 requests failed in a row; last: "
+    )
+    assert "past dispatch_connect_grace_s=15; not sent (resume re-runs it)" in (
+        outcome.message or ""
+    )
+    assert state.counters.outages == {"http://agent:8000": 1}
 
 
 async def test_dispatch_never_resends_a_possibly_delivered_request(
@@ -279,7 +305,9 @@ async def test_dispatch_refused_loopback_port_fails_not_sent() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    policy = DispatchPolicy(5.0, 5.0, 2, 5.0, backoff_base_s=0.001)
+    policy = DispatchPolicy(
+        5.0, 5.0, retry=RetryPolicy(max_connect_retries=2, backoff_base_s=0.001)
+    )
     async with policy.make_transport() as transport:
         outcome = await dispatch(
             transport, f"http://127.0.0.1:{port}/run", ROW, 0, policy, rng=random.Random(0)

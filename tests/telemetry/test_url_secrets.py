@@ -96,7 +96,11 @@ async def test_failure_rows_never_carry_an_agent_urls_secrets() -> None:
             for port in (refused_port, broken_port):
                 url = f"http://alice:hunter2@127.0.0.1:{port}/run?api_key=sekret#frag"
                 async with open_collector(
-                    config=RunConfig(max_attempts=1), resolve=lambda _, u=url: u, sink=sink
+                    config=RunConfig(
+                        max_attempts=1, dispatch_connect_grace_s=0.0, on_endpoint_outage="fail"
+                    ),
+                    resolve=lambda _, u=url: u,
+                    sink=sink,
                 ) as collector:
                     await collector.collect(materialized_rows(1))
             nursery.cancel_scope.cancel()

@@ -1,20 +1,16 @@
 """One rollout: POST the materialized row to `/run`, re-send what is safe, classify the result.
 
-Design note (retries; the rules themselves are in `retry`'s design note). `dispatch` re-sends
-only what cannot run a rollout twice, or what the user asked for:
-
-- a connection that was refused or never established (`Delivery.NOT_SENT`): at most
-  `max_connect_retries` retries, none starting later than `dispatch_connect_grace_s` after the
-  rollout began (a restarting server gets a grace period; a dead one fails the rollout promptly);
-  the wait before retry ``n`` is uniform in ``[0, min(backoff_max_s, backoff_base_s * 2**n)]``;
-- a 429 or 503 refusal: after its ``Retry-After`` plus jitter, at most `max_request_retries`;
-- a possibly-delivered request: only with ``retry_requests`` and a ``new_attempt`` hook, as a new
-  attempt.
+Design note. `dispatch` runs one rollout's request loop; which results are re-sent, after how
+long, and what ends a wait are `retry`'s (its design note holds the policy as one table). In
+short: a connection never established is re-sent within the attempt (its own backoff while the
+endpoint's breaker is closed, as the probe while it is open) until the endpoint has given no
+answer for the outage grace; a 429 or 503 is re-sent after its ``Retry-After`` (or a backoff);
+a possibly-delivered request is re-sent only with ``retry_requests`` and a ``new_attempt`` hook,
+as a new attempt. Re-sends within an attempt carry ``X-Trollout-Retry: n``.
 
 Every draw comes from the caller's seeded `random.Random`, so tests replay exact schedules. With
-a shared `RetryState`, every re-send also takes a token of the endpoint's budget and every
-request passes its circuit breaker. The whole loop runs in one scope bounded by
-``rollout_timeout_s``.
+a shared `RetryState`, every request passes its endpoint's breaker and is counted towards its
+health. The whole loop runs in one scope bounded by ``rollout_timeout_s``.
 
 Rejected alternative: one generic retry loop around the whole request (httpx-style
 ``retries=``, or tenacity) that retries any transport error. It cannot tell a refused connect
@@ -35,7 +31,7 @@ import orjson
 import trio
 from attrs import frozen
 
-from ..config import COUNT, POSITIVE_COUNT, POSITIVE_SECONDS, SECONDS, RunConfig
+from ..config import POSITIVE_COUNT, POSITIVE_SECONDS, RunConfig
 from ..errors import ConfigError
 from ..records import Delivery, Failed, FailureClass, Landed, MaterializedRow
 from ..text import public_url
@@ -49,7 +45,9 @@ from .classify import (
 from .episodes import IDENTITY_VIOLATION, outcome_from_episode_response
 from .observer import AttemptTrace, Observer
 from .retry import (
+    ENDPOINT_DOWN,
     REFUSAL_STATUSES,
+    RETRY_HEADER,
     Admission,
     BreakerState,
     RetryPolicy,
@@ -69,7 +67,7 @@ scope (the engine's writer channel send already is, for omitted outcomes).
 
 @frozen
 class DispatchPolicy:
-    """How one rollout talks to its server: timeouts, retries, backoff, its time limit.
+    """How one rollout talks to its server: timeouts, reply limits, retries, its time limit.
 
     Attributes:
         connect_timeout_s: the longest wait to establish a connection.
@@ -77,22 +75,14 @@ class DispatchPolicy:
         reply_timeout_s: the longest one request may take, sending through the last reply
             byte (None: twice `read_timeout_s`).
         max_reply_bytes: the longest reply body read (after decoding).
-        max_connect_retries: retries of a never-established connection per rollout.
-        dispatch_connect_grace_s: no connect retry starts later than this after the rollout began.
-        backoff_base_s: the first connect retry's backoff cap; it doubles per retry.
-        backoff_max_s: the connect backoff cap's ceiling.
         max_attempts: the attempt cap in force, written on failure rows.
-        retry: the retry policy for refusals and possibly-delivered requests.
+        retry: every retry setting (`retry.RetryPolicy`: re-sends, backoff, breaker, grace).
         rollout_timeout_s: the per-rollout limit, retries and waits included (None: none).
         timeout_is_terminal: a rollout that hits the limit is never retried.
     """
 
     connect_timeout_s: float = attrs.field(validator=POSITIVE_SECONDS)
     read_timeout_s: float = attrs.field(validator=POSITIVE_SECONDS)
-    max_connect_retries: int = attrs.field(validator=COUNT)
-    dispatch_connect_grace_s: float = attrs.field(validator=SECONDS)
-    backoff_base_s: float = attrs.field(default=0.25, kw_only=True, validator=SECONDS)
-    backoff_max_s: float = attrs.field(default=8.0, kw_only=True, validator=SECONDS)
     max_attempts: int = attrs.field(default=3, kw_only=True, validator=POSITIVE_COUNT)
     retry: RetryPolicy = attrs.field(factory=RetryPolicy, kw_only=True)
     rollout_timeout_s: float | None = attrs.field(
@@ -112,8 +102,6 @@ class DispatchPolicy:
         return cls(
             config.connect_timeout_s,
             config.read_timeout_s,
-            config.max_connect_retries,
-            config.dispatch_connect_grace_s,
             max_attempts=config.max_attempts,
             retry=RetryPolicy.from_config(config),
             rollout_timeout_s=config.rollout_timeout_s,
@@ -131,12 +119,6 @@ class DispatchPolicy:
             max_body_bytes=self.max_reply_bytes,
             max_idle_per_host=max_idle_per_host,
         )
-
-    def backoff_s(self, retry: int, rng: random.Random) -> float:
-        """Return the wait before connect retry `retry` (0-based): capped full jitter."""
-        # The exponent is capped: 2.0**1024 overflows, and the cap binds long before anyway.
-        cap = self.backoff_base_s * 2.0 ** min(retry, 64)
-        return rng.uniform(0.0, min(self.backoff_max_s, cap))
 
 
 async def dispatch(
@@ -266,6 +248,7 @@ class _Rollout:
         "connect_retries",
         "delivery",
         "echo",
+        "furthest",
         "health",
         "last",
         "new_attempt",
@@ -273,10 +256,13 @@ class _Rollout:
         "observer",
         "policy",
         "request_retries",
+        "resends",
         "rng",
         "row",
+        "sent_at",
         "start",
         "state",
+        "streak",
         "trace",
         "transport",
         "url",
@@ -300,10 +286,14 @@ class _Rollout:
         self.health = state.endpoint(url) if state is not None else None
         self.new_attempt = new_attempt
         self.start = start
+        self.sent_at = start  # when the last request was sent (re-sends read the clock)
         self.answered_at = start  # when the last request ended (its outcome was built)
-        self.connect_retries = 0
-        self.request_retries = 0
+        self.connect_retries = 0  # own re-sends after connection failures, this attempt
+        self.request_retries = 0  # re-sends after refusals or possibly-delivered failures
+        self.resends = 0  # re-sends within the current attempt (the X-Trollout-Retry number)
         self.delivery = Delivery.NOT_SENT
+        self.furthest = Delivery.NOT_SENT  # the furthest any request of this attempt got
+        self.streak: float | None = None  # the endpoint's streak its last connect failure met
         self.last: Failed | None = None
         self.note = ""
         self.echo: list[tuple[str, Any]] = []
@@ -320,20 +310,28 @@ class _Rollout:
             outcome = await self._send_once(body)
             if isinstance(outcome, Landed):
                 return outcome
+            if outcome.kind == ENDPOINT_DOWN:
+                return outcome
             self.last = outcome
             delay = self._retry_delay(outcome)
             if delay is None:
                 return self._final(outcome)
+            if not await self._wait(delay):
+                return self._endpoint_down()
             if outcome.delivery is Delivery.POSSIBLY_DELIVERED:
-                # The superseded attempt is recorded before the wait, the next one is new.
+                # After the wait (a cancellation in it spends no number): the superseded
+                # attempt is recorded and the next number reserved, then sent.
                 assert self.new_attempt is not None
                 superseded = self._final(outcome)
                 self.attempt = await self.new_attempt(superseded)
-                self.delivery = Delivery.NOT_SENT
+                self.delivery = self.furthest = Delivery.NOT_SENT
+                self.resends = self.connect_retries = 0
                 body = self._request()
                 if self.observer is not None:
                     self._next_trace(superseded)
-            await trio.sleep(delay)
+            else:
+                self.resends += 1
+            self.sent_at = self._now()
 
     @property
     def retries(self) -> int:
@@ -357,6 +355,20 @@ class _Rollout:
         self.echo = expected_echo(request)
         return orjson.dumps(request)
 
+    async def _wait(self, delay: float) -> bool:
+        """Sleep `delay` before a re-send; False when the endpoint went down meanwhile.
+
+        Cancellation: a checkpoint; nothing changes if cancelled.
+        """
+        health = self.health
+        if health is None:
+            await trio.sleep(delay)
+            return True
+        with trio.move_on_at(health.down_at()):
+            await trio.sleep(delay)
+            return True
+        return False  # the outage grace ended first: the rollout ends now, not at its backoff
+
     async def _send_once(self, body: bytes) -> Landed | Failed:
         health = self.health
         # A closed breaker admits every request: the clock is read only when it is not.
@@ -364,31 +376,33 @@ class _Rollout:
             admission = Admission.ALLOWED
         else:
             admission = health.admit(self._now())
-        if admission is Admission.REJECTED:
-            assert health is not None
-            admission = await health.await_probe(self._now)  # within the rollout's limit
             if admission is Admission.REJECTED:
-                self.note = "; the probe that followed failed too"
-                return self._breaker_open()
+                admission = await health.await_turn(self._now)  # within the rollout's limit
+                self.sent_at = self._now()
+            if admission is Admission.DOWN:
+                return self._endpoint_down()
         probe = admission is Admission.PROBE
         try:
             outcome = await self._post(body)
         except BaseException:
-            if probe and self.health is not None:
-                self.health.abandon_probe()  # a cancelled probe must not block the endpoint
+            if probe and health is not None:
+                health.abandon_probe()  # a cancelled probe must not block the endpoint
             raise
         if health is not None:
-            health.record(outcome, self.answered_at, probe=probe)
+            health.record(outcome, self.sent_at, self.answered_at, probe=probe)
         return outcome
 
     async def _post(self, body: bytes) -> Landed | Failed:
         # What a timeout during the request must assume; between requests the last one decides.
         self.delivery = Delivery.POSSIBLY_DELIVERED
+        headers = b"" if self.trace is None else self.trace.headers
+        if self.resends:
+            headers += b"%s: %d\r\n" % (RETRY_HEADER, self.resends)
         try:
-            if self.trace is None or not self.trace.headers:  # a transport may not take headers
+            if not headers:  # the common case: a transport may not take headers
                 response = await self.transport.post(self.url, body)
             else:
-                response = await self.transport.post(self.url, body, headers=self.trace.headers)
+                response = await self.transport.post(self.url, body, headers=headers)
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise ConfigError(
                 f"cannot POST to {public_url(self.url)!r}: {exc}; give agent URLs as "
@@ -404,6 +418,8 @@ class _Rollout:
                 max_attempts=self.policy.max_attempts,
             )
             self.delivery = failed.delivery
+            if _REACH[self.delivery] > _REACH[self.furthest]:
+                self.furthest = self.delivery
             return failed
         self.delivery = Delivery.DELIVERED
         self.answered_at = self._now()
@@ -419,6 +435,8 @@ class _Rollout:
             outcome.kind == IDENTITY_MISMATCH or outcome.exception_type == IDENTITY_VIOLATION
         ):
             self._foreign_reply(outcome, response)
+        if _REACH[self.delivery] > _REACH[self.furthest]:
+            self.furthest = self.delivery
         return outcome
 
     def _foreign_reply(self, failed: Failed, response: RawResponse) -> None:
@@ -430,17 +448,14 @@ class _Rollout:
     def _retry_delay(self, failed: Failed) -> float | None:
         """Return the wait before re-sending after `failed`, or None to stop here."""
         reason, delay = self._rule(failed)
-        if delay is None:
-            return None
-        refusal = failed.http_status in REFUSAL_STATUSES
-        if self.health is not None and self.health.state is not BreakerState.CLOSED and not refusal:
-            self.note = f"; the circuit breaker of {self.health.endpoint} opened"
-            return None
-        if self.health is not None and not self.health.take_retry():
+        if delay is None or not reason:
+            return delay  # no re-send, or one the open breaker holds until its probe
+        scheduled = failed.retry_after_s is not None  # the server set the time: no token
+        if reason == "connect":
+            self.connect_retries += 1  # connection re-sends take no token (module note)
+        elif not scheduled and self.health is not None and not self.health.take_retry():
             self.note = f"; the retry budget of {self.health.endpoint} is spent"
             return None
-        if reason == "connect":
-            self.connect_retries += 1
         else:
             self.request_retries += 1
         if self.state is not None:
@@ -452,31 +467,42 @@ class _Rollout:
         return delay
 
     def _rule(self, failed: Failed) -> tuple[str, float | None]:
-        """Return the retry reason and wait the policy allows for `failed` (wait None: none)."""
-        if failed.kind == "breaker_open":
-            return "", None
-        if failed.delivery is Delivery.NOT_SENT:
-            return "connect", self._connect_delay()
+        """Return the retry reason and wait the policy allows for `failed` (wait None: none).
+
+        The reason "" with a wait of 0 re-sends through the open breaker: the probe is the
+        endpoint's, not the rollout's own retry.
+        """
         retry = self.policy.retry
+        if failed.delivery is Delivery.NOT_SENT:
+            health = self.health
+            if health is not None:
+                if health.state is not BreakerState.CLOSED:
+                    return "", 0.0  # the breaker holds it until the probe: no own backoff
+                if health.down_since != self.streak:  # a new outage: its own re-sends anew
+                    self.streak, self.connect_retries = health.down_since, 0
+            if self.connect_retries >= retry.max_connect_retries:
+                return "", None
+            return "connect", retry.backoff_s(self.connect_retries, self.rng)
         if self.request_retries >= retry.max_request_retries:
             return "", None
         if failed.http_status in REFUSAL_STATUSES and failed.failure_class == _REQUEST_FAILED:
             wait = retry.refusal_wait_s(failed, self.request_retries, self.rng)
             return f"http_{failed.http_status}", wait
         possibly = failed.delivery is Delivery.POSSIBLY_DELIVERED
-        if possibly and retry.retry_requests and self.new_attempt is not None:
+        if (
+            possibly
+            and retry.retry_requests
+            and self.new_attempt is not None
+            and self.attempt + 1 < self.policy.max_attempts  # numbers stay under the cap
+        ):
             return "possibly_delivered", retry.backoff_s(self.request_retries, self.rng)
         return "", None
 
-    def _connect_delay(self) -> float | None:
-        if self.connect_retries >= self.policy.max_connect_retries:
-            return None
-        delay = self.policy.backoff_s(self.connect_retries, self.rng)
-        if self._now() + delay - self.start > self.policy.dispatch_connect_grace_s:
-            return None
-        return delay
-
     def _final(self, failed: Failed) -> Failed:
+        """Return the attempt's failure: the furthest any of its requests got, with a note of
+        its re-sends (a 503 then a refused connect was seen by the server: never not_sent)."""
+        if _REACH[self.furthest] > _REACH[failed.delivery]:
+            failed = attrs.evolve(failed, delivery=self.furthest)
         parts = []
         if self.connect_retries:
             n = self.connect_retries
@@ -490,16 +516,17 @@ class _Rollout:
         message = one_line_message((failed.message or "") + note + self.note)
         return attrs.evolve(failed, message=message)
 
-    def _breaker_open(self) -> Failed:
+    def _endpoint_down(self) -> Failed:
+        """Return the failure of a rollout whose endpoint is past its outage grace."""
         assert self.health is not None
         health = self.health
-        reopen = health.opened_at + health.policy.breaker_open_s - self._now()
-        message = (
-            f"not sent: the circuit breaker of {health.endpoint} is {health.state.value} after "
-            f"{health.consecutive_failures} consecutive request failures (next probe in "
-            f"{max(reopen, 0.0):.1f}s){self.note}; resume re-runs this rollout"
+        if self.state is not None:
+            self.state.counters.outages[health.endpoint] += 1
+        last = self.last.message if self.last is not None else None
+        message = f"{health.outage_message(self._now(), last)}; not sent (resume re-runs it)"
+        return self._request_failed(
+            ENDPOINT_DOWN, "EndpointDown", one_line_message(message), Delivery.NOT_SENT
         )
-        return self._request_failed("breaker_open", "CircuitOpen", message, Delivery.NOT_SENT)
 
     def timed_out(self) -> Failed:
         """Return the failure of a rollout that hit ``rollout_timeout_s``."""
@@ -537,7 +564,7 @@ class _Rollout:
             exception_type=exception_type,
             message=message,
             max_attempts=self.policy.max_attempts,
-            delivery=delivery,
+            delivery=max(delivery, self.furthest, key=_REACH.__getitem__),
             elapsed_seconds=self._now() - self.start,
         )
 
@@ -547,3 +574,4 @@ class _Rollout:
 
 
 _REQUEST_FAILED = FailureClass.AGENT_REQUEST_FAILED.value
+_REACH = {Delivery.NOT_SENT: 0, Delivery.POSSIBLY_DELIVERED: 1, Delivery.DELIVERED: 2}

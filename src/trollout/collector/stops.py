@@ -8,6 +8,15 @@ fail the same way, and going on only burns time, quota and the producer's patien
   consecutive rollouts with no success in between.
 - quota exhausted: a 429 or 403 whose body says the quota is exhausted
   (``insufficient_quota``, ``quota exceeded``): waiting out ``Retry-After`` will not help.
+- an endpoint down (``on_endpoint_outage=stop``, the default): a rollout ended
+  ``endpoint_down`` because its endpoint gave no answer for the outage grace
+  (``dispatch_connect_grace_s``; `retry` decides that, once per endpoint and time, not per
+  rollout). A dead agent in a 10,000-rollout eval would otherwise turn every remaining rollout
+  into a failure row within seconds: a run that ends "complete" with nothing learned, whose
+  failures each need a resume anyway. Stopping says it once, in one line naming the endpoint and
+  how long it was silent, exits 1, and leaves the folder resumable when the server is back.
+  ``on_endpoint_outage=fail`` fails those rollouts instead and goes on with the others (several
+  agents, one of them gone, and the rest worth finishing).
 - protocol violations: ``environment_protocol_violation_stop_after`` consecutive replies of the
   wrong shape from one server with no good answer (the producer is wrong). A good answer is one
   the collector can use: a landed result, or a well-formed episode ``failure``. Replies that
@@ -26,9 +35,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..config import RunConfig
+from ..config import OutagePolicy, RunConfig
 from ..records import Failed, FailureClass, Landed, Outcome
 from .episodes import EPISODE_FAILURE
+from .retry import ENDPOINT_DOWN
 
 __all__ = ["RunStops"]
 
@@ -48,6 +58,7 @@ class RunStops:
         self.fail_fast = config.fail_fast
         self.max_auth_failures = config.stop_after_auth_failures
         self.max_violations = config.environment_protocol_violation_stop_after
+        self.stop_on_outage = config.on_endpoint_outage is OutagePolicy.STOP
         self._auth: Counter[str] = Counter()
         self._violations: Counter[str] = Counter()
 
@@ -66,6 +77,7 @@ class RunStops:
             self._violations.pop(server, None)  # a well-formed failure is a usable answer
         return (
             self._fail_fast(outcome)
+            or self._outage(outcome)
             or self._quota(outcome, server)
             or self._credentials(outcome, server)
             or self._violation(outcome, server)
@@ -77,6 +89,14 @@ class RunStops:
         return (
             f"--fail-fast: rollout {failed.identity.key} failed "
             f"({failed.failure_class}: {failed.message})"
+        )
+
+    def _outage(self, failed: Failed) -> str | None:
+        if not self.stop_on_outage or failed.kind != ENDPOINT_DOWN:
+            return None
+        return (
+            f"{_server_of(failed)!r} is down: {failed.message}; the run stopped: bring it back, "
+            "then resume (or pass +on_endpoint_outage=fail to fail its rollouts and go on)"
         )
 
     def _quota(self, failed: Failed, server: str) -> str | None:
