@@ -38,7 +38,9 @@ stdout, the dispatch time (``run timing report: X since dispatch began``) and th
 per rollout (max and mean over the rollouts of the plan) and the longest gap between two
 consecutive requests (every gap is one in which some rollout was pending: the one of the later
 request), with the gap from the last request to the exit beside it. The dead endpoint has no
-log (nothing listens): its request figures are ``-``.
+log (nothing listens): its request figures are ``-``. A timed-out run's outcomes, dispatch time
+and retry line are what it wrote by its exit after the SIGTERM (rollouts still waiting then
+fail or are omitted during trollout's stop), beside the count settled at the timeout itself.
 
 With ``--compare-src`` each case runs with our src, then right after with the other's,
 alternating, ``--repeats`` times; numbers are medians (every run's wall time is listed), exit
