@@ -11,18 +11,20 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import orjson
+import pytest
 import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builders import URLS, ScriptedTransport, materialized_rows
+from builders import URLS, ScriptedTransport, collect_scripted, materialized_rows
 from trollout.collector.engine import open_collector
 from trollout.collector.sink import ListSink
 from trollout.collector.transport import RawResponse
 from trollout.config import RunConfig
-from trollout.records import Identity
+from trollout.records import Delivery, Failed, Identity
 
 Key = tuple[int, int, int]
 
@@ -107,3 +109,38 @@ def test_reservation_only_for_requests_that_leave(
     assert Counter(sink.reserved) == Counter(transport.sent)
     if stop_at > 100:
         assert len(transport.sent) == rows
+
+
+class RefusedAfterA503:
+    """Answers the first request 503 (Retry-After 0), then refuses every connection."""
+
+    def __init__(self) -> None:
+        self.posts = 0
+
+    async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+        self.posts += 1
+        if self.posts == 1:
+            return RawResponse(status=503, headers=[(b"retry-after", b"0")], body=b'"busy"')
+        raise httpx.ConnectError("connection refused")
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="dispatch hook for the lead (issue 21): an attempt's final failure must carry the "
+    "furthest any of its requests got; today the last try's not_sent hides the 503 the server "
+    "answered, and the store releases a number the server saw",
+)
+async def test_attempt_seen_by_the_server_is_never_released_as_not_sent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A 503 then a refused re-send of the same attempt: the failure is not not_sent."""
+    sink = ListSink()
+    transport = RefusedAfterA503()
+    await collect_scripted(1, transport, sink=sink, max_connect_retries=0)
+    assert transport.posts == 2
+    (outcome,) = sink.outcomes
+    assert isinstance(outcome, Failed)
+    assert outcome.delivery is not Delivery.NOT_SENT

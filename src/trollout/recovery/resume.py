@@ -33,7 +33,7 @@ that may have reached a server is never reused, so a server can tell attempts ap
 provably never left (a release, or no record at all) is handed out again, so an interrupted
 run resumed N times lands a rollout sent once with index 0 or 1. ``--max-attempts`` bounds
 the numbers: a rollout whose next number would reach it is not sent again but counted
-``AT_CAP`` (``trollout status`` shows it; ``--max-attempts`` raised on resume sends it), even
+``AT_CAP`` (``trollout status`` shows it; a higher ``max_attempts`` on resume sends it), even
 when no failure was recorded, because a server may have run it that many times. A ledger
 written before releases existed counts every reservation as possibly sent (the safe reading).
 
