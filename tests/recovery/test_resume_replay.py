@@ -275,7 +275,7 @@ def check(scenario: Scenario, world: World) -> None:
         by_rollout[(task, rollout)].append(attempt)
     assert all(a == sorted(a) for a in by_rollout.values())
     assert world.unreserved == []
-    used = {key: 1 + max(a for *k, a in reached if tuple(k) == key) for key in by_rollout}
+    used = {k: 1 + max(a for t, r, a in reached if (t, r) == k) for k in by_rollout}
     # Every attempt with a written outcome is in exactly one file (a never-started attempt's
     # number was released, so a later attempt may carry it again).
     written = [triple(r) for r in landed + failures]
@@ -295,18 +295,17 @@ def check(scenario: Scenario, world: World) -> None:
     # Resumed until done, the fates equal one uninterrupted run's.
     rules = ResumeRules(max_attempts=scenario.cap, retry_terminal_timeouts=scenario.retry_timeouts)
     tally = scan_run(layout, rules).tally
-    fates = {}
-    for key, script in scenario.scripts.items():
+    fates: dict[tuple[int, int], Fate] = {}
+    for pair, script in scenario.scripts.items():
         fate = model(script, cap=scenario.cap, retry_timeouts=scenario.retry_timeouts,
-                     consumed=world.completed[key])  # fmt: skip
+                     consumed=world.completed[pair])  # fmt: skip
         if fate is None:  # kills in flight used up its numbers before an entry decided it
-            assert used.get(key, 0) >= scenario.cap, (key, used, world.completed[key])
+            assert used.get(pair, 0) >= scenario.cap, (pair, used)
             fate = Fate.AT_CAP
-        fates[key] = fate
-    assert {k: v for k, v in tally.fates.items() if v} == dict(
-        Counter(f.value for f in fates.values())
-    )
-    assert set(landed_keys) == {key for key, fate in fates.items() if fate is Fate.LANDED}
+        fates[pair] = fate
+    want = Counter(fate.value for fate in fates.values())
+    assert {k: v for k, v in tally.fates.items() if v} == dict(want)
+    assert set(landed_keys) == {k for k, fate in fates.items() if fate is Fate.LANDED}
 
 
 @settings(max_examples=40, deadline=None)
