@@ -336,13 +336,20 @@ class RunStore:
         Cancellation: a checkpoint only under ``row`` (during the fsync); if cancelled, the
         numbers may be on record but nothing was sent, which is safe: a number is skipped,
         never reused.
+
+        It runs once per rollout, so it does not check the folder's lock (`write` does, with
+        every batch): a writer that lost the folder could only add numbers, which spends
+        them, never reuses them.
         """
-        self._check_writer()
-        line = encode_reservation(
-            [(i.task_index, i.rollout_index, attempt) for i, attempt in attempts]
-        )
-        with self._mid_run(self._ledger.path, "append to"):
-            self._ledger.append(line)
+        if not self._started or self._failure is not None or self._closed:
+            self._check_started()
+        line = encode_reservation([(i.task_index, i.rollout_index, a) for i, a in attempts])
+        try:
+            self._ledger.append(line)  # names the file when the OS refuses it
+        except RunFolderWriteError as exc:
+            if self._failure is None:
+                self._failure = exc
+            raise
         self._reserved += 1
         policy = self.config.fsync
         if policy is FsyncPolicy.ROW:
