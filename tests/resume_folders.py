@@ -8,7 +8,7 @@ from typing import Any
 
 from builders import AGENT, append_jsonl, row_body, write_jsonl
 from trollout.recovery.layout import RunLayout
-from trollout.recovery.ledger import encode_reservation
+from trollout.recovery.ledger import encode_release, encode_reservation
 
 
 def stamps(task: int, rollout: int, attempt: int) -> dict[str, Any]:
@@ -88,4 +88,10 @@ class Folder:
         """Append one ledger line."""
         with open(self.layout.attempts, "ab") as f:
             f.write(encode_reservation(list(triples)))
+        return self
+
+    def release(self, *triples: tuple[int, int, int]) -> Folder:
+        """Append one ledger line releasing numbers that were never sent."""
+        with open(self.layout.attempts, "ab") as f:
+            f.write(encode_release(list(triples)))
         return self

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import trio
@@ -17,7 +18,8 @@ from trollout.config import FsyncPolicy, RunConfig
 from trollout.errors import RunFolderError
 from trollout.records import Failed, Identity, Landed
 from trollout.recovery.layout import RunLayout
-from trollout.recovery.ledger import encode_reservation, read_ledger
+from trollout.recovery.ledger import encode_reservation, read_entries, read_ledger
+from trollout.recovery.resume import ResumeRules, scan_run
 from trollout.recovery.store import open_run_store
 
 
@@ -62,21 +64,23 @@ def test_ledger_damaged_middle_line_is_refused(tmp_path: Path) -> None:
         list(read_ledger(path))
 
 
-async def test_ledger_store_reserve_writes_one_synced_line_per_batch(
-    tmp_path: Path, monkeypatch: Any
+@pytest.mark.parametrize("policy", [FsyncPolicy.ROW, FsyncPolicy.BATCH])
+async def test_ledger_store_reserve_follows_the_fsync_policy(
+    tmp_path: Path, monkeypatch: Any, policy: FsyncPolicy
 ) -> None:
-    """Each reserve call appends exactly one line and fsyncs the ledger before returning."""
+    """Each reserve call appends one line; row fsyncs it before returning, batch by close."""
     layout = RunLayout.for_output(tmp_path / "r.jsonl")
     synced: list[str] = []
     real = os.fsync
     monkeypatch.setattr(
         os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))
     )
-    async with open_run_store(layout, RunConfig(), expected=3) as store:
+    async with open_run_store(layout, RunConfig(fsync=policy), expected=3) as store:
         synced.clear()
         await store.reserve([(Identity(0, 0), 0), (Identity(1, 0), 2)])
-        assert str(layout.attempts) in synced
+        assert (str(layout.attempts) in synced) is (policy is FsyncPolicy.ROW)
         await store.reserve([(Identity(2, 0), 0)])
+    assert str(layout.attempts) in synced
     lines = layout.attempts.read_bytes().splitlines()
     assert len(lines) == 2
     assert list(read_ledger(layout.attempts)) == [(0, 0, 0), (1, 0, 2), (2, 0, 0)]
@@ -97,7 +101,7 @@ async def test_ledger_never_policy_skips_fsync(tmp_path: Path, monkeypatch: Any)
 
 
 async def test_ledger_engine_reserves_every_attempt_before_sending(tmp_path: Path) -> None:
-    """Every request's attempt is in the ledger when it arrives; one ledger line per batch."""
+    """Every request's attempt is in the ledger when it arrives, and only those are."""
     layout = RunLayout.for_output(tmp_path / "r.jsonl")
     transport = LedgerCheckingTransport(layout)
     config = RunConfig(num_samples_in_parallel=8)
@@ -114,7 +118,7 @@ async def test_ledger_engine_reserves_every_attempt_before_sending(tmp_path: Pat
         await collector.collect(work)
     assert len(transport.sent) == 600
     assert transport.unreserved == []
-    assert len(layout.attempts.read_bytes().splitlines()) == 3  # ceil(600 / 256 per batch)
+    assert sorted(read_ledger(layout.attempts)) == sorted(transport.sent)
     assert sorted(read_ledger(layout.attempts)) == sorted(
         (row.identity.task_index, 0, attempt) for row, attempt in work
     )
@@ -136,6 +140,43 @@ async def test_ledger_submit_reserves_single_rows(tmp_path: Path) -> None:
             await collector.submit(row, 1)
     assert transport.unreserved == []
     assert list(read_ledger(layout.attempts)) == [(0, 0, 1), (1, 0, 1)]
+
+
+class RefusingTransport(LedgerCheckingTransport):
+    """Refuses the connection (never sent) for odd tasks, answers 200 for the others."""
+
+    async def post(self, url: str, body: bytes, **kw: Any) -> RawResponse:
+        if orjson.loads(body)["_ng_task_index"] % 2:
+            raise httpx.ConnectError("connection refused")
+        return await super().post(url, body, **kw)
+
+
+async def test_ledger_never_sent_attempts_are_released_and_handed_out_again(
+    tmp_path: Path,
+) -> None:
+    """A refused connection's number is released; resume sends the same number again."""
+    layout = RunLayout.for_output(tmp_path / "r.jsonl")
+    transport = RefusingTransport(layout)
+    config = RunConfig(num_samples_in_parallel=3, max_connect_retries=0)
+    rows = materialized_rows(8)
+    async with open_run_store(layout, config, expected=8) as store:
+        await store.write_materialized_inputs(rows)
+        async with open_collector(
+            config=config,
+            urls={"agent": "http://127.0.0.1:1"},
+            sink=store,
+            transport=transport,  # type: ignore[arg-type]
+        ) as collector:
+            await collector.collect(rows)
+    entries = list(read_entries(layout.attempts))
+    released = sorted((t, r, a) for gone, t, r, a in entries if gone)
+    assert released == [(t, 0, 0) for t in (1, 3, 5, 7)]
+    assert sorted((t, r, a) for gone, t, r, a in entries if not gone) == [
+        (t, 0, 0) for t in range(8)
+    ]
+    plan = scan_run(layout, ResumeRules())
+    again = {row.identity.task_index: attempt for row, attempt in plan.rows()}
+    assert again == {1: 0, 3: 0, 5: 0, 7: 0}
 
 
 async def test_ledger_failure_rows_carry_the_configured_cap(tmp_path: Path) -> None:

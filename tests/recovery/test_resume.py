@@ -43,7 +43,7 @@ def test_resume_landed_is_done_and_never_dispatched(tmp_path: Path) -> None:
 def test_resume_failed_rollout_gets_next_attempt(tmp_path: Path) -> None:
     """A retryable failure is dispatched with the number above the largest seen."""
     folder = Folder(tmp_path, KEYS).fail(failure(0, 0, 0), failure(0, 1, 4))
-    out, fates = decide(folder)
+    out, fates = decide(folder, max_attempts=6)
     assert out[(0, 0)] == 1
     assert out[(0, 1)] == 5
     assert fates["failed"] == 2
@@ -90,7 +90,8 @@ def test_resume_retry_terminal_timeouts(tmp_path: Path) -> None:
 
 
 def test_resume_attempt_cap_counts_spent_attempts(tmp_path: Path) -> None:
-    """Three delivered failures reach a cap of 3; not_sent failures do not spend one."""
+    """Three delivered failures reach a cap of 3; not_sent failures do not spend one, but a
+    number above them that may have reached a server still bounds the next (4 >= a cap of 4)."""
     folder = Folder(tmp_path, KEYS).fail(
         failure(0, 0, 0), failure(0, 0, 1), failure(0, 0, 2),
         failure(0, 1, 0), failure(0, 1, 1, delivery="not_sent"), failure(0, 1, 2),
@@ -102,6 +103,8 @@ def test_resume_attempt_cap_counts_spent_attempts(tmp_path: Path) -> None:
     assert fates["at_cap"] == 2
     out, _ = decide(folder, max_attempts=4)
     assert out[(0, 0)] == 3
+    assert (0, 1) not in out
+    out, _ = decide(folder, max_attempts=5)
     assert out[(0, 1)] == 4
 
 

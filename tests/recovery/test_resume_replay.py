@@ -8,7 +8,10 @@ a torn line may be left at the end of a file). Cycles resume until nothing retry
 then every invariant is checked against a model of one uninterrupted run.
 
 A script entry is consumed when a request *completes*; a request in flight when the run is
-killed consumes nothing (its result never existed), so the model does not depend on timing.
+killed consumes nothing (its result never existed). Such a request still used its attempt
+number (the server may have run it), and a rollout whose numbers reach the cap is not sent
+again (resume.py, "Attempt numbers"): the model's fate is checked on the entries each rollout
+consumed, and one that none decided must have used up its numbers.
 """
 
 from __future__ import annotations
@@ -85,10 +88,13 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     )  # fmt: skip
 
 
-def model(script: tuple[str, ...], *, cap: int, retry_timeouts: bool) -> Fate:
-    """Return a rollout's final fate in one uninterrupted run resumed until done."""
+def model(
+    script: tuple[str, ...], *, cap: int, retry_timeouts: bool, consumed: int | None = None
+) -> Fate | None:
+    """Return a rollout's final fate in one uninterrupted run resumed until done, or, given
+    the entries ``consumed``, the fate they decide (None: none decided it)."""
     spent = 0
-    for entry in (*script, "success"):
+    for entry in (*script, "success")[:consumed]:
         if entry == "success":
             return Fate.LANDED
         if entry == "terminal" or (entry == "terminal_timeout" and not retry_timeouts):
@@ -99,7 +105,8 @@ def model(script: tuple[str, ...], *, cap: int, retry_timeouts: bool) -> Fate:
             spent += 1
             if spent >= cap:
                 return Fate.AT_CAP
-    raise AssertionError("unreachable")
+    assert consumed is not None, "unreachable"
+    return None
 
 
 class World:
@@ -110,6 +117,7 @@ class World:
         self.layout = layout
         self.completed: Counter[tuple[int, int]] = Counter()
         self.sent: list[tuple[int, int, int]] = []
+        self.refused: list[tuple[int, int, int]] = []  # sent, never reached the server
         self.unreserved: list[tuple[int, int, int]] = []
         self.acknowledged: list[Outcome] = []
         self.returned = 0
@@ -141,6 +149,7 @@ class World:
         if entry == "hang":
             raise httpx.ReadTimeout("scripted hang")
         if entry == "refused":
+            self.refused.append(triple)
             raise httpx.ConnectError("scripted refusal")
         status, reply = REPLIES[entry]
         return RawResponse(status=status, headers=[], body=orjson.dumps(reply), truncated=False)
@@ -200,6 +209,11 @@ def triple(row: dict[str, Any]) -> tuple[int, int, int]:
     return (row["_ng_task_index"], row["_ng_rollout_index"], row.get("_ng_attempt_index", 0))
 
 
+def never_started(row: dict[str, Any]) -> bool:
+    """Whether a row is of an attempt that never reached a server (not_sent, drained)."""
+    return row.get("_ng_failure_delivery") == "not_sent" or row.get("failure_kind") == "drained"
+
+
 async def replay(scenario: Scenario, root: Path) -> World:
     """Run collect, then resume after every kill, until nothing retryable remains."""
     source = root / "in.jsonl"
@@ -252,16 +266,21 @@ def check(scenario: Scenario, world: World) -> None:
     # Each rollout has at most one row in the rollouts file.
     landed_keys = [triple(r)[:2] for r in landed]
     assert len(landed_keys) == len(set(landed_keys))
-    # An attempt number is never sent twice, numbers rise per rollout, each reserved first.
-    assert len(world.sent) == len(set(world.sent))
+    # A number that reached the server is never sent again (a refused one may be), numbers
+    # never fall per rollout, and each is reserved before it is sent.
+    reached = Counter(world.sent) - Counter(world.refused)
+    assert set(reached.values()) <= {1}, reached
     by_rollout: dict[tuple[int, int], list[int]] = defaultdict(list)
     for task, rollout, attempt in world.sent:
         by_rollout[(task, rollout)].append(attempt)
     assert all(a == sorted(a) for a in by_rollout.values())
     assert world.unreserved == []
-    # Every attempt with a written outcome is in exactly one file.
+    used = {k: 1 + max(a for t, r, a in reached if (t, r) == k) for k in by_rollout}
+    # Every attempt with a written outcome is in exactly one file (a never-started attempt's
+    # number was released, so a later attempt may carry it again).
     written = [triple(r) for r in landed + failures]
-    assert len(written) == len(set(written))
+    started = [triple(r) for r in landed + failures if not never_started(r)]
+    assert len(started) == len(set(started))
     # Nothing acknowledged as written is lost.
     on_disk = set(written)
     for outcome in world.acknowledged:
@@ -276,15 +295,17 @@ def check(scenario: Scenario, world: World) -> None:
     # Resumed until done, the fates equal one uninterrupted run's.
     rules = ResumeRules(max_attempts=scenario.cap, retry_terminal_timeouts=scenario.retry_timeouts)
     tally = scan_run(layout, rules).tally
-    want = Counter(
-        model(script, cap=scenario.cap, retry_timeouts=scenario.retry_timeouts).value
-        for script in scenario.scripts.values()
-    )
+    fates: dict[tuple[int, int], Fate] = {}
+    for pair, script in scenario.scripts.items():
+        fate = model(script, cap=scenario.cap, retry_timeouts=scenario.retry_timeouts,
+                     consumed=world.completed[pair])  # fmt: skip
+        if fate is None:  # kills in flight used up its numbers before an entry decided it
+            assert used.get(pair, 0) >= scenario.cap, (pair, used)
+            fate = Fate.AT_CAP
+        fates[pair] = fate
+    want = Counter(fate.value for fate in fates.values())
     assert {k: v for k, v in tally.fates.items() if v} == dict(want)
-    assert set(landed_keys) == {
-        key for key, script in scenario.scripts.items()
-        if model(script, cap=scenario.cap, retry_timeouts=scenario.retry_timeouts) is Fate.LANDED
-    }  # fmt: skip
+    assert set(landed_keys) == {k for k, fate in fates.items() if fate is Fate.LANDED}
 
 
 @settings(max_examples=40, deadline=None)

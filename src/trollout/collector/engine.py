@@ -180,9 +180,8 @@ class Collector:
         self.out_tx, self._out_rx = trio.open_memory_channel[Settled](config.resident_rollouts)
         self._retain = retain_outcomes
         self._unconsumed: deque[Outcome] = deque()
-        # Attempt numbers go on record (one sink call, one ledger write and fsync, per batch of
-        # rows) before any row of the batch is handed to a worker; a crash only skips the unsent
-        # numbers of one batch.
+        # A worker puts its attempt's number on record (one sink call, one ledger write) right
+        # before sending it (pool.py): a crash spends no number of a row that was not sent.
         reserver = sink if isinstance(sink, AttemptReserver) else None
         self._own = Pool(self, sink=sink, reserver=reserver, deliver=self._retained)
         self._pools: set[Pool] = {self._own}
@@ -222,7 +221,6 @@ class Collector:
         """
         url = self.resolve(row.identity)
         self._begin()
-        await self._own.reserve([(row, attempt_index)])
         await self._own.offer(row, attempt_index, url)
 
     async def collect(

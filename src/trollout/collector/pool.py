@@ -5,9 +5,9 @@ everything the pools share (the limiter, the transport, the retry state, the dis
 the single writer). Every outcome a worker settles goes to the collector's writer tagged with
 its pool, and the writer hands it back to that pool (`Pool.deliver`) once the pool's sink has it.
 
-- **Rows are lent, one reserved batch at a time.** `feed` puts a batch of rows whose attempts
-  are on record (at most 256) in the pool's ready queue, and a worker that finishes a rollout
-  takes the next row from it itself, synchronously: no task switch and no channel hop per row.
+- **Rows are lent a batch at a time.** `feed` puts a batch of rows (at most 256) in the pool's
+  ready queue, and a worker that finishes a rollout takes the next row from it itself,
+  synchronously: no task switch and no channel hop per row.
   A worker with nothing to take waits on a zero-buffer channel, over which the feeder hands it
   a row (and `offer`, `submit`'s one row); a row offered there is older than the queue's, so a
   worker takes it first. The feeder wakes only when the queue is empty or a worker is waiting,
@@ -15,6 +15,15 @@ its pool, and the writer hands it back to that pool (`Pool.deliver`) once the po
   and memory holds one batch. A row still queued when admission closes (`stop_admission`, the
   feeder's deadline) was never accepted: the feeder drops the queue, and no worker takes a row
   once admission is closed or while it is cancelled.
+- **A number is reserved when its request is about to leave, not before.** A worker reserves
+  its attempt's number with the reserver (the run folder's ledger: one ``write(2)``, no fsync
+  unless the policy is ``row``) once it holds a limiter token and admission is still open, right
+  before `dispatch`: a row queued, waiting for a token, or drained never had a number on record,
+  so a kill (SIGKILL, preemption) spends only the numbers of requests that may have left, and
+  when every token is busy, none. A rollout ended before `dispatch` began (cancelled while it
+  waited for its token or its reservation's fsync) settles as drained, never started, so its
+  number is released (`recovery.ledger`). A re-send under ``retry_requests`` reserves the next
+  number in its `NewAttempt` hook, never one at ``max_attempts`` or above.
 - **Started on demand.** A worker is started for a row no idle worker will take (the feeder
   starts one per such lent row at once, so a batch's first rows all start together), so a
   pool never has more workers than rows (``--concurrency 1000000`` over 3 rows starts 3), and
@@ -43,9 +52,16 @@ its pool, and the writer hands it back to that pool (`Pool.deliver`) once the po
   breaks, the senders return, and the outcomes that never reached the sink are counted
   (`Collector.unrecorded`) and logged by the collector.
 
-Rejected alternative: one pool shared by every batch, each rollout under a cancel scope of its
+Rejected alternatives: one pool shared by every batch, each rollout under a cancel scope of its
 batch. A scope per rollout costs 8-10 us (design.md), and a pool per batch gets the same
-isolation from the nursery Trio gives every task group, at no cost per rollout.
+isolation from the nursery Trio gives every task group, at no cost per rollout. For the
+numbers: the feeder reserving each batch before lending it (what this replaced: one write per
+256 rows, but a kill spent every queued row's number, so rollouts sent once landed as attempt
+2 or 3), or a chunk sized by the demand (free tokens) when the queue runs dry: in the steady
+state a finishing worker frees one token, so the chunk is one row either way, and the feeder
+would cost a task switch and a channel hop per rollout where the worker's own ``write(2)``
+costs about a microsecond. An fsync per reservation under ``batch`` was rejected too: the
+numbers are as durable as the outcome rows, per the run's policy.
 """
 
 from __future__ import annotations
@@ -70,10 +86,10 @@ from .sink import AttemptReserver, OutcomeSink
 if TYPE_CHECKING:
     from .engine import Collector
 
-__all__ = ["SHIELDED_FLUSH_S", "Pool", "Settled", "hand_over", "reserve_batches"]
+__all__ = ["SHIELDED_FLUSH_S", "Pool", "Settled", "hand_over", "lend_batches"]
 
 SHIELDED_FLUSH_S = 30.0  # how long a cancelled run may spend flushing settled outcomes
-_LEND_BATCH = 256  # rows taken from the input (and reserved with the sink) at once, at most
+_LEND_BATCH = 256  # rows taken from the input at once, at most (their numbers are not reserved)
 _Job: TypeAlias = tuple[MaterializedRow, int, str]  # a row, its attempt number and its /run URL
 Settled: TypeAlias = tuple["Pool", Outcome, MaterializedRow | None]
 """What workers send the writer: the pool, the outcome, and the row when the outcome is the
@@ -88,7 +104,7 @@ class Pool:
         engine: the collector whose limiter, transport and writer the workers share.
         sink: where the writer hands this pool's outcomes (None: nowhere).
         reserver: what reserves attempt numbers before they are sent (None: nothing does).
-        reserve_first: reserve each row's first attempt when it is offered; False when the
+        reserve_first: reserve each row's first attempt before it is sent; False when the
             caller reserved them all already (a recorded shard).
         deliver: called by the writer with the outcomes it settled for this pool.
     """
@@ -105,7 +121,7 @@ class Pool:
         self.engine = engine
         self.sink = sink
         self.reserver = reserver
-        self._reserve_first = reserve_first
+        self._first_reserver = reserver if reserve_first else None  # for a row's own attempt
         self._deliver = deliver
         self.rows_tx, self._rows_rx = trio.open_memory_channel[_Job](0)
         self.feed_scope = trio.CancelScope()
@@ -179,8 +195,7 @@ class Pool:
     async def feed(
         self, rows: Iterable[tuple[MaterializedRow, int] | MaterializedRow], resolve: Resolve
     ) -> None:
-        """Lend every row (or ``(row, attempt)`` pair) to the workers, resolving its URL and
-        reserving first attempts in batches.
+        """Lend every row (or ``(row, attempt)`` pair) to the workers, resolving its URL.
 
         Stops when `feed_scope` is cancelled (admission closed) or its deadline (the dispatch
         budget) passes; rows not taken by then were never accepted. A row that cannot be read
@@ -191,9 +206,7 @@ class Pool:
         """
         with self.feed_scope:
             try:
-                for batch in reserve_batches(rows, _LEND_BATCH):
-                    if self._reserve_first:
-                        await self.reserve(batch)
+                for batch in lend_batches(rows, _LEND_BATCH):
                     error: Exception | None = None
                     for row, attempt in batch:
                         try:
@@ -251,11 +264,6 @@ class Pool:
         if self._feeder is not None:
             feeder, self._feeder = self._feeder, None
             trio.lowlevel.reschedule(feeder)
-
-    async def reserve(self, batch: list[tuple[MaterializedRow, int]]) -> None:
-        """Put a batch's attempt numbers on record before any of them can be sent."""
-        if self.reserver is not None and batch:
-            await self.reserver.reserve([(row.identity, attempt) for row, attempt in batch])
 
     def admits(self) -> bool:
         """Whether an offered row may still be started (this pool's and the run's admission)."""
@@ -402,6 +410,7 @@ class Pool:
         start = trio.current_time()
         current = [attempt]  # the attempt in flight; a re-send moves it on
         limiter = engine.limiter
+        reason = OmitReason.DRAINED  # until `dispatch` begins: nothing was sent
         try:
             # A free token is taken without a checkpoint: the task switch `async with limiter`
             # pays on every acquire is ~7 us per rollout, and `dispatch` checkpoints before
@@ -419,7 +428,10 @@ class Pool:
                 if not self.admitting:
                     return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
                 identity = row.identity
+                if self._first_reserver is not None:
+                    await self._first_reserver.reserve(((identity, attempt),))
                 engine.timer.started(identity, began)
+                reason = OmitReason.INTERRUPTED
                 return await dispatch(
                     engine.transport,
                     url,
@@ -439,7 +451,7 @@ class Pool:
                 limiter.release()
         except BaseException as exc:
             elapsed = trio.current_time() - start
-            omitted = Omitted(row.identity, current[0], OmitReason.INTERRUPTED, elapsed)
+            omitted = Omitted(row.identity, current[0], reason, elapsed)
             await hand_over(outcomes, (self, omitted, row))
             errors, goes_on = _split_errors(exc)
             if errors is not None:
@@ -457,8 +469,12 @@ class Pool:
         current: list[int],
         outcomes: trio.MemorySendChannel[Settled],
     ) -> NewAttempt | None:
-        """Return the hook that re-sends a possibly-delivered request as a new attempt."""
-        if not self.engine.config.retry_requests:
+        """Return the hook that re-sends a possibly-delivered request as a new attempt.
+
+        None when re-sends are off, or when the next number would reach ``max_attempts``.
+        """
+        config = self.engine.config
+        if not config.retry_requests or current[0] + 1 >= config.max_attempts:
             return None
 
         async def new_attempt(failed: Failed) -> int:
@@ -466,8 +482,9 @@ class Pool:
             # re-send can leave, whatever cancellation arrives meanwhile.
             await hand_over(outcomes, (self, failed, None))
             current[0] = failed.attempt_index + 1
-            with trio.CancelScope(shield=True):
-                await self.reserve([(row, current[0])])
+            if self.reserver is not None:
+                with trio.CancelScope(shield=True):
+                    await self.reserver.reserve(((row.identity, current[0]),))
             return current[0]
 
         return new_attempt
@@ -516,7 +533,7 @@ async def hand_over(outcomes: trio.MemorySendChannel[Settled], item: Settled) ->
         pass  # the writer was stopped at its teardown deadline: counted at the collector's exit
 
 
-def reserve_batches(
+def lend_batches(
     rows: Iterable[tuple[MaterializedRow, int] | MaterializedRow], size: int
 ) -> Iterator[list[tuple[MaterializedRow, int]]]:
     """Group rows (or ``(row, attempt)`` pairs) into lists of at most ``size`` pairs.

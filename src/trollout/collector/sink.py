@@ -31,15 +31,17 @@ class OutcomeSink(Protocol):
 class AttemptReserver(Protocol):
     """A sink that also reserves attempt numbers before they are sent (optional).
 
-    When the engine's sink has ``reserve``, the feeder awaits it once per batch of rows before
-    handing any of them to a worker, so an attempt number is on record before its request can
-    leave; `recovery.store.RunStore` writes it to the attempt ledger.
+    When the engine's sink has ``reserve``, a worker awaits it for each attempt it is about
+    to send (holding its limiter token, admission still open) and for each re-send as a new
+    attempt, so an attempt number is on record before its request can leave, and nothing is
+    on record for a row that was never sent; `recovery.store.RunStore` writes it to the
+    attempt ledger. It runs once per rollout: keep it cheap (a write, no fsync per call).
     """
 
     async def reserve(self, attempts: Sequence[tuple[Identity, int]]) -> None:
         """Record ``(rollout, attempt number)`` pairs durably before they are sent.
 
-        Cancellation: a checkpoint; if it raises or is cancelled, none of the batch is sent
+        Cancellation: may be a checkpoint; if it raises or is cancelled, none of them is sent
         (their numbers may still be on record, which is safe: a number is skipped, not reused).
         """
         ...

@@ -1,19 +1,43 @@
-"""The attempt ledger: attempt numbers go on record before their requests are sent.
+"""The attempt ledger: a number goes on record before its request can leave, and comes back
+when it provably never left.
 
-``<stem>_attempts.jsonl`` holds one line per reserved batch, ``{"attempts": [[task, rollout,
-attempt], ...]}``. The store appends a line (one ``write(2)``, then an fsync unless the policy
-is ``never``) before the engine hands any row of the batch to a worker, so every request that
-can reach a server has its number on record first. Resume takes, per rollout, the largest
-number found here or in the outcome files and starts above it: a number is never reused, even
-for an attempt that was killed in flight and left no row anywhere.
+``<stem>_attempts.jsonl`` holds two kinds of line, appended in the order things happened:
 
-A kill can tear only the line being written, and a torn line was never followed by a send
-(the send waits for the write), so dropping it (`jsonl.repair_tail`) loses nothing.
+- ``{"attempts": [[task, rollout, attempt], ...]}``: a reservation. A worker appends one (one
+  ``write(2)``) for the attempt it is about to send, after its limiter token and the admission
+  check and before `dispatch`, so nothing is reserved for a row that is queued, waiting for a
+  token or drained; the line is fsynced per the run's fsync policy (``row``: before the request
+  leaves; ``batch``: with the outcome rows, within ``fsync_every_s``; ``never``: not at all).
+- ``{"released": [[task, rollout, attempt], ...]}``: numbers whose attempt never reached a
+  server: the store appends one with each batch of outcomes that holds a never-started attempt
+  (an ``Omitted`` drained, a ``Failed`` that was ``not_sent``). It is only a hint: one lost to a
+  kill costs a number, never a reuse, so it is not fsynced on its own.
 
-Design note: the rejected alternative kept one counter per rollout in a status-like file
-replaced atomically. That is one write per batch too, but each write rewrites every rollout's
-counter (O(run) per batch); the append-only ledger costs O(batch) per write and is read once,
-streaming, by resume.
+The rule resume applies (`SentNumbers`), per rollout, in file order: a release takes back the
+rollout's latest reservation if it names that number, and nothing else (a number a session
+releases is always its latest for that rollout: a rollout's numbers only grow within a session,
+and a later one is reserved only after an earlier one was possibly delivered). Every other
+reserved number may have reached a server. The next attempt number is one above the largest
+that may have: a number that may have reached a server is never reused, one that provably did
+not is handed out again. A ledger written before release lines existed has none, so every
+reservation counts as possibly sent: the old, safe reading.
+
+A kill can tear only the line being written; a torn reservation was never followed by its send
+(the send waits for the write), and a torn release only keeps a number spent, so dropping it
+(`jsonl.repair_tail`) loses nothing.
+
+Design note: rejected alternatives.
+
+- Reserving a batch of up to 256 rows before lending them to workers (what this replaced): one
+  write per 256 rollouts, but a kill (SIGKILL, preemption) spent the numbers of every row still
+  queued, so a rollout sent once could land as attempt 2 or 3, past ``--max-attempts``.
+- Releasing queued numbers at the orderly stop only: a SIGKILL has no orderly stop, and it is
+  the case that burned numbers. Reserving at the send leaves nothing queued to release.
+- Deriving releases from the outcome files alone: a drained attempt is written nowhere unless
+  ``record_omitted_rollouts``, and the sidecar is not ordered with the ledger, so a number
+  released by one session and sent by the next could not be told from one still unsent.
+- One counter per rollout in a file replaced atomically: O(run) per write; the append-only
+  ledger costs O(line) per write and is read once, streaming, by resume.
 """
 
 from __future__ import annotations
@@ -27,9 +51,46 @@ import orjson
 from .. import jsonl
 from ..errors import InputError, RunFolderError
 
-__all__ = ["encode_reservation", "read_ledger"]
+__all__ = ["SentNumbers", "encode_release", "encode_reservation", "read_entries", "read_ledger"]
 
 _KEY = "attempts"
+_RELEASED = "released"
+
+
+class SentNumbers:
+    """The attempt numbers of one rollout that may have reached a server (module docstring).
+
+    Fed the rollout's ledger lines in file order (`reserved`, `released`) and the numbers of
+    its outcome rows that reached a server (`sent`); `largest` is then the largest number that
+    may have reached a server (-1: none), and the next attempt is one above it.
+    """
+
+    __slots__ = ("_pending", "_top")
+
+    def __init__(self) -> None:
+        self._top = -1  # the largest number known to be possibly sent
+        self._pending = -1  # the latest reservation, until a release names it (-1: none)
+
+    def reserved(self, attempt: int) -> None:
+        """Note a reservation: the one before it stays possibly sent."""
+        if self._pending > self._top:
+            self._top = self._pending
+        self._pending = attempt
+
+    def released(self, attempt: int) -> None:
+        """Note a release: it takes back the latest reservation only if it names it."""
+        if attempt == self._pending:
+            self._pending = -1
+
+    def sent(self, attempt: int) -> None:
+        """Note a number an outcome row shows may have reached a server."""
+        if attempt > self._top:
+            self._top = attempt
+
+    @property
+    def largest(self) -> int:
+        """The largest number that may have reached a server (-1: none)."""
+        return max(self._top, self._pending)
 
 
 def encode_reservation(attempts: Sequence[tuple[int, int, int]]) -> bytes:
@@ -37,10 +98,30 @@ def encode_reservation(attempts: Sequence[tuple[int, int, int]]) -> bytes:
     return orjson.dumps({_KEY: attempts}, option=orjson.OPT_APPEND_NEWLINE)
 
 
+def encode_release(attempts: Sequence[tuple[int, int, int]]) -> bytes:
+    """Return the ledger line releasing ``(task, rollout, attempt)`` triples never sent."""
+    return orjson.dumps({_RELEASED: attempts}, option=orjson.OPT_APPEND_NEWLINE)
+
+
 def read_ledger(path: Path) -> Iterator[tuple[int, int, int]]:
     """Yield every reserved ``(task, rollout, attempt)``; a missing file yields nothing.
 
-    A torn last line (no newline, does not parse) is skipped: its batch was never sent.
+    Releases are skipped (`read_entries` has them). A torn last line (no newline, does not
+    parse) is skipped: its attempts were never sent.
+
+    Raises:
+        RunFolderError: a line in the middle of the file is damaged.
+    """
+    for released, task, rollout, attempt in read_entries(path):
+        if not released:
+            yield task, rollout, attempt
+
+
+def read_entries(path: Path) -> Iterator[tuple[bool, int, int, int]]:
+    """Yield ``(released, task, rollout, attempt)`` for every number in file order.
+
+    ``released`` is False for a reservation, True for a release. A missing file yields
+    nothing; a torn last line is skipped.
 
     Raises:
         RunFolderError: a line in the middle of the file is damaged.
@@ -49,17 +130,19 @@ def read_ledger(path: Path) -> Iterator[tuple[int, int, int]]:
         return
     try:
         for number, _, row in jsonl.read_appended(path):
-            triples = _triples(row)
-            if triples is None:
+            entries = _entries(row)
+            if entries is None:
                 raise _damaged(f"{path!s}:{number}")
-            yield from triples
+            yield from entries
     except InputError as exc:  # names the file and line
         raise _damaged(exc.problems[0]) from None
 
 
-def _triples(row: dict[str, Any]) -> list[tuple[int, int, int]] | None:
+def _entries(row: dict[str, Any]) -> list[tuple[bool, int, int, int]] | None:
+    released = _RELEASED in row
     try:
-        return [(int(t), int(r), int(a)) for t, r, a in row[_KEY]]
+        triples = row[_RELEASED] if released else row[_KEY]
+        return [(released, int(t), int(r), int(a)) for t, r, a in triples]
     except (KeyError, TypeError, ValueError):
         return None
 

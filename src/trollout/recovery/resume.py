@@ -8,9 +8,12 @@ attempt ledger (protocol.md section 8) and sorts every materialized rollout into
   ``timeout_exceeded``, or kind ``timeout``, is retried instead under
   ``retry_terminal_timeouts``).
 - ``ZERO``: its latest failure is marked ``_ng_failure_counts_as_zero``.
-- ``AT_CAP``: it spent ``max_attempts`` attempts. An attempt is spent by a failure row that
-  reached a server: not by a ``not_sent`` failure, a drained or interrupted attempt, or a
-  kill-shaped (``_ng_no_persist``) reply, since none of those proves the rollout ran.
+- ``AT_CAP``: it spent ``max_attempts`` attempts, or its attempt numbers are used up. An
+  attempt is spent by a failure row that reached a server: not by a ``not_sent`` failure, a
+  drained or interrupted attempt, or a kill-shaped (``_ng_no_persist``) reply, since none of
+  those proves the rollout ran. Its numbers are used up when the next one would be
+  ``max_attempts`` or more: its requests may have reached a server ``max_attempts`` times, if
+  only through kills in flight (see "Attempt numbers" below).
 - ``FAILED``: its latest failure is retryable and the cap is not reached.
 - ``MISSING``: no outcome, or its latest evidence is an interrupted attempt (an
   ``_ng_omitted_rollout`` row hides older failures) or a kill-shaped reply.
@@ -19,9 +22,20 @@ attempt ledger (protocol.md section 8) and sorts every materialized rollout into
 ``not_sent``) and unrouted evidence (a row with neither ``agent_ref.name`` nor
 ``_ng_environment_server``) do not. FAILED and MISSING are dispatched, in materialized order or,
 with ``dispatch_longest_first``, by the longest ``elapsed_seconds`` seen before (rollouts never
-timed go last, in materialized order). Each gets the attempt number above the largest found in
-any file, the ledger included, so no number is ever reused. `Resubmit` widens the choice to
-rollouts that are done but did not land.
+timed go last, in materialized order). `Resubmit` widens the choice to rollouts that are done but
+did not land (at the cap included: the user's explicit override of ``--max-attempts``).
+
+Attempt numbers (``_ng_attempt_index``) count the times a rollout may have reached a server as
+a new attempt. Each rollout dispatched gets one above the largest number that may have: the
+largest in the ledger that was not released (`ledger.SentNumbers`: the ledger's rule) or in an
+outcome row of an attempt that may have started (not a drained or ``not_sent`` one). A number
+that may have reached a server is never reused, so a server can tell attempts apart; one that
+provably never left (a release, or no record at all) is handed out again, so an interrupted
+run resumed N times lands a rollout sent once with index 0 or 1. ``--max-attempts`` bounds
+the numbers: a rollout whose next number would reach it is not sent again but counted
+``AT_CAP`` (``trollout status`` shows it; a higher ``max_attempts`` on resume sends it), even
+when no failure was recorded, because a server may have run it that many times. A ledger
+written before releases existed counts every reservation as possibly sent (the safe reading).
 
 Memory and time: one pass per file, streaming. State is a set of landed keys (one int each),
 one small record per rollout with failure or ledger evidence that has not landed, and two
@@ -30,7 +44,10 @@ dispatch are read back from the materialized inputs by offset, never held.
 
 Design note: the rejected alternative decided from ``<stem>_batch_status.json``. It is small,
 but it is a snapshot taken every few seconds, so it trails the files it summarizes after a
-crash, and a NeMo Gym folder does not have it; the append-only files are the truth.
+crash, and a NeMo Gym folder does not have it; the append-only files are the truth. Rejected for
+the cap: counting only spent failures (what this did before), which sent a rollout killed in
+flight three times a fourth time, numbered past the cap; and counting kills as spent failures,
+which would hide an interrupted rollout's older failures' class (it is missing, not failed).
 """
 
 from __future__ import annotations
@@ -49,7 +66,7 @@ from attrs import frozen
 from .. import records
 from ..records import MaterializedRow, RolloutState, RolloutStatus
 from .layout import RunLayout
-from .ledger import read_ledger
+from .ledger import SentNumbers, read_entries
 from .run_files import materialized_keys, row_key, run_rows
 from .store import rollout_key
 
@@ -140,24 +157,25 @@ class RunTally:
 _NONE, _FAILED, _INTERRUPTED, _NO_PERSIST = 0, 1, 2, 3
 
 
-class _Evidence:
+class _Evidence(SentNumbers):
     """What the sidecar and the ledger say about one rollout that has not landed."""
 
     __slots__ = (
         "agent",
-        "attempt",
         "elapsed",
         "failure_class",
         "kind",
         "latest",
+        "seen",
         "spent",
         "terminal",
         "zero",
     )
 
     def __init__(self) -> None:
+        super().__init__()
         self.latest = _NONE
-        self.attempt = -1  # the largest attempt number seen anywhere
+        self.seen = -1  # the largest attempt number seen anywhere (the status shows it)
         self.spent = 0
         self.elapsed = math.nan
         self.failure_class: str | None = None
@@ -245,12 +263,19 @@ class _Scanner:
             key = row_key(row)
             if key is not None and key not in self.landed:
                 _apply_failure(self._evidence(key), row)
-        for task, rollout, attempt in read_ledger(self.layout.attempts):
-            self.reserved += 1
+        for released, task, rollout, attempt in read_entries(self.layout.attempts):
             key = rollout_key(task, rollout)
+            if released:
+                ev = self.evidence.get(key)
+                if ev is not None:
+                    ev.released(attempt)
+                continue
+            self.reserved += 1
             if key not in self.landed:
                 ev = self._evidence(key)
-                ev.attempt = max(ev.attempt, attempt)
+                ev.reserved(attempt)
+                if attempt > ev.seen:
+                    ev.seen = attempt
 
     def _evidence(self, key: Any) -> _Evidence:
         ev = self.evidence.get(key)
@@ -279,7 +304,7 @@ class _Scanner:
                 statuses.append(_status(task, rollout, ev))
             if self._dispatches(fate, ev):
                 offsets.append(offset)
-                attempts.append(ev.attempt + 1 if ev is not None else 0)
+                attempts.append(ev.largest + 1 if ev is not None else 0)
                 elapsed.append(ev.elapsed if ev is not None else math.nan)
         if self.rules.longest_first:
             offsets, attempts = _longest_first(offsets, attempts, elapsed)
@@ -310,7 +335,8 @@ class _Scanner:
                 return Fate.TERMINAL
             if ev.zero:
                 return Fate.ZERO
-        if ev.spent >= self.rules.max_attempts:
+        cap = self.rules.max_attempts
+        if ev.spent >= cap or ev.largest + 1 >= cap:  # spent, or its numbers are used up
             return Fate.AT_CAP
         return Fate.FAILED if ev.latest == _FAILED else Fate.MISSING
 
@@ -326,12 +352,15 @@ class _Scanner:
 def _apply_failure(ev: _Evidence, row: dict[str, Any]) -> None:
     """Fold one sidecar row (in file order) into a rollout's evidence."""
     attempt = row.get(records.ATTEMPT_INDEX, 0)
-    if isinstance(attempt, int):
-        ev.attempt = max(ev.attempt, attempt)
     took = row.get(records.ELAPSED)
     if isinstance(took, int | float) and not took <= ev.elapsed:
         ev.elapsed = float(took)
-    if _never_started(row) or _unrouted(row):
+    never_started = _never_started(row)
+    if isinstance(attempt, int):
+        ev.seen = max(ev.seen, attempt)
+        if not never_started:
+            ev.sent(attempt)
+    if never_started or _unrouted(row):
         return
     if row.get(records.OMITTED):
         ev.latest, ev.failure_class, ev.kind = _INTERRUPTED, None, row.get(records.FAILURE_KIND)
@@ -374,7 +403,7 @@ def _status(task: int, rollout: int, ev: _Evidence) -> RolloutStatus:
     return RolloutStatus(
         task_index=task,
         rollout_index=rollout,
-        attempt_index=max(ev.attempt, 0),
+        attempt_index=max(ev.seen, 0),
         state=state,
         agent_name=ev.agent,
         failure_class=ev.failure_class if state is RolloutState.FAILED else "cancelled",

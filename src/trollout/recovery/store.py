@@ -17,8 +17,11 @@ a resume starts in `RunStore.seed`, after the caller's checks, which repairs tor
 the store what the folder holds (landed keys, latest states, the whole run's ``expected``), so a
 refused resume leaves the folder byte for byte as it was, and a resumed one reports the whole run.
 
-Attempts: the store is also the engine's `AttemptReserver`: `RunStore.reserve` appends each
-batch of attempt numbers to the ledger (`ledger`) before the engine sends any of them.
+Attempts: the store is also the engine's `AttemptReserver`: `RunStore.reserve` appends the
+number of each attempt a worker is about to send to the ledger (`ledger`), and `write` appends a
+release line for the attempts of a batch that never reached a server (drained, ``not_sent``), so
+resume hands those numbers out again. The ledger is fsynced with the outcome files, per the
+policy: before `reserve` returns under ``row``, within ``fsync_every_s`` under ``batch``.
 
 Failure: a write the OS refuses mid-run (disk full, quota, I/O error) raises
 `RunFolderWriteError`, naming the file and the free space; what that call appended is cut away,
@@ -96,7 +99,7 @@ from .files import (
     write_materialized,
 )
 from .layout import RunLayout
-from .ledger import encode_reservation
+from .ledger import encode_release, encode_reservation
 from .lock import RunLock
 from .manifest import FolderState, folder_state
 from .preflight import check_fresh, check_run_folder, check_run_paths
@@ -217,6 +220,8 @@ class RunStore:
         self._failure: RunFolderWriteError | None = None
         self._landed: set[_Key] = set()
         self._pending: dict[_Key, RolloutStatus] = {}
+        self._reserved = 0  # reservation lines appended (``row``: fsynced up to _reserved_synced)
+        self._reserved_synced = 0
         self._failure_rows = 0
         self._duplicates = 0
         self._unsynced_rows = 0
@@ -317,32 +322,55 @@ class RunStore:
         self._opened(status_at=-math.inf)
 
     async def reserve(self, attempts: Sequence[tuple[Identity, int]]) -> None:
-        """Put a batch of attempt numbers in the ledger before they are sent (`AttemptReserver`).
+        """Put attempt numbers in the ledger before they are sent (`AttemptReserver`).
 
-        One ``write(2)`` per batch, then an fsync (in a worker thread) unless the policy is
-        ``never``: the numbers survive a SIGKILL as soon as the write returns, and a power
-        loss once the fsync has.
+        One ``write(2)``: the numbers survive a SIGKILL once it returns. They survive a power
+        loss per the fsync policy: ``row`` fsyncs before returning (calls waiting meanwhile
+        share the next fsync), ``batch`` within ``fsync_every_s`` (with the outcome rows),
+        ``never`` not at all.
 
         Raises:
             RunFolderWriteError: the ledger cannot be written; the store then writes nothing
                 more (every later call raises the same error).
 
-        Cancellation: a checkpoint (during the fsync); if cancelled, the numbers may be on
-        record but nothing was sent, which is safe: resume skips them, it never reuses them.
+        Cancellation: a checkpoint only under ``row`` (during the fsync); if cancelled, the
+        numbers may be on record but nothing was sent, which is safe: a number is skipped,
+        never reused.
+
+        It runs once per rollout, so it does not check the folder's lock (`write` does, with
+        every batch): a writer that lost the folder could only add numbers, which spends
+        them, never reuses them.
         """
-        self._check_writer()
-        line = encode_reservation(
-            [(i.task_index, i.rollout_index, attempt) for i, attempt in attempts]
-        )
-        with self._mid_run(self._ledger.path, "append to"):
-            self._ledger.append(line)
-        if self.config.fsync is not FsyncPolicy.NEVER:
+        if not self._started or self._failure is not None or self._closed:
+            self._check_started()
+        line = encode_reservation([(i.task_index, i.rollout_index, a) for i, a in attempts])
+        try:
+            self._ledger.append(line)  # names the file when the OS refuses it
+        except RunFolderWriteError as exc:
+            if self._failure is None:
+                self._failure = exc
+            raise
+        self._reserved += 1
+        policy = self.config.fsync
+        if policy is FsyncPolicy.ROW:
+            await self._sync_reservations(self._reserved)
+        elif policy is FsyncPolicy.BATCH and self._unsynced_since is None:
+            self._unsynced_since = trio.current_time()
+            self._changed.set()
+
+    async def _sync_reservations(self, upto: int) -> None:
+        """Fsync the ledger until reservation line ``upto`` is on disk (group commit)."""
+        async with self._sync_lock:
+            if self._reserved_synced >= upto or self._closed:
+                return
+            target = self._reserved
             fds: list[int | None] = [self._ledger.sync_target()]
             if self._ledger.created:
-                self._ledger.created = False
                 fds.append(None)
+            self._ledger.dirty = self._ledger.created = False
             with self._mid_run(self._ledger.path, "fsync"):
                 await _off_loop(fsync_all, fds, self.layout.output.parent)
+            self._reserved_synced = target
 
     async def write(self, outcomes: Sequence[Outcome]) -> None:
         """Append a batch of outcomes to the run folder, then fsync per the policy.
@@ -358,9 +386,12 @@ class RunStore:
         this inside a shielded scope.
         """
         self._check_writer()
-        landed, failures, changes = self._encode(outcomes)
+        landed, failures, changes, released = self._encode(outcomes)
         with self._mid_run(self.layout.output, "append to the run files of"):
             self._append(landed, failures)
+        if released:  # a hint: one lost (the disk refused it, a kill) spends its numbers
+            with suppress(RunFolderWriteError):
+                self._ledger.append(encode_release(released))
         self._apply(changes)
         policy = self.config.fsync
         if policy is FsyncPolicy.ROW or (
@@ -482,11 +513,18 @@ class RunStore:
 
     def _encode(
         self, outcomes: Sequence[Outcome]
-    ) -> tuple[list[bytes], list[bytes], list[tuple[_Key, RolloutStatus | None, bool]]]:
-        """Serialize a batch: landed lines, sidecar lines, and the status change of each."""
+    ) -> tuple[
+        list[bytes],
+        list[bytes],
+        list[tuple[_Key, RolloutStatus | None, bool]],
+        list[tuple[int, int, int]],
+    ]:
+        """Serialize a batch: landed lines, sidecar lines, the status change of each, and the
+        attempts that never reached a server (their numbers are released)."""
         landed: list[bytes] = []
         failures: list[bytes] = []
         changes: list[tuple[_Key, RolloutStatus | None, bool]] = []
+        released: list[tuple[int, int, int]] = []
         batch: set[_Key] = set()
         for outcome in outcomes:
             key = _key(outcome.identity)
@@ -501,8 +539,12 @@ class RunStore:
                 assert isinstance(outcome, Failed | Omitted)
                 if self._persists(outcome):
                     failures.append(jsonl.dumps(self._failure_row(outcome)))
-                changes.append((key, _status_of(outcome), not _never_started(outcome)))
-        return landed, failures, changes
+                started = not _never_started(outcome)
+                changes.append((key, _status_of(outcome), started))
+                if not started:
+                    ident = outcome.identity
+                    released.append((ident.task_index, ident.rollout_index, outcome.attempt_index))
+        return landed, failures, changes, released
 
     def _failure_row(self, outcome: Failed | Omitted) -> dict[str, object]:
         row = outcome_to_row(outcome)
@@ -568,7 +610,7 @@ class RunStore:
     async def _sync(self) -> None:
         """Fsync every file with unsynced rows (and the folder after a file was created)."""
         async with self._sync_lock:
-            files = [a for a in (self._rollouts, self._failures) if a.dirty]
+            files = [a for a in (self._rollouts, self._failures, self._ledger) if a.dirty]
             if not files or self._closed:
                 return
             fds: list[int | None] = [a.sync_target() for a in files]
@@ -576,9 +618,11 @@ class RunStore:
                 fds.append(None)  # the folder: a new file's name must survive a crash too
             for a in files:
                 a.dirty = a.created = False
+            reserved = self._reserved
             self._unsynced_rows, self._unsynced_since = 0, None
             with self._mid_run(self.layout.output, "fsync the run files of"):
                 await _off_loop(fsync_all, fds, self.layout.output.parent)
+            self._reserved_synced = max(self._reserved_synced, reserved)
 
     async def _write_status(self, *, finished: bool = False) -> None:
         if not self._status_enabled:
