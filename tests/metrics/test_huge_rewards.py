@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from builders import invoke, read_jsonl, write_jsonl
@@ -33,6 +33,7 @@ from trollout.metrics.stats import metric_columns
 from trollout.metrics.streaming import describe_chunks
 from trollout.metrics.summary import histogram
 from trollout.metrics.views import TaskRewards, summarize_view
+from trollout.records import Identity, Landed, outcome_to_row
 from trollout.testing import AgentSpec, DeploymentSpec, spawn_fake_deployment, task_rows
 
 any_floats = st.floats(allow_nan=True, allow_infinity=True)
@@ -50,6 +51,8 @@ def chunked(values: Sequence[float], size: int = 3) -> Callable[[], Iterator[Seq
 
 
 @given(st.lists(any_floats, min_size=1, max_size=30))
+@example([1e308, 1e308, -1e308, 0.0])
+@example([math.inf, -math.inf, math.nan, 1e308])
 def test_no_estimator_raises_on_any_floats(values: list[float]) -> None:
     """Finite, huge, infinite or NaN: every estimator returns, none raises."""
     describe(values)
@@ -67,6 +70,7 @@ def test_no_estimator_raises_on_any_floats(values: list[float]) -> None:
 
 
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=30))
+@example([1e308, 1e308, 0.0, -1e-300])
 def test_statistics_of_finite_floats_are_exact_or_infinite(values: list[float]) -> None:
     """Any finite floats: the mean and median are finite and exact to one rounding (1e308
     beside 0.0 has the mean 5e307); the std is finite or, only past the range, inf."""
@@ -193,3 +197,26 @@ def test_collect_and_aggregate_survive_a_grader_giving_1e308(tmp_path: Path) -> 
     (group,) = report["groups"]
     assert group["failures_excluded"]["mean_reward"]["value"] == 5e307
     assert group["local_agent_metrics"]["mean/reward"] == 5e307
+
+
+def test_aggregate_of_rollouts_files_with_1e308_rewards_writes_metrics_and_report(
+    tmp_path: Path,
+) -> None:
+    """Rollouts files (no deployment) holding 1e308 and 0.0 rewards: ``trollout aggregate``
+    exits 0 with the exact mean, the metrics file and the report (an OverflowError before)."""
+    rows, plan = [], []
+    for task in range(4):
+        for rollout in range(2):
+            ident = Identity(task, rollout, agent_name="a")
+            plan.append({"responses_create_params": {"input": f"q{task}"}, **ident.stamps()})
+            reward = 1e308 if task % 2 else 0.0
+            rows.append(outcome_to_row(Landed(ident, 0, {"reward": reward}, 0.5)))
+    write_jsonl(tmp_path / "r.jsonl", rows)
+    write_jsonl(tmp_path / "r_materialized_inputs.jsonl", plan)
+    result = invoke("aggregate", str(tmp_path / "r.jsonl"), "--json")
+    assert result.exit_code == 0, result.output
+    (group,) = orjson.loads(result.output)["groups"]
+    assert group["failures_excluded"]["mean_reward"]["value"] == 5e307
+    assert group["local_agent_metrics"]["mean/reward"] == 5e307
+    assert (tmp_path / "r_aggregate_metrics.json").is_file()
+    assert (tmp_path / "r_report.html").is_file()
