@@ -56,7 +56,7 @@ def _numbers(mapping: Mapping[str, Any]) -> dict[str, float]:
     return {
         k: float(v)
         for k, v in mapping.items()
-        if type(v) in _NUMBER_TYPES and -_MAX <= v <= _MAX and k[:1] != "_" and k != MASK_SAMPLE
+        if type(v) in _NUMBER_TYPES and k[:1] != "_" and k != MASK_SAMPLE and -_MAX <= v <= _MAX
     }
 
 
