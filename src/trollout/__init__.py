@@ -36,6 +36,7 @@ from .collector.transport import H11Transport, Http11Transport, PostTransport, R
 from .config import FsyncPolicy, RunConfig, SeedMode, load_config
 from .driver.rollouts import Rollouts, open_rollouts
 from .errors import (
+    ArgumentTypeError,
     ConfigError,
     DeploymentError,
     InputError,
@@ -85,6 +86,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ArgumentTypeError",
     "Batch",
     "BatchOutcome",
     "BatchStatus",

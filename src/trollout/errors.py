@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "ArgumentTypeError",
     "ConfigError",
     "DeploymentError",
     "IncompleteEvaluationError",
@@ -45,6 +46,11 @@ class TrolloutError(Exception):
 
 class ConfigError(TrolloutError, ValueError):
     """A setting is missing, malformed or out of range."""
+
+
+class ArgumentTypeError(ConfigError, TypeError):
+    """A Python API was given an argument of the wrong type; the message names the parameter,
+    the type given and what to pass (a `TypeError` too, as Python's own would be)."""
 
 
 class InputError(ConfigError):

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Final
 from urllib.parse import urlsplit
 
-__all__ = ["public_url", "visible"]
+__all__ = ["has_control", "public_url", "visible"]
 
 # C0 (tab and newline included: one datum never spans lines), DEL, C1, the line and paragraph
 # separators, and the bidirectional marks, embeddings, overrides and isolates.
@@ -41,6 +41,11 @@ def visible(text: str) -> str:
     ESC becomes the four characters ``\\x1b``, CR becomes ``\\r``; everything else is kept.
     """
     return text.translate(_ESCAPES)
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds any character `visible` would escape (a newline, ESC, ...)."""
+    return visible(text) != text
 
 
 def public_url(url: str) -> str:

@@ -198,3 +198,62 @@ def test_aio_loop_keeps_ticking_while_batches_run(fake: FakeUrls) -> None:
     print(f"\nworst gap of a 10 ms asyncio ticker over {settled} rollouts: {worst * 1000:.1f} ms")
     assert settled == 640
     assert worst < HANG_GUARD_S / 24  # 5 s: a hang guard (the loop stalled), not a speed claim
+
+
+# --- arguments of the wrong type --------------------------------------------------------------
+
+WRONG_ARGUMENTS = [
+    ("http://user:hunter2@127.0.0.1:1", {}, "deployment", "a str"),
+    ({"math_agent": "http://127.0.0.1:1"}, {"config": {"num_repeats": 2}}, "config", "a mapping"),
+    ({"math_agent": "http://127.0.0.1:1"}, {"config": "num_repeats=2"}, "config", "a str"),
+]
+
+
+def check_wrong_argument(exc: trollout.ArgumentTypeError, parameter: str, given: str) -> None:
+    """One line naming the parameter, the type given and what to pass; no value shown."""
+    text = str(exc)
+    assert "\n" not in text
+    assert f"{parameter} must be" in text
+    assert f"(got {given}" in text
+    assert "hunter2" not in text
+    assert ("trollout.RunConfig" if parameter == "config" else "mapping of agent name") in text
+    assert isinstance(exc, TypeError)
+    assert isinstance(exc, trollout.ConfigError)
+
+
+@pytest.mark.parametrize(("deployment", "options", "parameter", "given"), WRONG_ARGUMENTS)
+def test_open_rollouts_names_a_wrong_argument_type_trio(
+    deployment: Any, options: dict[str, Any], parameter: str, given: str
+) -> None:
+    """A URL string instead of {agent: URL}, a dict instead of RunConfig: a TrolloutError
+    that says what to pass (an AttributeError from deep inside before)."""
+    import trio
+
+    async def main() -> None:
+        async with trollout.open_rollouts(deployment, **options):
+            raise AssertionError("opened")  # pragma: no cover
+
+    with pytest.raises(trollout.ArgumentTypeError) as caught:
+        trio.run(main)
+    check_wrong_argument(caught.value, parameter, given)
+
+
+@pytest.mark.parametrize(("deployment", "options", "parameter", "given"), WRONG_ARGUMENTS)
+def test_open_rollouts_names_a_wrong_argument_type_sync_and_asyncio(
+    deployment: Any, options: dict[str, Any], parameter: str, given: str
+) -> None:
+    """The blocking and asyncio front ends raise the same error in the caller's thread."""
+    with (
+        pytest.raises(trollout.ArgumentTypeError) as caught,
+        trollout.sync.open_rollouts(deployment, **options),
+    ):
+        raise AssertionError("opened")  # pragma: no cover
+    check_wrong_argument(caught.value, parameter, given)
+
+    async def main() -> None:
+        async with trollout.aio.open_rollouts(deployment, **options):
+            raise AssertionError("opened")  # pragma: no cover
+
+    with pytest.raises(trollout.ArgumentTypeError) as caught:
+        asyncio.run(main())
+    check_wrong_argument(caught.value, parameter, given)

@@ -204,3 +204,54 @@ def test_resume_takes_the_telemetry_options() -> None:
     for command in ("resume", "resubmit"):
         shown = invoke(command, "--help").output
         assert all(o in shown for o in ("--otlp-endpoint", "--metrics-port", "--metrics-host"))
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"OTEL_METRIC_EXPORT_INTERVAL": "-5"}, "OTEL_METRIC_EXPORT_INTERVAL"),
+        ({"OTEL_METRIC_EXPORT_INTERVAL": "0"}, "OTEL_METRIC_EXPORT_INTERVAL"),
+        ({"OTEL_METRIC_EXPORT_TIMEOUT": "soon"}, "OTEL_METRIC_EXPORT_TIMEOUT"),
+        ({"OTEL_BSP_MAX_QUEUE_SIZE": "many"}, "OTEL_BSP_MAX_QUEUE_SIZE"),
+        ({"OTEL_BSP_SCHEDULE_DELAY": "1.5"}, "OTEL_BSP_SCHEDULE_DELAY"),
+        ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4096"}, "must not exceed OTEL_BSP_MAX_QUEUE_SIZE"),
+    ],
+)
+def test_telemetry_settings_refuse_numbers_the_exporters_reject(
+    env: dict[str, str], named: str
+) -> None:
+    """A number OpenTelemetry would reject (a ValueError) or log a traceback for: refused,
+    naming the variable; the same variables are ignored for a signal that is off."""
+    asked = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", **env}
+    with pytest.raises(ConfigError, match=named):
+        telemetry_settings(RunConfig(), asked)
+    off = {**asked, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+    assert telemetry_settings(RunConfig(), off) is None
+    fine = {**asked, **dict.fromkeys(env, "250")}
+    assert telemetry_settings(RunConfig(), fine) is not None
+
+
+def test_collect_refuses_a_negative_metric_export_interval_in_one_line(tmp_path: Path) -> None:
+    """OTEL_METRIC_EXPORT_INTERVAL=-5 (a traceback from the SDK before): exit 2, one line
+    naming the variable and the value, no run folder written."""
+    from builders import invoke
+
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 2)
+    out = tmp_path / "run" / "r.jsonl"
+    result = invoke(
+        "collect",
+        str(source),
+        "-o",
+        str(out),
+        *("--agent-url", "math_agent=http://127.0.0.1:9", "--agent", "math_agent"),
+        env={
+            "OTEL_METRIC_EXPORT_INTERVAL": "-5",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+        },
+    )
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert "OTEL_METRIC_EXPORT_INTERVAL" in lines[0]
+    assert "'-5'" in lines[0]
+    assert not (tmp_path / "run").exists()

@@ -30,6 +30,7 @@ from rich.console import Console
 
 from ..collector.deployment import Deployment, discover
 from ..collector.plan import Plan, plan_rollouts
+from ..collector.plan_input import FileSource
 from ..collector.progress import Progress
 from ..collector.transport import PostTransport
 from ..config import RunConfig
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RunResult",
+    "check_before_writing",
     "collect",
     "collect_run",
     "load_deployment",
@@ -148,17 +150,10 @@ async def collect_run(
     Cancellation: cancelling interrupts rollouts in flight; they are recorded as omitted and
     every settled outcome is flushed before this returns, so the folder stays resumable.
     """
-    if not config.output_jsonl_fpath:
-        raise ConfigError("no output file: pass -o OUT.jsonl or +output_jsonl_fpath=<file.jsonl>")
     if config.resubmit and resubmit is None:  # NeMo Gym's +resubmit=true resumes
         resubmit = Resubmit()
     resuming = config.resume_from_cache or resubmit is not None
-    if not config.input_jsonl_fpath and not resuming:
-        raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
-    layout = RunLayout.for_output(config.output_jsonl_fpath)
-    check_run_folder(layout, config, fresh=not resuming)  # before slow work; the store rechecks
-    # A bad OTEL_* value is refused before any write.
-    watching = telemetry_settings(config, prometheus=prometheus)
+    layout, watching = check_before_writing(config, resuming=resuming, prometheus=prometheus)
     if deployment is None:
         deployment = await load_deployment(config)
     stream = progress_stream or sys.stderr
@@ -214,6 +209,35 @@ async def collect_run(
         differences=tuple(differences(config)),
         stopped=end.stopped,
     )
+
+
+def check_before_writing(
+    config: RunConfig, *, resuming: bool, prometheus: bool = True
+) -> tuple[RunLayout, TelemetrySettings | None]:
+    """Run every check of a collection run that needs neither the deployment nor a write.
+
+    `collect_run` runs it first; ``trollout sbatch`` runs it for every shard its jobs will
+    collect, so a script is never written for a run whose jobs would all refuse it. Read-only.
+
+    Returns:
+        The run folder, and where its telemetry goes (None: nowhere).
+
+    Raises:
+        ConfigError: no input or output path given, or a bad ``OTEL_*`` value.
+        InputError: the input is missing, unreadable or not a regular file (when it will be
+            planned: a fresh run, or a resume of a folder holding no run yet).
+        RunFolderError: the folder's preflight checks (`recovery.preflight`).
+    """
+    if not config.output_jsonl_fpath:
+        raise ConfigError("no output file: pass -o OUT.jsonl or +output_jsonl_fpath=<file.jsonl>")
+    if not config.input_jsonl_fpath and not resuming:
+        raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
+    layout = RunLayout.for_output(config.output_jsonl_fpath)
+    check_run_folder(layout, config, fresh=not resuming)  # before slow work; the store rechecks
+    if config.input_jsonl_fpath and (not resuming or folder_state(layout) is FolderState.NEW):
+        FileSource(config.input_jsonl_fpath).check_readable()  # before the deployment is asked
+    # A bad OTEL_* value is refused before any write.
+    return layout, telemetry_settings(config, prometheus=prometheus)
 
 
 @asynccontextmanager

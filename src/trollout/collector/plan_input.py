@@ -118,12 +118,25 @@ class FileSource:
                 row, problem = jsonl.try_parse_line(text)
                 yield SourceLine(number, text, row, problem)
         except OSError as exc:
-            raise InputError(
-                [f"{self.path}: cannot read the input file ({exc.strerror}); check the path"]
-            ) from exc
+            raise _unreadable(self.path, exc) from exc
         # A change while the pass read the file (a line appended) would reach this pass's
         # rows but not the plan's counts, so a whole pass is only good if nothing changed.
         self._check_unchanged("while it was read")
+
+    def check_readable(self) -> None:
+        """Refuse an input that is missing, unreadable or not a regular file, reading nothing.
+
+        What the first pass would refuse about the file itself, for checks that must run
+        before the deployment is known (`cli.collect.check_before_writing`).
+
+        Raises:
+            InputError: one line naming the file and the remedy.
+        """
+        self._check_unchanged("after it was planned")
+        try:
+            os.close(os.open(self.path, os.O_RDONLY | os.O_CLOEXEC))  # a regular file: no wait
+        except OSError as exc:
+            raise _unreadable(self.path, exc) from exc
 
     def _check_unchanged(self, when: str) -> None:
         st = regular_file(
@@ -139,6 +152,10 @@ class FileSource:
             self._stamp = stamp
         elif stamp != self._stamp:
             raise InputError([f"{self.path}: the input file changed {when}; plan the run again"])
+
+
+def _unreadable(path: str, exc: OSError) -> InputError:
+    return InputError([f"{path}: cannot read the input file ({exc.strerror}); check the path"])
 
 
 def regular_file(

@@ -27,9 +27,10 @@ from ..collector.batch import Batch, BatchOutcome, BatchRows, check_run_id, new_
 from ..collector.deployment import Deployment
 from ..collector.engine import Collector, open_collector
 from ..collector.plan import plan_rows
+from ..collector.served_config import kind
 from ..collector.transport import PostTransport
 from ..config import RunConfig
-from ..errors import ConfigError
+from ..errors import ArgumentTypeError, ConfigError
 from ..records import MaterializedRow
 from .shards import open_shard
 
@@ -138,7 +139,25 @@ class Rollouts:
 def _deployment_of(where: Deployment | Mapping[str, str]) -> Deployment:
     if isinstance(where, Deployment):
         return where
+    if not isinstance(where, Mapping):  # a URL string would fail deep inside as AttributeError
+        raise ArgumentTypeError(
+            f"open_rollouts: deployment must be a mapping of agent name to base URL, such as "
+            f"{{'math_agent': 'http://127.0.0.1:8000'}}, or a Deployment from trollout.discover "
+            f"(got {kind(where)})"
+        )
     return Deployment.from_agent_urls(where)
+
+
+def _config_of(config: RunConfig | None) -> RunConfig:
+    if config is None:
+        return RunConfig()
+    if not isinstance(config, RunConfig):
+        raise ArgumentTypeError(
+            f"open_rollouts: config must be a trollout.RunConfig (got {kind(config)}); build one "
+            "with trollout.RunConfig(num_repeats=..., ...), or from a mapping of settings with "
+            "trollout.load_config(options={...})"
+        )
+    return config
 
 
 @asynccontextmanager
@@ -161,12 +180,13 @@ async def open_rollouts(
 
     Raises:
         ConfigError: bad agent URLs.
+        ArgumentTypeError: ``deployment`` or ``config`` of another type (a URL string, a dict).
 
     Cancellation: leaving the block, however, closes every batch still open and waits until
     every accepted rollout has reached its sink.
     """
     resolved = _deployment_of(deployment)
-    settings = config or RunConfig()
+    settings = _config_of(config)
     async with open_collector(
         config=settings,
         resolve=resolved.run_url_resolver(),

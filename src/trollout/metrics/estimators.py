@@ -17,6 +17,19 @@ per-shard states equals the one computed on the union, bit for bit, whatever the
   tasks), the interval falls back to the normal approximation with the task-clustered standard
   error, and says so (``method="normal"``).
 
+Any float in, never an exception out. Rewards and metric values are finite (JSON has no other
+number; `stats` leaves a non-finite value an embedding driver passes out, as JSON would write it
+null), but a buggy grader's ``1e308`` beside ``0.0`` makes sums and squares leave the float
+range, which ``math.fsum`` and ``**`` raise for. Every statistic is first computed as always
+(so moderate inputs give the same numbers, bit for bit); only when that raises or is not finite
+is it computed again on exact rationals (`_finite_or`) and rounded once, to ±inf when its true
+value is beyond the float range. A mean of finite values is always in range, so ``1e308`` beside
+``0.0`` has the mean 5e307; a std or standard error past 1.8e308 is infinite, which the JSON
+outputs write as null: not computable. A non-finite input gives IEEE's result (inf or NaN).
+Rejected alternative: refusing rows whose reward exceeds some bound. Any bound is arbitrary
+(token counts and latencies are metric columns too), and the overflow depends on the count of
+rows as much as on the values; exact arithmetic on the rare overflow needs no bound.
+
 Design note: the classic multinomial bootstrap was rejected because resampling T tasks costs
 O(T) per resample in pure Python (250k tasks x 1000 resamples is minutes), and drawing the
 multinomial counts per category needs a binomial sampler that Python 3.11 lacks. The Bayesian
@@ -28,7 +41,8 @@ from __future__ import annotations
 import math
 import operator
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from fractions import Fraction
 from statistics import NormalDist
 from typing import NamedTuple
 
@@ -40,10 +54,15 @@ __all__ = [
     "bootstrap_intervals",
     "cluster_standard_error",
     "describe",
+    "exact_sum",
+    "fmean",
     "majority_at_k",
     "pass_at_k",
     "sample_std",
+    "scale_shift",
+    "scale_up",
     "standard_error",
+    "weighted_mean",
 ]
 
 
@@ -81,18 +100,85 @@ def describe(values: Iterable[float]) -> ColumnStats:
     if low == high:  # one value, or all equal: nothing to compute
         return ColumnStats(n, low, low, low, low, 0.0 if n > 1 else None)
     mid = n // 2
-    median = data[mid] if n % 2 else (data[mid - 1] + data[mid]) / 2
-    return ColumnStats(n, math.fsum(data) / n, high, low, median, sample_std(data))
+    median = data[mid] if n % 2 else midpoint(data[mid - 1], data[mid])
+    return ColumnStats(n, fmean(data), high, low, median, sample_std(data))
+
+
+def fmean(values: Sequence[float]) -> float:
+    """Return ``statistics.fmean`` (a correctly rounded sum over n), never raising: when the
+    sum leaves the float range, the exact mean rounded once (module docstring)."""
+    n = len(values)
+    return _finite_or(lambda: math.fsum(values) / n, lambda: _exact_sum(values) / n)
+
+
+def exact_sum(values: Sequence[float]) -> float:
+    """Return ``math.fsum``, never raising: ±inf when the sum is beyond the float range."""
+    return _finite_or(lambda: math.fsum(values), lambda: _exact_sum(values))
+
+
+def weighted_mean(pairs: Sequence[tuple[int, float]], total: int) -> float:
+    """Return sum(count * value) / total (``math.fsum``), exact when that leaves the range."""
+    return _finite_or(
+        lambda: math.fsum(c * v for c, v in pairs) / total,
+        lambda: sum((c * Fraction(v) for c, v in pairs), Fraction(0)) / total,
+    )
+
+
+def midpoint(a: float, b: float) -> float:
+    """Return (a + b) / 2, also when a + b alone would overflow (two values near 1.8e308)."""
+    m = (a + b) / 2
+    if math.isinf(m) and math.isfinite(a) and math.isfinite(b):
+        return a / 2 + b / 2
+    return m
 
 
 def sample_std(values: Sequence[float]) -> float:
-    """Return the sample standard deviation, correctly rounded (as ``statistics.stdev``)."""
+    """Return the sample standard deviation, correctly rounded (as ``statistics.stdev``);
+    inf beyond the float range, NaN when a value is not finite."""
     n = len(values)
-    scaled, exponent = as_scaled_integers(values)
+    try:
+        scaled, exponent = as_scaled_integers(values)
+    except (OverflowError, ValueError):  # int() of an inf or a NaN
+        return math.nan
     sx = sum(scaled)
     sxx = sum(map(operator.mul, scaled, scaled))
     numerator = n * sxx - sx * sx  # n * sum of squared deviations, exact, scaled by 4**exponent
     return sqrt_of_fraction(numerator, n * (n - 1) << (2 * exponent))
+
+
+def _finite_or(fast: Callable[[], float], exact: Callable[[], Fraction | float]) -> float:
+    """Return ``fast()`` when it is a finite number, else ``exact()`` rounded once.
+
+    ``exact`` computes on `Fraction` s, so it raises (OverflowError, ValueError) only for an
+    input that is not finite, where ``fast``'s IEEE result (inf, NaN) is the answer.
+    """
+    try:
+        value = fast()
+    except (OverflowError, ValueError):  # fsum's intermediate overflow, or inf - inf
+        value = math.nan
+    if math.isfinite(value):
+        return value
+    try:
+        found = exact()
+    except (OverflowError, ValueError):  # Fraction(inf), Fraction(nan): no exact value
+        return value
+    return _to_float(found)
+
+
+def _exact_sum(values: Iterable[float]) -> Fraction:
+    return sum(map(Fraction, values), Fraction(0))
+
+
+def _to_float(q: Fraction | float) -> float:
+    """Round an exact value to a float once: ±inf beyond the float range."""
+    try:
+        return float(q)
+    except OverflowError:
+        return math.inf if q > 0 else -math.inf
+
+
+def _sqrt(q: Fraction) -> float:
+    return sqrt_of_fraction(q.numerator, q.denominator)
 
 
 def as_scaled_integers(values: Sequence[float]) -> tuple[list[int], int]:
@@ -115,12 +201,13 @@ _SQRT_BITS = 2 * 53 + 3
 
 
 def sqrt_of_fraction(n: int, m: int) -> float:
-    """Return sqrt(n / m) correctly rounded (round-to-odd then one float rounding)."""
+    """Return sqrt(n / m) correctly rounded (round-to-odd then one float rounding); inf when
+    it is beyond the float range."""
     if n <= 0:
         return 0.0
     q = (n.bit_length() - m.bit_length() - _SQRT_BITS) // 2
     if q >= 0:
-        return float(_isqrt_rto(n, m << 2 * q) << q)
+        return _to_float(_isqrt_rto(n, m << 2 * q) << q)
     return _isqrt_rto(n << -2 * q, m) / (1 << -q)
 
 
@@ -176,9 +263,18 @@ def cluster_standard_error(tasks: Iterable[tuple[int, float, int]]) -> float | N
     rollouts = sum(c * n for c, _, n in cats)
     if n_tasks < 2:
         return None
-    mean = math.fsum(c * s for c, s, _ in cats) / rollouts
-    spread = math.fsum(c * (s - mean * n) ** 2 for c, s, n in cats)
-    return math.sqrt(n_tasks / (n_tasks - 1) * spread) / rollouts
+
+    def fast() -> float:
+        mean = math.fsum(c * s for c, s, _ in cats) / rollouts
+        spread = math.fsum(c * (s - mean * n) ** 2 for c, s, n in cats)
+        return math.sqrt(n_tasks / (n_tasks - 1) * spread) / rollouts
+
+    def exact() -> float:
+        mean = sum((c * Fraction(s) for c, s, _ in cats), Fraction(0)) / rollouts
+        spread = sum((c * (Fraction(s) - mean * n) ** 2 for c, s, n in cats), Fraction(0))
+        return _sqrt(n_tasks * spread / ((n_tasks - 1) * rollouts * rollouts))
+
+    return _finite_or(fast, exact)
 
 
 def standard_error(values: Iterable[tuple[int, float]]) -> float | None:
@@ -187,9 +283,18 @@ def standard_error(values: Iterable[tuple[int, float]]) -> float | None:
     n = sum(c for c, _ in pairs)
     if n < 2:
         return None
-    mean = math.fsum(c * v for c, v in pairs) / n
-    variance = math.fsum(c * (v - mean) ** 2 for c, v in pairs) / (n - 1)
-    return math.sqrt(variance / n)
+
+    def fast() -> float:
+        mean = math.fsum(c * v for c, v in pairs) / n
+        variance = math.fsum(c * (v - mean) ** 2 for c, v in pairs) / (n - 1)
+        return math.sqrt(variance / n)
+
+    def exact() -> float:
+        mean = sum((c * Fraction(v) for c, v in pairs), Fraction(0)) / n
+        squares = sum((c * (Fraction(v) - mean) ** 2 for c, v in pairs), Fraction(0))
+        return _sqrt(squares / ((n - 1) * n))
+
+    return _finite_or(fast, exact)
 
 
 def normal_interval(value: float, std_error: float | None, level: float) -> Interval | None:
@@ -229,14 +334,43 @@ def bootstrap_intervals(
         for stat, cells in zip(ratios, draws, strict=True):
             den = math.fsum(w * d for w, (_, d) in zip(weights, stat, strict=True))
             if den > 0:
-                cells.append(
-                    math.fsum(w * x for w, (x, _) in zip(weights, stat, strict=True)) / den
-                )
+                try:
+                    num = math.fsum(w * x for w, (x, _) in zip(weights, stat, strict=True))
+                except (OverflowError, ValueError):  # numerators past the range (`scale_shift`)
+                    num = math.nan
+                cells.append(num / den)
     covered = [sum(c for c, (_, d) in zip(counts, stat, strict=True) if d > 0) for stat in ratios]
     return [
         _percentiles(cells, level) if tasks >= 2 else None
         for cells, tasks in zip(draws, covered, strict=True)
     ]
+
+
+# Values up to 2**960 leave sums of many weighted values far inside the float range.
+_SAFE_EXPONENT = 960
+
+
+def scale_shift(largest: float) -> int:
+    """Return the power of two to scale values down by so that none exceeds 2**960.
+
+    A statistic linear in its values (a mean, its standard error and interval) is computed on
+    ``ldexp(v, -shift)`` and its result scaled back with `scale_up`: exact for the values that
+    matter (one below 2**(shift - 1074) loses bits, far below the result's rounding). 0 (no
+    scaling, nothing changes) unless a value's magnitude, ``largest``, is past 2**960.
+    """
+    if not math.isfinite(largest):
+        return 0
+    return max(0, math.frexp(largest)[1] - _SAFE_EXPONENT)
+
+
+def scale_up(x: float, shift: int) -> float:
+    """Return ``x * 2**shift`` (±inf beyond the float range; x itself when shift is 0)."""
+    if not shift:
+        return x
+    try:
+        return math.ldexp(x, shift)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
 
 
 def _percentiles(values: list[float], level: float) -> Interval:

@@ -21,12 +21,12 @@ What a NeMo Gym exporter reads, under the reference's names, computed from a res
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any
 
 from ..recovery.layout import RunLayout
 from .coverage import OMITTED, GroupKey
+from .estimators import exact_sum
 from .reader import Collection
 
 __all__ = ["failure_exports", "group_exports", "masking_view", "run_exports"]
@@ -72,7 +72,7 @@ def masking_view(collection: Collection, key: GroupKey, label: str) -> dict[str,
     if masked:
         out[f"progress/{label}/masked_pct"] = round(100 * masked / (masked + unmasked), 2)
     if unmasked:
-        reward = math.fsum(v for s in states for v in s.values("reward"))
+        reward = exact_sum([v for s in states for v in s.values("reward")])
         out[f"progress/{label}/reward_unmasked"] = round(100 * reward / unmasked, 2)
     if failed:
         out[f"progress/{label}/failed"] = failed

@@ -2,8 +2,9 @@
 
 A row's *metric columns* follow NeMo Gym's default metrics: every top-level number (booleans as
 0/1) and every number of ``response.usage`` (usage wins on a clash), except keys starting with
-``_`` and ``mask_sample``. A row whose ``mask_sample`` is truthy is counted but left out of every
-statistic, as NeMo Gym does.
+``_`` and ``mask_sample``, and except a value that is not a finite float (NaN, inf, an int past
+the float range: JSON cannot hold one, and writes NaN and inf as null). A row whose
+``mask_sample`` is truthy is counted but left out of every statistic, as NeMo Gym does.
 
 State: one `TaskStats` per (group, task) holding the task's rollouts as bitmasks (landed, known)
 and their column values. The values are what an exact median needs; every other statistic
@@ -25,6 +26,7 @@ anyway. Keeping the few values per task gives exact, split-independent results.
 from __future__ import annotations
 
 import math
+import sys
 from array import array
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
@@ -33,6 +35,7 @@ __all__ = ["MASK_SAMPLE", "GroupStats", "TaskStats", "is_masked", "metric_column
 
 MASK_SAMPLE: Final = "mask_sample"
 _NAN: Final = math.nan
+_MAX: Final = sys.float_info.max
 _NUMBER_TYPES: Final = frozenset({int, float, bool})  # exact types: subclasses are not numbers
 
 
@@ -48,10 +51,12 @@ def metric_columns(row: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _numbers(mapping: Mapping[str, Any]) -> dict[str, float]:
+    # A number past the float range, an inf or a NaN (from an embedding driver; JSON holds
+    # none, and writes them as null) is not a number here either: the row lacks that column.
     return {
         k: float(v)
         for k, v in mapping.items()
-        if type(v) in _NUMBER_TYPES and k[:1] != "_" and k != MASK_SAMPLE
+        if type(v) in _NUMBER_TYPES and k[:1] != "_" and k != MASK_SAMPLE and -_MAX <= v <= _MAX
     }
 
 

@@ -26,7 +26,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from .estimators import ColumnStats, as_scaled_integers, describe, sqrt_of_fraction
+from .estimators import ColumnStats, as_scaled_integers, describe, midpoint, sqrt_of_fraction
 
 __all__ = ["Chunks", "describe_chunks", "kth_smallest"]
 
@@ -38,7 +38,19 @@ _MAX_DISTINCT = 4096  # columns with fewer distinct values are summarized from v
 
 
 def describe_chunks(chunks: Chunks) -> ColumnStats | None:
-    """Return `describe` of the concatenated chunks (None when there is no value)."""
+    """Return `describe` of the concatenated chunks (None when there is no value).
+
+    Values whose sums or spread leave the float range (``1e308`` beside ``-1e308``), or that
+    are not finite, are described from one list by `describe`, which handles them (see
+    `estimators`); the passes here assume a finite spread.
+    """
+    try:
+        return _describe_chunks(chunks)
+    except (OverflowError, ValueError):  # fsum's overflow; int() of an inf or a NaN
+        return describe(list(itertools.chain.from_iterable(chunks())))
+
+
+def _describe_chunks(chunks: Chunks) -> ColumnStats | None:
     n, low, high, integral = 0, math.inf, -math.inf, True
     counts: Counter[float] | None = Counter()
     for chunk in chunks():
@@ -55,6 +67,8 @@ def describe_chunks(chunks: Chunks) -> ColumnStats | None:
         return describe(itertools.chain.from_iterable(chunks()))
     if low == high:
         return ColumnStats(n, low, low, low, low, 0.0)
+    if not math.isfinite(high - low):  # the bins below need a finite spread
+        return describe(list(itertools.chain.from_iterable(chunks())))
     if counts is not None:
         return _from_counts(counts, n)
     mean = math.fsum(itertools.chain.from_iterable(chunks())) / n
@@ -80,14 +94,14 @@ def _counted_median(keys: Sequence[float], counts: Counter[float], n: int) -> fl
         seen += counts[key]
         while len(found) < len(ranks) and ranks[len(found)] < seen:
             found.append(key)
-    return found[0] if n % 2 else (found[0] + found[1]) / 2
+    return found[0] if n % 2 else midpoint(found[0], found[1])
 
 
 def _median(chunks: Chunks, n: int, low: float, high: float) -> float:
     mid = n // 2
     if n % 2:
         return kth_smallest(chunks, mid, low, high)
-    return (kth_smallest(chunks, mid - 1, low, high) + kth_smallest(chunks, mid, low, high)) / 2
+    return midpoint(kth_smallest(chunks, mid - 1, low, high), kth_smallest(chunks, mid, low, high))
 
 
 def _std(chunks: Chunks, n: int, integral: bool) -> float:

@@ -17,6 +17,7 @@ from attrs import frozen
 
 from .coverage import Coverage, GroupKey
 from .default_metrics import agent_metrics, column_chunks
+from .estimators import scale_shift
 from .exports import group_exports
 from .reader import Collection
 from .server import ServerOutcome
@@ -42,7 +43,10 @@ class Histogram:
 
 
 def histogram(chunks: Chunks, *, bins: int = 20) -> Histogram | None:
-    """Return a bar per distinct value when there are few, else ``bins`` equal-width bins."""
+    """Return a bar per distinct value when there are few, else ``bins`` equal-width bins.
+
+    The values are finite (`stats` keeps no other), as large as floats go.
+    """
     distinct: Counter[float] | None = Counter()
     n, low, high = 0, math.inf, -math.inf
     for chunk in chunks():
@@ -56,12 +60,15 @@ def histogram(chunks: Chunks, *, bins: int = 20) -> Histogram | None:
     if distinct is not None:
         keys = sorted(distinct)
         return Histogram(tuple(_fmt(k) for k in keys), tuple(distinct[k] for k in keys))
-    width = (high - low) / bins
+    half = 0.5 if math.isinf(high - low) else 1.0  # a spread past the float range: halved
+    width = (high * half - low * half) / bins
     counts = [0] * bins
     for chunk in chunks():
         for v in chunk:
-            counts[min(bins - 1, int((v - low) / width))] += 1
-    return Histogram(tuple(_fmt(low + i * width) for i in range(bins)), tuple(counts))
+            counts[min(bins - 1, int((v * half - low * half) / width))] += 1
+    return Histogram(
+        tuple(_fmt((low * half + i * width) / half) for i in range(bins)), tuple(counts)
+    )
 
 
 def _fmt(x: float) -> str:
@@ -159,26 +166,28 @@ def _summarize_group(
 ) -> GroupSummary:
     env = next(iter(group.environment_servers), None) or key[1]
     label = key[0] or env or ""
-    excluded = (TaskRewards.of(s.values("reward")) for s in group.tasks.values())
+    rewards = column_chunks([group], "reward")
+    shift = scale_shift(_largest(rewards))  # 0 unless a buggy grader's 1e308 is there
+    excluded = (TaskRewards.of(s.values("reward"), 0, shift) for s in group.tasks.values())
     as_zero = (
-        TaskRewards.of(s.values("reward"), popcount(s.known & ~s.landed))
+        TaskRewards.of(s.values("reward"), popcount(s.known & ~s.landed), shift)
         for s in group.tasks.values()
     )
     return GroupSummary(
         agent=key[0],
         environment_server=env,
         coverage=collection.coverage[key],
-        excluded=_view(EXCLUDED, excluded, label, options),
-        as_zero=_view(AS_ZERO, as_zero, label, options),
+        excluded=_view(EXCLUDED, excluded, label, options, shift),
+        as_zero=_view(AS_ZERO, as_zero, label, options, shift),
         local_metrics=agent_metrics(group, collection.imputed.get(key)),
-        reward_histogram=histogram(column_chunks([group], "reward")),
+        reward_histogram=histogram(rewards),
         latency_histogram=histogram(column_chunks([group], "elapsed_seconds")),
         exports=group_exports(collection, key, label or "(no agent)", options.max_attempts),
     )
 
 
 def _view(
-    name: str, tasks: Iterable[TaskRewards], label: str, options: SummaryOptions
+    name: str, tasks: Iterable[TaskRewards], label: str, options: SummaryOptions, shift: int
 ) -> ViewSummary:
     return summarize_view(
         name,
@@ -187,4 +196,14 @@ def _view(
         seed=f"{options.seed}/{label}/{name}",
         level=options.confidence,
         max_categories=options.max_bootstrap_categories,
+        shift=shift,
     )
+
+
+def _largest(chunks: Chunks) -> float:
+    """Return the largest magnitude among the values (0.0 for none)."""
+    largest = 0.0
+    for chunk in chunks():
+        if chunk:
+            largest = max(largest, max(chunk), -min(chunk))
+    return largest

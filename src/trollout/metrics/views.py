@@ -10,6 +10,12 @@ reward 0 or 1), pass@k and majority@k averaged over the tasks with at least k ro
 1, 2, 4, ... up to the largest rollout count; pass@1 is the per-task success rate averaged over
 tasks ("pass@1 averaged over k"). Values are fractions in [0, 1] (NeMo Gym's server-side pass@k
 is in percent). Intervals are seeded, see `estimators`.
+
+A reward too large for the sums (a buggy grader's ``1e308``) never raises: the caller scales
+the rewards by a power of two (`estimators.scale_shift`, a no-op below 2**960) and the mean,
+its error and interval are scaled back, so a task whose rewards sum past the float range (two
+of ``1e308``) still has its exact share; a statistic whose own value is beyond the range is
+infinite, which the JSON outputs write as null ("not computable"; `estimators`).
 """
 
 from __future__ import annotations
@@ -27,10 +33,13 @@ from .estimators import (
     Interval,
     bootstrap_intervals,
     cluster_standard_error,
+    exact_sum,
     majority_at_k,
     normal_interval,
     pass_at_k,
+    scale_up,
     standard_error,
+    weighted_mean,
 )
 
 __all__ = ["AS_ZERO", "EXCLUDED", "Estimate", "TaskRewards", "ViewSummary", "summarize_view"]
@@ -48,11 +57,14 @@ class TaskRewards(NamedTuple):
     binary: bool
 
     @classmethod
-    def of(cls, rewards: Sequence[float], zeros: int = 0) -> TaskRewards:
-        """Summarize a task's rewards, plus ``zeros`` rollouts counted as 0."""
+    def of(cls, rewards: Sequence[float], zeros: int = 0, shift: int = 0) -> TaskRewards:
+        """Summarize a task's rewards, plus ``zeros`` rollouts counted as 0; with ``shift``,
+        the sum is of the rewards scaled by 2**-shift (`estimators.scale_shift`)."""
         correct = rewards.count(1.0)
         binary = correct + rewards.count(0.0) == len(rewards)
-        return cls(len(rewards) + zeros, math.fsum(rewards), correct, binary)
+        if shift:
+            rewards = [math.ldexp(r, -shift) for r in rewards]
+        return cls(len(rewards) + zeros, exact_sum(rewards), correct, binary)
 
 
 @frozen
@@ -126,8 +138,14 @@ def summarize_view(
     seed: str = "0",
     level: float = 0.95,
     max_categories: int = 2000,
+    shift: int = 0,
 ) -> ViewSummary:
-    """Summarize one view from per-task rewards (tasks with no rollout are ignored)."""
+    """Summarize one view from per-task rewards (tasks with no rollout are ignored).
+
+    ``shift``: the tasks' sums are of rewards scaled by 2**-shift (`TaskRewards.of`); the mean
+    reward, its standard error and interval are scaled back. Rewards that large are not binary,
+    so no pass@k needs it.
+    """
     cats: Counter[tuple[int, float, int]] = Counter()
     binary = True
     for t in tasks:
@@ -149,9 +167,23 @@ def summarize_view(
         rollouts=sum(c * n for c, (n, _, _) in zip(counts, keys, strict=True)),
         tasks=sum(counts),
         binary=binary,
-        mean_reward=found["mean", 0],
+        mean_reward=_scaled_up(found["mean", 0], shift),
         pass_at_k={k: e for (kind, k), e in found.items() if kind == "pass"},
         majority_at_k={k: e for (kind, k), e in found.items() if kind == "majority"},
+    )
+
+
+def _scaled_up(e: Estimate, shift: int) -> Estimate:
+    if not shift:
+        return e
+    iv = e.interval
+    return Estimate(
+        scale_up(e.value, shift),
+        None if e.std_error is None else scale_up(e.std_error, shift),
+        None
+        if iv is None
+        else Interval(scale_up(iv.low, shift), scale_up(iv.high, shift), iv.method),
+        e.tasks,
     )
 
 
@@ -161,7 +193,7 @@ def _statistics(
     """Return the mean's statistic, then pass@k and majority@k for binary rewards."""
     pairs = list(zip(counts, keys, strict=True))
     total = sum(c * n for c, (n, _, _) in pairs)
-    mean = math.fsum(c * s for c, (_, s, _) in pairs) / total
+    mean = weighted_mean([(c, s) for c, (_, s, _) in pairs], total)
     se = cluster_standard_error((c, s, n) for c, (n, s, _) in pairs)
     out = [_Stat("mean", 0, mean, se, sum(counts), [(s, float(n)) for n, s, _ in keys])]
     if not binary:

@@ -34,7 +34,15 @@ from .layout import RunLayout
 from .lock import RunLock
 from .manifest import FolderState, folder_state
 
-__all__ = ["check_fresh", "check_input", "check_run_folder", "check_run_paths", "run_paths"]
+__all__ = [
+    "check_fresh",
+    "check_input",
+    "check_replaceable",
+    "check_run_folder",
+    "check_run_paths",
+    "run_paths",
+    "same_file",
+]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -79,27 +87,49 @@ def check_run_paths(layout: RunLayout) -> None:
         RunFolderError: naming the first such file, what it is, and the remedy.
     """
     for path in run_paths(layout):
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise RunFolderError(
-                f"cannot inspect the run file {str(path)!r}: {exc.strerror}; check the output "
-                "folder's permissions"
-            ) from exc
-        if stat.S_ISLNK(mode):
-            raise RunFolderError(
-                f"the run file {str(path)!r} is a symlink; trollout never writes through links "
-                "(one could point outside the run folder); remove the link, or collect into "
-                "another output file (-o)"
-            )
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-            raise RunFolderError(
-                f"the run file {str(path)!r} is {kind}, not a regular file trollout made; it "
-                "would be replaced; choose another output file (-o)"
-            )
+        check_replaceable(path, "the run file", "another output file (-o)")
+
+
+def check_replaceable(path: Path, what: str, instead: str) -> bool:
+    """Refuse to replace ``path`` unless it is absent or a regular file; return whether it exists.
+
+    The one rule for every file trollout writes, run files and others (``sbatch --script``):
+    never through a symlink, never over a device, FIFO, socket or directory.
+
+    Args:
+        path: the file about to be written or replaced.
+        what: how messages name it (``"the run file"``).
+        instead: what to choose instead (``"another output file (-o)"``).
+
+    Raises:
+        RunFolderError: naming the path, what it is, and the remedy.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise RunFolderError(
+            f"cannot inspect {what} {str(path)!r}: {exc.strerror}; check the folder's permissions"
+        ) from exc
+    if stat.S_ISLNK(mode):
+        raise RunFolderError(
+            f"{what} {str(path)!r} is a symlink; trollout never writes through links (one could "
+            f"point outside the run folder); remove the link, or choose {instead}"
+        )
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise RunFolderError(
+            f"{what} {str(path)!r} is {kind}, not a regular file trollout made; it would be "
+            f"replaced; choose {instead}"
+        )
+    return True
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file: by path (folders resolved, so a missing file compares
+    too) or by inode (a hard link, or a link in a folder on the way)."""
+    return _resolved(Path(a)) == _resolved(Path(b)) or _same_file(Path(a), Path(b))
 
 
 def check_input(
@@ -119,13 +149,12 @@ def check_input(
     if not input_path:
         return
     source = Path(input_path)
-    resolved = _resolved(source)
     holds_run = resuming and folder_state(layout) is not FolderState.NEW
     own_inputs = (layout.materialized_inputs,) if holds_run else ()
     for path in (*run_paths(layout), *temp_files(layout)):
         if path in own_inputs:
             continue
-        if _resolved(path) == resolved or _same_file(source, path):
+        if same_file(source, path):
             raise RunFolderError(
                 f"the input {str(source)!r} is the run file {str(path)!r} of output "
                 f"{str(layout.output)!r}, which the run would replace; collect into another "

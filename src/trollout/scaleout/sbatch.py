@@ -19,6 +19,17 @@ SIGTERM and run again); it needs nothing installed beyond trollout, and a cluste
 read it. submitit would add a dependency, pickle the job through its own files, and its local
 executor would test submitit's process handling rather than the command Slurm starts; its
 checkpoint-and-requeue needs nothing here, since a shard folder is its own checkpoint.
+
+Nothing given can become a line or a command of the script. Every value written into it (the
+``#SBATCH`` options, collect's arguments, the paths, the interpreter) is refused when it holds a
+control character (`text.has_control`: a newline would end the line it is on, so
+``--partition $'gpu\n#SBATCH --uid=0'`` or a newline in a path would add a line that bash or
+Slurm obeys), and every value is one shell word quoted with ``shlex.quote``: the ``exec`` line's
+words for bash, each ``#SBATCH`` option for Slurm, whose directive parser splits words and strips
+quotes as a shell does (``--partition='gpu --uid=0'`` is one option with a space, never two).
+Rejected alternative: escaping control characters (``$'...'``) instead of refusing them. No
+Slurm option, partition or path needs one, and Slurm's directive parser does not read
+``$'...'``.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .._version import __version__
+from ..errors import ConfigError
+from ..text import has_control, visible
 from .layout import shards_root
 
 __all__ = ["sbatch_script"]
@@ -52,8 +65,21 @@ def sbatch_script(
         collect_args: ``collect``'s INPUT, options and ``+key=value`` settings, minus ``-o``.
         python: the interpreter that has trollout installed (absolute).
         workdir: the folder relative paths in ``collect_args`` are relative to.
-        sbatch_options: extra ``#SBATCH`` options (``--time=4:00:00``, ``--partition=gpu``).
+        sbatch_options: extra ``#SBATCH`` options, one argument each (``--time=4:00:00``,
+            ``--partition=gpu``); each is written as one quoted word.
+
+    Raises:
+        ConfigError: a value holds a control character (one line naming the value).
     """
+    _refuse_controls(
+        [
+            *(("the #SBATCH option", option) for option in sbatch_options),
+            *(("the collect argument", arg) for arg in collect_args),
+            ("the output path", str(output)),
+            ("the working directory", str(workdir)),
+            ("the interpreter path", python),
+        ]
+    )
     root = shards_root(output)
     name = output.name
     glob = f"{root}/*-of-{shards:05d}/{name}"
@@ -71,9 +97,9 @@ def sbatch_script(
         "# rollouts, lets those in flight finish (--grace), writes everything down and exits 143;",
         "# submitting it again resumes the shard where it stopped.",
         f"#SBATCH --array=0-{shards - 1}",
-        f"#SBATCH --chdir={workdir}",
+        f"#SBATCH {shlex.quote(f'--chdir={workdir}')}",
         f"#SBATCH --signal=B:TERM@{_SIGNAL_LEAD_S}",
-        *(f"#SBATCH {option}" for option in sbatch_options),
+        *(f"#SBATCH {shlex.quote(option)}" for option in sbatch_options),
     ]
     body = [
         "set -euo pipefail",
@@ -85,3 +111,13 @@ def sbatch_script(
         '  -o "$OUT" --shard "$ID/$SHARDS" --resume --no-aggregate --progress plain',
     ]
     return "\n".join([*header, *body]) + "\n"
+
+
+def _refuse_controls(values: Sequence[tuple[str, str]]) -> None:
+    """Refuse any value holding a control character: it could end its line of the script."""
+    for what, value in values:
+        if has_control(value):
+            raise ConfigError(
+                f"{what} '{visible(value)}' holds a control character (a newline would start a "
+                "new line of the job script); remove it"
+            )

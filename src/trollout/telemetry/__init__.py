@@ -19,6 +19,14 @@ What turns telemetry on:
 
 Every other ``OTEL_*`` variable (headers, timeouts, compression, the sampler, resource
 attributes, ``TRACEPARENT`` for the job span's parent) is read where OpenTelemetry reads it.
+
+The numbers OpenTelemetry's exporters read when they are built (``OTEL_METRIC_EXPORT_INTERVAL``
+and ``_TIMEOUT``, ``OTEL_BSP_*``) are checked here too, for the signals that are on: the SDK
+raises a bare ``ValueError`` for some (an interval of -5) and logs a traceback and goes on with
+its default for others (``OTEL_BSP_MAX_QUEUE_SIZE=many``), and both happen after the run has
+begun. Each is refused up front, in one line naming the variable, the value and its range
+(`_NUMBERS`). Rejected alternative: catching the SDK's ``ValueError`` where the providers are
+built: its messages do not name the variable, and the logged tracebacks would still pass.
 """
 
 from __future__ import annotations
@@ -42,6 +50,22 @@ _ENDPOINT_VARS: Final = (
     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
 )
 _PROMETHEUS_PORT: Final = 9464  # OpenTelemetry's default for OTEL_EXPORTER_PROMETHEUS_PORT
+# The numbers the exporters read, by the signal that reads them: (name, integer only, minimum,
+# what the number is). Every one must be > its minimum; OTEL_BSP_MAX_EXPORT_BATCH_SIZE must
+# also not exceed OTEL_BSP_MAX_QUEUE_SIZE (default 2048), as the SDK requires.
+_NUMBERS: Final = {
+    "metrics": (
+        ("OTEL_METRIC_EXPORT_INTERVAL", False, 0, "milliseconds between exports"),
+        ("OTEL_METRIC_EXPORT_TIMEOUT", False, 0, "milliseconds an export may take"),
+    ),
+    "traces": (
+        ("OTEL_BSP_SCHEDULE_DELAY", True, 0, "milliseconds between span exports"),
+        ("OTEL_BSP_EXPORT_TIMEOUT", True, 0, "milliseconds a span export may take"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", True, 0, "spans queued for export"),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", True, 0, "spans per export"),
+    ),
+}
+_BSP_QUEUE_DEFAULT: Final = 2048
 
 
 @frozen
@@ -91,6 +115,7 @@ def telemetry_settings(
     served = _prometheus(config, env, metrics == "prometheus")
     if disabled:
         traces = metrics = None
+    _check_numbers(env, traces=traces is not None, metrics=metrics not in (None, "prometheus"))
     settings = TelemetrySettings(
         traces=traces,
         metrics=None if metrics == "prometheus" else metrics,
@@ -145,3 +170,36 @@ def _prometheus(
             "it, or pass --metrics-port"
         )
     return (env.get("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1"), int(raw))
+
+
+def _check_numbers(env: Mapping[str, str], *, traces: bool, metrics: bool) -> None:
+    """Refuse an ``OTEL_*`` number the exporters of the signals that are on would reject."""
+    found: dict[str, float] = {}
+    for signal, on in (("metrics", metrics), ("traces", traces)):
+        for name, integral, minimum, what in _NUMBERS[signal] if on else ():
+            raw = env.get(name)
+            if raw is None or not raw.strip():
+                continue
+            number = _number(raw, integral=integral)
+            if number is None or not number > minimum:
+                kind = "a whole number" if integral else "a number"
+                raise ConfigError(
+                    f"{name} must be {kind} > {minimum} ({what}; got {raw!r}); fix it, or "
+                    "unset it for OpenTelemetry's default"
+                )
+            found[name] = number
+    batch = found.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
+    queue = found.get("OTEL_BSP_MAX_QUEUE_SIZE", _BSP_QUEUE_DEFAULT)
+    if batch is not None and batch > queue:
+        raise ConfigError(
+            f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE ({batch:.0f}) must not exceed "
+            f"OTEL_BSP_MAX_QUEUE_SIZE ({queue:.0f}); lower the batch or raise the queue"
+        )
+
+
+def _number(raw: str, *, integral: bool) -> float | None:
+    """Parse an ``OTEL_*`` number as the SDK does (``int`` or ``float``); None if it cannot."""
+    try:
+        return float(int(raw)) if integral else float(raw)
+    except ValueError:
+        return None

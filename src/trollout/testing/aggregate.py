@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["aggregate_metrics"]
@@ -58,17 +58,25 @@ def _columns(row: Mapping[str, Any]) -> dict[str, int | float]:
     return {k: v for k, v in numbers.items() if v is not None}
 
 
+def _or_inf(statistic: Callable[[list[Any]], float], values: list[Any]) -> float:
+    """Return the statistic, or inf where the sums overflow (pandas' result; JSON null)."""
+    try:
+        return statistic(values)
+    except OverflowError:
+        return math.inf
+
+
 def _describe(records: Sequence[Mapping[str, int | float]]) -> dict[str, float]:
     """Return ``{stat/column: value}`` over ``records``, stat-major like pandas' stack."""
     order: dict[str, None] = {}
     for record in records:
         order.update(dict.fromkeys(record))
     values = {c: [r[c] for r in records if c in r] for c in order}
-    stds = {c: statistics.stdev(v) if len(v) > 1 else math.nan for c, v in values.items()}
+    stds = {c: _or_inf(statistics.stdev, v) if len(v) > 1 else math.nan for c, v in values.items()}
     if all(math.isnan(s) for s in stds.values()):
         stds = {c: 0.0 if len(values[c]) == len(records) else s for c, s in stds.items()}
     table = {
-        "mean": {c: statistics.fmean(v) for c, v in values.items()},
+        "mean": {c: _or_inf(statistics.fmean, v) for c, v in values.items()},
         "max": {c: float(max(v)) for c, v in values.items()},
         "min": {c: float(min(v)) for c, v in values.items()},
         "median": {c: float(statistics.median(v)) for c, v in values.items()},

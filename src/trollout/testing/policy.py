@@ -10,6 +10,9 @@ same row always gets the same reply, and rewards vary across seeds and tasks.
 
 An episode server's task (``task_input: {"prompt": ..., "expected_answer"?: ...}``) is answered
 by the same policy (`answer_task`), seeded by the rollout index of its episode id.
+
+A row's ``fake_reward`` field (a number) is the reward its answers get, whatever they say: a
+buggy grader (``1e308``, a negative reward) for tests of what scoring does with one.
 """
 
 from __future__ import annotations
@@ -108,6 +111,9 @@ def seed_of(row: Mapping[str, Any]) -> int:
     return rollout if isinstance(rollout, int) else 0
 
 
+REWARD_FIELD = "fake_reward"  # a row field: the reward its answers get (module docstring)
+
+
 @frozen
 class Answer:
     """What the policy answered and how it scored."""
@@ -145,6 +151,9 @@ def answer_row(row: Mapping[str, Any], *, agent: str, accuracy: float, policy_se
     draw = int.from_bytes(digest[:8], "big") / 2.0**64
     text = truth if draw < accuracy * (1.0 - 0.5 * difficulty) else _wrong(truth, draw)
     reward = 1.0 if text.strip() == expected else 0.0
+    forced = row.get(REWARD_FIELD)
+    if isinstance(forced, int | float) and not isinstance(forced, bool):
+        reward = float(forced)
     words = sum(len(t.split()) for m in messages for t in _texts(m.get("content")))
     return Answer(text, reward, 8 + words * 2, 4 + len(text) // 3, digest.hex())
 
