@@ -64,6 +64,7 @@ _SETTINGS: dict[str, tuple[str, Any]] = {
     "retry_terminal_timeouts": ("true or false", _bool),
     "batch_manifest_fpath": ("a path", lambda v: v is None or isinstance(v, str)),
     "head_server": ("a URL or {host, port}", lambda v: v is None or isinstance(v, str | dict)),
+    "served_config_env_allow": ("a list of environment variable names", _strs),
     "seed": ("an integer", lambda v: v is None or (type(v) is int and v >= 0)),
     "overwrite": ("true or false", _bool),
 }
@@ -130,6 +131,13 @@ are skipped with a warning.
 )
 @click.option("--head-server", help="Ask this deployment's servers for /aggregate_metrics.")
 @click.option(
+    "--allow-env",
+    multiple=True,
+    metavar="NAME",
+    help="Let the head server's config read environment variable NAME (repeatable; none by "
+    "default, as for collect).",
+)
+@click.option(
     "--agent-url",
     "agent_urls",
     multiple=True,
@@ -189,6 +197,7 @@ _DEFAULTS: dict[str, Any] = {
     "count_missing_rollouts_as_zero": None,
     "output_jsonl_fpath": None,
     "head_server": None,
+    "served_config_env_allow": [],
     "seed": None,
     "merge_shards": True,
     "materialized_inputs_jsonl_fpath": None,
@@ -216,6 +225,7 @@ def _given(opts: dict[str, Any]) -> dict[str, Any]:
         "count_missing_rollouts_as_zero": opts["zero_missing"],
         "output_jsonl_fpath": opts["output"],
         "head_server": opts["head_server"],
+        "served_config_env_allow": list(opts["allow_env"]) or None,
         "seed": opts["seed"],
         "overwrite": opts["overwrite"],
     }
@@ -291,7 +301,8 @@ async def _run(shards: list[Path], settings: dict[str, Any]) -> AggregateResult:
     targets: list[Target] = list(settings["targets"])
     async with http_client(connect_timeout_s=10.0, read_timeout_s=600.0) as client:
         if settings["head_server"]:
-            targets += await _discover(client, settings["head_server"])
+            allow = settings["served_config_env_allow"]
+            targets += await _discover(client, settings["head_server"], allow)
         plan = settings["materialized_inputs_jsonl_fpath"]
         return await aggregate_shards(
             shards,
@@ -305,11 +316,11 @@ async def _run(shards: list[Path], settings: dict[str, Any]) -> AggregateResult:
         )
 
 
-async def _discover(client: httpx.AsyncClient, head: Any) -> list[Target]:
+async def _discover(client: httpx.AsyncClient, head: Any, allow: list[str]) -> list[Target]:
     if isinstance(head, dict):
         head = head_server_url(head)
     try:
-        deployment = await discover(client, str(head))
+        deployment = await discover(client, str(head), env_allow=allow)
     except DeploymentError as exc:
         raise DeploymentError(f"{exc} (or drop --head-server to aggregate locally)") from exc
     return list(deployment.aggregate_metrics_targets())
