@@ -225,7 +225,7 @@ def _given(opts: dict[str, Any]) -> dict[str, Any]:
         "count_missing_rollouts_as_zero": opts["zero_missing"],
         "output_jsonl_fpath": opts["output"],
         "head_server": opts["head_server"],
-        "served_config_env_allow": list(opts["allow_env"]) or None,
+        "served_config_env_allow": list(opts.get("allow_env", ())) or None,
         "seed": opts["seed"],
         "overwrite": opts["overwrite"],
     }

@@ -92,6 +92,7 @@ SERVER_TYPES: Final = frozenset({AGENTS, RESOURCES, MODELS, ENVIRONMENTS})
 _DECLARING: Final = frozenset({AGENTS, RESOURCES})  # server types whose blocks declare datasets
 _FIX: Final = "fix the deployment config and restart it"
 _RESOLVE_FIX: Final = "fix the deployment config"
+_UNSET_ENV: Final = "an environment variable it references is not set"
 MAX_RESOLUTION_STEPS: Final = 1_000  # interpolations and resolver calls to read one value
 MAX_RESOLVED_CHARS: Final = 16_384  # the longest string resolved on the way (a host is < 256)
 ENV_ALLOW_SETTING: Final = "served_config_env_allow"
@@ -271,9 +272,9 @@ def _read_connection(node: Any, key: Any, path: str) -> tuple[Any, list[str]]:
         if guard.refusal is None and not _too_long(value):
             return value, guard.env_read
         category = guard.refusal or guard.too_long()
+    remedy = guard.remedy or ("set it, or " if category == _UNSET_ENV else "") + _RESOLVE_FIX
     raise DeploymentError(
-        f"deployment config key {path!r} cannot be resolved: {category}; "
-        f"{guard.remedy or _RESOLVE_FIX}"
+        f"deployment config key {path!r} cannot be resolved: {category}; {remedy}"
     )
 
 
@@ -447,7 +448,7 @@ def _category(exc: BaseException) -> str:
         return "it is ??? (not set)"
     text = str(exc)  # only matched against omegaconf's own wording, never shown
     if text.startswith('KeyError raised while resolving interpolation: "Environment variable'):
-        return "an environment variable it references is not set"
+        return _UNSET_ENV
     if text.startswith("Recursive interpolation"):
         return "it refers to itself (a circular interpolation)"
     return "its interpolation fails"
