@@ -19,12 +19,25 @@ asked for). The rules, documented where the user sees them (``trollout aggregate
   row beats any failure of the same rollout, whichever shard holds it.
 - The group of a row is its agent (``agent_ref.name``), or, for a row routed by taskset without
   an agent, its environment server.
+- A plan given (``materialized_inputs_jsonl_fpath``) is read first and adds to the expected
+  rollouts. It may be several runs' plans concatenated: a ``(group, task, rollout)`` that comes
+  again begins the next run's segment, numbered like a plan of its own. It numbers the rows of
+  shards that have no materialized inputs of their own, by task index, when it is one segment;
+  a shard that has its own keeps them (its run's numbering, which a union plan is not).
+- Rows in, rows out: a landed row is dropped as a duplicate only when it ran the
+  ``responses_create_params`` (seed aside) of the row kept for that rollout; otherwise the
+  numbering went wrong and the merge stops naming the row (`InputError`), never loses it. A
+  rollouts file from which no row was read, with nothing beside it, is refused too, and every
+  line is held to the input line limit.
 
 Design note: the rejected alternative loads every row of every shard, concatenates them and
 de-duplicates in memory (NeMo Gym's way); it needs memory for every payload, and a second
 reading of the rows for each statistic. Here a rollout's fate is a bit in its task's masks, so
 duplicate detection, coverage and the imputed zeros cost a few bytes per rollout, plus the
-identity tables (`identity`): a digest and a number per task.
+identity tables (`identity`): a digest and a number per task, plus one row key per task
+for the duplicate check (only when several shards are merged). Rejected for the union plan:
+numbering every shard by its task indices (the old reading), which merged chunk 1's task 0 into
+chunk 0's and dropped its rollouts as duplicates with exit 0.
 """
 
 from __future__ import annotations
