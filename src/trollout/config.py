@@ -317,6 +317,8 @@ class RunConfig:
     # deployment
     head_server: str | None = None
     agent_urls: dict[str, str] = attrs.field(factory=dict)
+    # environment variables a head server's config may read (served_config: none by default)
+    served_config_env_allow: list[str] = attrs.field(factory=list)
     # preprocessing (these change what is dispatched, so they are fingerprinted)
     agent_name: str | None = None
     agent_map: dict[str, str] = attrs.field(factory=dict)
@@ -658,6 +660,7 @@ NULL_MEANS_DEFAULT: Final = frozenset(
         "environment_server_routes",
         "server_queue_metrics_urls",
         "agent_urls",
+        "served_config_env_allow",
         "dispatch_start_report_min_fraction",  # saved as null by runs made before it had one
     }
 )
@@ -723,6 +726,7 @@ _SHAPES: Final[dict[str, tuple[str, Callable[[Any], bool], str]]] = {
     "output_jsonl_fpath": ("a path", _optional_str, "out/rollouts.jsonl"),
     "head_server": ("a URL or {host, port}", _head, "{host:127.0.0.1,port:11000}"),
     "agent_urls": ("a mapping of agent names to URLs", _str_map, "{math:'http://h:1'}"),
+    "served_config_env_allow": ("a list of environment variable names", _str_list, "[HEAD_HOST]"),
     "agent_name": ("an agent name (a string)", _optional_str, "math_agent"),
     "agent_map": (_MAPPING_OF_AGENTS, _str_map, "{old_agent:new_agent}"),
     "fan_out": ("a mapping of names to lists of agent names", _fan_out, "{source:[a,b]}"),

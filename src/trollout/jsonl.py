@@ -218,7 +218,10 @@ def parse_line(path: str | os.PathLike[str], number: int, line: bytes) -> dict[s
 
 
 def read_appended(
-    path: str | os.PathLike[str], *, torn: list[str] | None = None
+    path: str | os.PathLike[str],
+    *,
+    torn: list[str] | None = None,
+    max_line_bytes: int | None = None,
 ) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
     """Yield ``(line number, line, row)`` of a file a writer appends to, tolerating a crash.
 
@@ -227,12 +230,17 @@ def read_appended(
     ``file:line`` appended to ``torn``. Resume and aggregation read run files this way, without
     changing them (`repair_tail` is for the writer that reopens them).
 
+    ``max_line_bytes`` bounds every line, a torn one too, as `iter_lines` does: no more than
+    the limit (and a line ending) is read into memory for one line.
+
     Raises:
-        InputError: a line other than a torn last line is not a JSON object (names file, line).
+        InputError: a line other than a torn last line is not a JSON object, or a line is
+            longer than ``max_line_bytes`` (names file and line).
         FileNotFoundError: the file does not exist.
     """
     with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
+        lines = iter(f) if max_line_bytes is None else _bounded(f, path, max_line_bytes)
+        for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             row, problem = try_parse_line(line)

@@ -11,6 +11,14 @@ Rich markup is the other half and is handled structurally, not here: printers ha
 `rich.text.Text` objects, never a string its markup parser would read (`metrics.report_text`,
 `cli.progress`), and the HTML report escapes through `visible` then `html.escape`.
 
+Values from the environment: a served config may take a server's host or port from an
+environment variable the user allowed (`collector.served_config`); the value is used to connect
+and never shown. `conceal` registers such a URL with its interpolation text, and `concealed`
+(which `public_url` applies) writes ``${oc.env:HEAD_HOST}`` where the host or the URL's
+host:port would appear. The register is per process and only grows: a value once concealed
+stays concealed, whichever run, thread or message shows it. Every place that shows a server URL
+or an error naming one passes it through `public_url` or `concealed`.
+
 Design note: backslashes are left as they are rather than doubled as ``repr`` would, so paths
 and names stay readable; the output holds no control character either way, which makes
 `visible` idempotent (escaping twice is harmless where a printer escapes a whole line).
@@ -18,10 +26,11 @@ and names stay readable; the output holds no control character either way, which
 
 from __future__ import annotations
 
+import threading
 from typing import Final
 from urllib.parse import urlsplit
 
-__all__ = ["has_control", "public_url", "visible"]
+__all__ = ["conceal", "concealed", "has_control", "public_url", "visible"]
 
 # C0 (tab and newline included: one datum never spans lines), DEL, C1, the line and paragraph
 # separators, and the bidirectional marks, embeddings, overrides and isolates.
@@ -52,7 +61,44 @@ def public_url(url: str) -> str:
     """Return `url` as ``scheme://host:port/path``: what telemetry and messages may show.
 
     ``user:password@``, the ``?query`` and the ``#fragment`` are dropped: they are where a
-    URL carries a secret (``?api_key=...``), and spans and labels leave the machine.
+    URL carries a secret (``?api_key=...``), and spans and labels leave the machine. A host or
+    port read from the environment shows as its interpolation text (`conceal`).
     """
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+    return concealed(f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}")
+
+
+# (real text, shown text), longest real text first; replaced as a whole, in this order.
+_CONCEALED: list[tuple[str, str]] = []
+_CONCEALED_LOCK: Final = threading.Lock()
+_SHORTEST_BARE: Final = 4  # a shorter host is concealed within host:port only
+
+
+def conceal(url: str, host: str | None, port: str | None) -> None:
+    """Show ``url``'s host (and its host:port) by the texts given from now on.
+
+    Args:
+        url: ``http://host:port`` as trollout connects to it.
+        host: the host's interpolation text, or None when the host is not concealed.
+        port: the port's interpolation text, or None when the port is not concealed.
+    """
+    parts = urlsplit(url)
+    real_host, real_port = parts.netloc.rpartition(":")[0], str(parts.port)
+    shown_host = host if host is not None else real_host
+    shown_port = port if port is not None else real_port
+    pairs = [(f"{real_host}:{real_port}", f"{shown_host}:{shown_port}")]
+    bare = real_host.strip("[]")
+    if host is not None and len(bare) >= _SHORTEST_BARE:  # "db" alone would garble messages
+        pairs += [(real_host, shown_host), (bare, shown_host), (bare.lower(), shown_host)]
+    with _CONCEALED_LOCK:
+        known = dict(_CONCEALED)
+        known.update((real, shown) for real, shown in pairs if real)
+        _CONCEALED[:] = sorted(known.items(), key=lambda pair: -len(pair[0]))
+
+
+def concealed(text: str) -> str:
+    """Return ``text`` with every concealed host and host:port shown by its interpolation text."""
+    for real, shown in _CONCEALED:
+        if real in text:
+            text = text.replace(real, shown)
+    return text

@@ -132,3 +132,60 @@ def test_a_merged_output_merged_again_with_a_seeded_run_counts_each_rollout_once
     again = aggregate_into(tmp_path / "again" / "merged.jsonl", once, r6)
     assert (again["coverage"]["expected"], again["coverage"]["landed"]) == (10, 10)
     assert len(read_jsonl(tmp_path / "again" / "merged.jsonl")) == 10
+
+
+def test_the_union_plan_of_two_chunks_keeps_every_rollout(tmp_path: Path) -> None:
+    """+materialized_inputs_jsonl_fpath=<the chunks' plans concatenated, or merged>: 40 of 40.
+
+    What a NeMo Gym user passes: each chunk run numbers its tasks from 0, so the union plan
+    holds every task index twice; no chunk's rollouts may be taken for the other's duplicates.
+    """
+    rows = list(task_rows(20, seed=11))
+    shards = tmp_path / "shards"
+    spec = DeploymentSpec(agents=(AgentSpec(name="math_agent"),))
+    with spawn_fake_deployment(spec) as urls:
+        for i, chunk in enumerate((rows[:10], rows[10:])):
+            collect_chunk(urls.head_url, chunk, shards / f"rollouts-chunk{i}.jsonl")
+    plans = [shards / f"rollouts-chunk{i}_materialized_inputs.jsonl" for i in range(2)]
+    concatenated = tmp_path / "plan.jsonl"
+    concatenated.write_bytes(b"".join(p.read_bytes() for p in plans))
+    aggregate(shards)  # without the key: merged/merged_materialized_inputs.jsonl is the union
+    merged_plan = tmp_path / "merged-plan.jsonl"
+    shutil.copy(shards / "merged" / "merged_materialized_inputs.jsonl", merged_plan)
+    for name, plan in (("concatenated", concatenated), ("merged", merged_plan)):
+        out = tmp_path / name / "merged.jsonl"
+        result = invoke(
+            "aggregate",
+            f"+input_glob={shards}/rollouts-chunk*.jsonl",
+            f"+materialized_inputs_jsonl_fpath={plan}",
+            "-o",
+            str(out),
+            "--no-report",
+        )
+        assert result.exit_code == 0, (name, result.output)
+        assert "duplicate" not in result.output, name
+        assert "Metrics cover: 40 of 40" in result.output, (name, result.output)
+        assert len(read_jsonl(out)) == 40, name
+        merged = read_jsonl(out.with_name("merged_materialized_inputs.jsonl"))
+        assert len(merged) == 40, name
+
+
+def test_rows_numbered_as_another_runs_tasks_are_refused_not_dropped(tmp_path: Path) -> None:
+    """A shard beside another run's materialized inputs: exit 2 naming the row, nothing lost."""
+    rows = list(task_rows(8, seed=13))
+    shards = tmp_path / "shards"
+    spec = DeploymentSpec(agents=(AgentSpec(name="math_agent"),))
+    with spawn_fake_deployment(spec) as urls:
+        for i, chunk in enumerate((rows[:4], rows[4:])):
+            collect_chunk(urls.head_url, chunk, shards / f"rollouts-chunk{i}.jsonl")
+    shutil.copy(  # the second chunk's plan replaced by the first's (a copy gone wrong)
+        shards / "rollouts-chunk0_materialized_inputs.jsonl",
+        shards / "rollouts-chunk1_materialized_inputs.jsonl",
+    )
+    out = tmp_path / "merged" / "merged.jsonl"
+    result = invoke("aggregate", f"{shards}/rollouts-chunk*.jsonl", "-o", str(out))
+    assert result.exit_code == 2, result.output
+    [error] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert f"{shards / 'rollouts-chunk1.jsonl'}:1: this landed row and an earlier one" in error
+    assert "ran different responses_create_params, so one would be lost" in error
+    assert not out.parent.exists() or not out.exists()

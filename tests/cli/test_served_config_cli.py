@@ -114,9 +114,11 @@ def test_collect_refuses_an_unresolvable_model_port_naming_the_key_only(
     error = assert_refused(result, tmp_path, listener, FAKE_API_KEY, FAKE_API_KEY[3:12])
     assert error == (
         "trollout: error: deployment config key 'policy_model.responses_api_models.vllm_model."
-        "port' cannot be resolved: an environment variable it references is not set; set what "
-        "it references (${oc.env:...} reads trollout's own environment) or fix the deployment "
-        "config"
+        "port' cannot be resolved: it reads environment variable 'TROLLOUT_TEST_UNSET_PORT' of "
+        "trollout's own environment, and a served config may read only the variables you allow; "
+        "allow it with --allow-env TROLLOUT_TEST_UNSET_PORT (+served_config_env_allow="
+        "[TROLLOUT_TEST_UNSET_PORT]) if the head server may read it, or give the interpolation a "
+        "default"
     )
 
 

@@ -409,10 +409,16 @@ def test_from_config_reads_the_served_fixture(monkeypatch: pytest.MonkeyPatch) -
 def test_from_config_resolves_oc_env_from_trollouts_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """${oc.env:VAR,default} takes the variable from the collector's own environment."""
+    """${oc.env:VAR,default} takes an allowed variable from the collector's own environment.
+
+    Not allowed (the default), the variable reads as unset and the default is taken.
+    """
     monkeypatch.setenv("TROLLOUT_FIXTURE_AGENT_HOST", "10.1.2.3")
-    deployment = Deployment.from_config(served_fixture())
+    allowed = ["TROLLOUT_FIXTURE_AGENT_HOST"]
+    deployment = Deployment.from_config(served_fixture(), env_allow=allowed)
     assert deployment.servers[1].url == "http://10.1.2.3:12293"
+    assert "10.1.2.3" not in repr(deployment)  # shown by its interpolation text
+    assert Deployment.from_config(served_fixture()).servers[1].url == "http://127.0.0.1:12293"
 
 
 async def test_discover_reads_the_served_fixture_through_a_head_server() -> None:
@@ -458,7 +464,9 @@ def test_from_config_resolves_read_values_as_omegaconf_does(
     """Host and port resolve like OmegaConf (typed refs, relative keys, oc.env strings)."""
     monkeypatch.setenv("TROLLOUT_TEST_PORT", "9999")
     monkeypatch.delenv("TROLLOUT_TEST_UNSET_PORT", raising=False)
-    assert Deployment.from_config({**agent_070(**fields), **extra}).route("a").url == url
+    allowed = ["TROLLOUT_TEST_PORT", "TROLLOUT_TEST_UNSET_PORT"]
+    cfg = {**agent_070(**fields), **extra}
+    assert Deployment.from_config(cfg, env_allow=allowed).route("a").url == url
 
 
 def test_from_config_resolves_references_and_datasets() -> None:
@@ -499,16 +507,13 @@ def test_from_config_refuses_a_read_value_that_cannot_be_resolved(
     monkeypatch.delenv("TROLLOUT_TEST_UNSET_PORT", raising=False)
     cfg = {**agent_070(**fields, **SECRET_SIBLING), **extra, "policy_api_key": SECRET}
     with pytest.raises(DeploymentError) as info:
-        Deployment.from_config(cfg)
+        Deployment.from_config(cfg, env_allow=["TROLLOUT_TEST_UNSET_PORT"])
     message = str(info.value)
     assert message.startswith(
         "deployment config key 'a.responses_api_agents.simple_agent.port' cannot be resolved: "
         + category
     )
-    assert message.endswith(
-        "; set what it references (${oc.env:...} reads trollout's own environment) or fix "
-        "the deployment config"
-    )
+    assert message.endswith("fix the deployment config")
     assert info.value.__cause__ is None
     assert info.value.__context__ is None
     assert_no_secret(info.value)

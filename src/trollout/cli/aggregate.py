@@ -11,8 +11,9 @@ inputs are the command line's (INPUT, ``-i``, ``+input_glob``) or else a config 
 ``input_glob``.
 
 Exit codes: 0 done; 1 a server's ``/aggregate_metrics`` failed (everything else was written);
-2 a usage error (bad option, bad input line, an output that is an input or a file trollout did
-not write, unreachable head server), with nothing written.
+2 a usage error (bad option, bad input line, a line over the line limit, a shard that holds no
+row, rows that would be lost, an output that is an input or a file trollout did not write,
+unreachable head server), with nothing written.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import trio
 from rich.console import Console
 
 from ..collector.deployment import discover
-from ..config import head_server_url, parse_override
+from ..config import DEFAULT_MAX_INPUT_LINE_BYTES, head_server_url, parse_override
 from ..errors import ConfigError, DeploymentError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_shards, print_report
 from ..metrics import resolve_inputs as resolve_globs
@@ -64,7 +65,9 @@ _SETTINGS: dict[str, tuple[str, Any]] = {
     "retry_terminal_timeouts": ("true or false", _bool),
     "batch_manifest_fpath": ("a path", lambda v: v is None or isinstance(v, str)),
     "head_server": ("a URL or {host, port}", lambda v: v is None or isinstance(v, str | dict)),
+    "served_config_env_allow": ("a list of environment variable names", _strs),
     "seed": ("an integer", lambda v: v is None or (type(v) is int and v >= 0)),
+    "max_input_line_bytes": ("an integer >= 1", lambda v: type(v) is int and v >= 1),
     "overwrite": ("true or false", _bool),
 }
 _PATH_KEYS = frozenset(
@@ -116,6 +119,12 @@ are skipped with a warning.
 @click.option("--no-report", is_flag=True, help="Do not write <stem>_report.html.")
 @click.option("--seed", type=int, default=None, help="Bootstrap seed (default 0).")
 @click.option(
+    "--max-line-bytes",
+    type=int,
+    default=None,
+    help="Refuse shard lines longer than this many bytes (default 64 MiB; +max_input_line_bytes).",
+)
+@click.option(
     "--overwrite",
     is_flag=True,
     default=None,
@@ -129,6 +138,13 @@ are skipped with a warning.
     help="Resamples per confidence interval (0: normal approximation).",
 )
 @click.option("--head-server", help="Ask this deployment's servers for /aggregate_metrics.")
+@click.option(
+    "--allow-env",
+    multiple=True,
+    metavar="NAME",
+    help="Let the head server's config read environment variable NAME (repeatable; none by "
+    "default, as for collect).",
+)
 @click.option(
     "--agent-url",
     "agent_urls",
@@ -189,6 +205,8 @@ _DEFAULTS: dict[str, Any] = {
     "count_missing_rollouts_as_zero": None,
     "output_jsonl_fpath": None,
     "head_server": None,
+    "served_config_env_allow": [],
+    "max_input_line_bytes": DEFAULT_MAX_INPUT_LINE_BYTES,
     "seed": None,
     "merge_shards": True,
     "materialized_inputs_jsonl_fpath": None,
@@ -216,7 +234,9 @@ def _given(opts: dict[str, Any]) -> dict[str, Any]:
         "count_missing_rollouts_as_zero": opts["zero_missing"],
         "output_jsonl_fpath": opts["output"],
         "head_server": opts["head_server"],
+        "served_config_env_allow": list(opts.get("allow_env", ())) or None,
         "seed": opts["seed"],
+        "max_input_line_bytes": opts.get("max_line_bytes"),
         "overwrite": opts["overwrite"],
     }
     return {k: v for k, v in given.items() if v is not None}
@@ -283,6 +303,7 @@ def _options(settings: dict[str, Any]) -> AggregateOptions:
         write_report=not settings["no_report"],
         batch_manifest=Path(manifest) if manifest else None,
         retry_terminal_timeouts=settings["retry_terminal_timeouts"],
+        max_line_bytes=settings["max_input_line_bytes"],
     )
 
 
@@ -291,7 +312,8 @@ async def _run(shards: list[Path], settings: dict[str, Any]) -> AggregateResult:
     targets: list[Target] = list(settings["targets"])
     async with http_client(connect_timeout_s=10.0, read_timeout_s=600.0) as client:
         if settings["head_server"]:
-            targets += await _discover(client, settings["head_server"])
+            allow = settings["served_config_env_allow"]
+            targets += await _discover(client, settings["head_server"], allow)
         plan = settings["materialized_inputs_jsonl_fpath"]
         return await aggregate_shards(
             shards,
@@ -305,11 +327,11 @@ async def _run(shards: list[Path], settings: dict[str, Any]) -> AggregateResult:
         )
 
 
-async def _discover(client: httpx.AsyncClient, head: Any) -> list[Target]:
+async def _discover(client: httpx.AsyncClient, head: Any, allow: list[str]) -> list[Target]:
     if isinstance(head, dict):
         head = head_server_url(head)
     try:
-        deployment = await discover(client, str(head))
+        deployment = await discover(client, str(head), env_allow=allow)
     except DeploymentError as exc:
         raise DeploymentError(f"{exc} (or drop --head-server to aggregate locally)") from exc
     return list(deployment.aggregate_metrics_targets())

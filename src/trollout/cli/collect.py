@@ -106,7 +106,7 @@ async def load_deployment(config: RunConfig) -> Deployment:
     async with http_client(
         connect_timeout_s=config.connect_timeout_s, read_timeout_s=read_timeout_s
     ) as client:
-        return await discover(client, head)
+        return await discover(client, head, env_allow=config.served_config_env_allow)
 
 
 async def collect_run(

@@ -224,6 +224,15 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
         help="Send agent NAME's rollouts to URL (http://host:port); no head server needed. "
         "Repeatable.",
     ),
+    "allow-env": click.option(
+        "--allow-env",
+        "served_config_env_allow",
+        multiple=True,
+        metavar="NAME",
+        help="Let the head server's config read environment variable NAME through "
+        "${oc.env:NAME} (repeatable; none by default: it may name any secret of this "
+        "environment). Its value is used to connect, never shown.",
+    ),
     "max-line-bytes": click.option(
         "--max-line-bytes",
         "max_input_line_bytes",
@@ -430,6 +439,10 @@ def build_run_config(
         options["agent_urls"] = _parse_agent_urls(options["agent_urls"])
     else:
         options.pop("agent_urls", None)
+    if options.get("served_config_env_allow"):
+        options["served_config_env_allow"] = list(options["served_config_env_allow"])
+    else:
+        options.pop("served_config_env_allow", None)
     config, notes = load_run_config(
         config_file=config_file, options=options, overrides=overrides, defaults=RUN_DEFAULTS
     )

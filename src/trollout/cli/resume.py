@@ -38,6 +38,7 @@ def _session_options(f: Any) -> Any:
     f = run_options(
         "head-server",
         "agent-url",
+        "allow-env",
         "concurrency",
         "max-resident",
         "connect-timeout",

@@ -63,6 +63,7 @@ import orjson
 
 from .. import records
 from ..records import Delivery, Failed, FailureClass, Identity, Landed
+from ..text import public_url
 from .transport import RawResponse, ResponseBegan, delivery_of
 
 __all__ = [
@@ -447,7 +448,7 @@ def _status_line(status: int) -> str:
 
 
 def _where(response: RawResponse) -> str:
-    return f"POST {response.url}" if response.url else "the server"
+    return f"POST {public_url(response.url)}" if response.url else "the server"
 
 
 def json_type(value: object) -> str:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
@@ -55,6 +55,7 @@ from attrs import frozen
 from ..config import load_yaml, validate_url
 from ..errors import ConfigError, DeploymentError, UnknownAgentError
 from ..records import Identity
+from ..text import concealed, public_url
 from .served_config import (
     AGENTS,
     ENVIRONMENTS,
@@ -99,7 +100,7 @@ class Route:
     """
 
     agent_name: str
-    url: str
+    url: str = attrs.field(repr=lambda url: repr(public_url(url)))
     environment_server: str | None = None
     result_type: str | None = None
 
@@ -140,11 +141,18 @@ class Deployment:
         object.__setattr__(self, "_conflicts", MappingProxyType(conflicts))
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], *, head_url: str | None = None) -> Deployment:
+    def from_config(
+        cls,
+        cfg: Mapping[str, Any],
+        *,
+        head_url: str | None = None,
+        env_allow: Collection[str] = (),
+    ) -> Deployment:
         """Build a deployment from a NeMo Gym config mapping as its head server serves it.
 
         Interpolations (``${...}``) are resolved only in the values trollout reads (see
-        `served_config`); the rest of the config is never touched.
+        `served_config`); the rest of the config is never touched. ``${oc.env:NAME}`` reads
+        only the variables in ``env_allow`` (``served_config_env_allow``); any other is unset.
 
         Raises:
             DeploymentError: a malformed server block, or a value trollout reads that cannot be
@@ -152,7 +160,7 @@ class Deployment:
         """
         if not isinstance(cfg, Mapping):
             raise DeploymentError(f"deployment config must be a mapping (got {kind(cfg)}); {_FIX}")
-        return cls(parse_servers(cfg), head_url=head_url)
+        return cls(parse_servers(cfg, env_allow), head_url=head_url)
 
     @classmethod
     def from_agent_urls(cls, urls: Mapping[str, str]) -> Deployment:
@@ -457,8 +465,12 @@ _ENV_REMEDY: Final = "fix _ng_environment_server in the rows or the environment 
 # --- the head server and liveness ----------------------------------------------------------
 
 
-async def discover(client: httpx.AsyncClient, head_url: str) -> Deployment:
+async def discover(
+    client: httpx.AsyncClient, head_url: str, *, env_allow: Collection[str] = ()
+) -> Deployment:
     """Fetch the deployment config from a head server and build the deployment.
+
+    ``env_allow`` names the environment variables the config may read (`served_config`).
 
     Raises:
         ConfigError: ``head_url`` is not an http:// URL.
@@ -481,7 +493,7 @@ async def discover(client: httpx.AsyncClient, head_url: str) -> Deployment:
             "(expected 200); check it is a NeMo Gym head server, or pass --agent-url NAME=URL"
         )
     cfg = _load_yaml(_decode_body(response.content, head_url), head_url)
-    return Deployment.from_config(cfg, head_url=head_url)
+    return Deployment.from_config(cfg, head_url=head_url, env_allow=env_allow)
 
 
 def _decode_body(content: bytes, head_url: str) -> str:
@@ -548,7 +560,9 @@ async def require_alive(client: httpx.AsyncClient, urls: Iterable[str]) -> None:
     """
     dead = await check_alive(client, urls)
     if dead:
-        listed = ", ".join(f"{url!r} ({reason})" for url, reason in dead.items())
+        listed = ", ".join(
+            f"{public_url(url)!r} ({concealed(reason)})" for url, reason in dead.items()
+        )
         raise DeploymentError(
             f"{len(dead)} server{'s' if len(dead) > 1 else ''} did not answer GET /: {listed}; "
             "start the deployment (or check its logs) and try again"

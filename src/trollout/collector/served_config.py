@@ -17,6 +17,32 @@ model-server blocks trollout never reads. `parse_servers` builds the `Server` re
 - A value trollout reads that cannot be resolved is refused, naming its key path and what went
   wrong (a category taken from the exception's class), never the value.
 
+The collector's environment: a served config comes from whoever runs the head server, and
+``${oc.env:NAME}`` would read NAME from trollout's own environment, where API keys and tokens
+live; the value would then be looked up in DNS, printed and written into the run folder. So a
+served config reads only the variables the user allows (`parse_servers`'s ``env_allow``: the
+setting ``served_config_env_allow``, ``--allow-env NAME``; none by default). A variable not
+allowed is treated as unset: ``${oc.env:X,default}`` takes its default, ``${oc.env:X}`` is
+refused naming the key path and the setting. NeMo Gym's own server-side variables are resolved
+on the servers, never here. An allowed variable may feed only a server's ``host`` and ``port``
+(names, references and datasets are written into every row): elsewhere it is refused. A URL
+built from one is shown by the interpolation text (`text.conceal`): ``http://${oc.env:H}:8000``
+in every message, file and span, while trollout still connects to the real host.
+
+Only omegaconf's own resolvers run (``oc.env`` under the rule above, ``oc.decode``,
+``oc.select``, ...): a resolver some other code registered in this process (it might read files
+or the environment) is refused as unknown.
+
+Bounds: omegaconf resolves ``x1: ${x0}${x0}`` ... ``x40: ${x39}${x39}`` without memoising, so a
+40-line config is 2**40 steps and a terabyte string. Reading one value may take at most
+`MAX_RESOLUTION_STEPS` node interpolations and resolver calls, and no string it resolves through
+may exceed `MAX_RESOLVED_CHARS`; past either it is refused naming the key path. The hooks are set
+on the config objects this module creates (instance attributes over omegaconf's
+``_resolve_node_interpolation`` and ``_evaluate_custom_resolver``), never on omegaconf's classes
+or its global resolver table, so other users of omegaconf in the process are untouched.
+``--config`` files and ``config_paths`` are read by `config.load_yaml`, not omegaconf: they
+interpolate nothing.
+
 Secrets: omegaconf's exceptions hold the node they were raised in (its repr shows sibling values
 such as API keys), and some of their messages quote the value. So no omegaconf exception is ever
 put in a message, kept, or chained: the `DeploymentError` is raised after the ``except`` block.
@@ -26,21 +52,29 @@ omegaconf is imported on first use, so a run given ``--agent-url`` never loads i
 Design note: the rejected alternative resolved ``${...}`` with a hand-written resolver. It would
 have to match OmegaConf's grammar (nesting, quoting, escapes, relative keys, typed whole-value
 interpolations but strings from ``oc.env``), and every difference is a wrong refusal or a wrong
-host.
+host. Replacing ``oc.env`` in omegaconf's global resolver table was rejected too: it changes
+every other user's configs in the process. Running resolution under a timer was rejected for the
+bounds: a time limit depends on the machine's load; a count of steps does not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final
 
+import attrs
 from attrs import frozen
 
 from ..errors import DeploymentError
+from ..text import conceal, public_url
 
 __all__ = [
     "AGENTS",
     "ENVIRONMENTS",
+    "ENV_ALLOW_SETTING",
+    "MAX_RESOLUTION_STEPS",
+    "MAX_RESOLVED_CHARS",
     "MODELS",
     "RESOURCES",
     "SERVER_TYPES",
@@ -57,10 +91,27 @@ ENVIRONMENTS: Final = "environment_servers"
 SERVER_TYPES: Final = frozenset({AGENTS, RESOURCES, MODELS, ENVIRONMENTS})
 _DECLARING: Final = frozenset({AGENTS, RESOURCES})  # server types whose blocks declare datasets
 _FIX: Final = "fix the deployment config and restart it"
-_RESOLVE_FIX: Final = (
-    "set what it references (${oc.env:...} reads trollout's own environment) or fix the "
-    "deployment config"
+_RESOLVE_FIX: Final = "fix the deployment config"
+_UNSET_ENV: Final = "an environment variable it references is not set"
+MAX_RESOLUTION_STEPS: Final = 1_000  # interpolations and resolver calls to read one value
+MAX_RESOLVED_CHARS: Final = 16_384  # the longest string resolved on the way (a host is < 256)
+ENV_ALLOW_SETTING: Final = "served_config_env_allow"
+# omegaconf's own resolvers; oc.env is read under the environment rule (module doc).
+_RESOLVERS: Final = frozenset(
+    {
+        "oc.coerce",
+        "oc.create",
+        "oc.decode",
+        "oc.deprecated",
+        "oc.dict.keys",
+        "oc.dict.values",
+        "oc.env",
+        "oc.select",
+    }
 )
+_UNSET_NAME: Final = "=trollout: not allowed="  # no environment holds a name with "="
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_CONNECTION_KEYS: Final = frozenset({"host", "port"})
 
 
 @frozen
@@ -100,7 +151,7 @@ class Server:
     name: str
     server_type: str
     implementation: str | None
-    url: str
+    url: str = attrs.field(repr=lambda url: repr(public_url(url)))  # shown concealed
     agent_server: str | None = None
     resources_server: str | None = None
     model_server: str | None = None
@@ -108,17 +159,22 @@ class Server:
     allowed_agents: frozenset[str] | None = None
 
 
-def parse_servers(cfg: Mapping[str, Any]) -> tuple[Server, ...]:
+def parse_servers(cfg: Mapping[str, Any], env_allow: Collection[str] = ()) -> tuple[Server, ...]:
     """Return the server instances of a served config, in config order.
 
     Args:
         cfg: the parsed YAML mapping (or an omegaconf ``DictConfig``), interpolations unresolved.
+        env_allow: the environment variables ``${oc.env:...}`` may read (module doc); any
+            other reads as unset.
 
     Raises:
-        DeploymentError: a malformed server block, or a value trollout reads that cannot be
-            resolved; the message names the key path, never the value.
+        DeploymentError: a malformed server block, a value trollout reads that cannot be
+            resolved or passes the bounds, or an environment variable not allowed; the message
+            names the key path, never the value.
     """
-    root = _create(cfg)
+    guard = _Guard(frozenset(env_allow))
+    root = _create(cfg, guard)
+    guard.texts = frozenset(_strings(root))
     parsed = (_instance(root, key) for key in list(root.keys()))
     return tuple(server for server in parsed if server is not None)
 
@@ -137,17 +193,20 @@ def kind(value: Any) -> str:
 # --- OmegaConf access (lazy import; errors by key path and category) -------------------------
 
 
-def _create(cfg: Mapping[str, Any]) -> Any:
+def _create(cfg: Mapping[str, Any], guard: _Guard) -> Any:
     from omegaconf import DictConfig, OmegaConf  # lazy: see the module doc
     from omegaconf.errors import OmegaConfBaseException
 
-    if isinstance(cfg, DictConfig):
-        return cfg
     try:
-        return OmegaConf.create(_plain(cfg))
+        # A DictConfig given is copied: the hooks go on this module's own objects only.
+        plain = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+        root = OmegaConf.create(_plain(plain))
     except OmegaConfBaseException as exc:
         # Only names survive the block: the exception holds the config (see the module doc).
         where, category = getattr(exc, "full_key", None), _category(exc)
+    else:
+        guard.hook(root)
+        return root
     subject = f"deployment config key {str(where)!r}" if where else "the deployment config"
     raise DeploymentError(f"{subject} cannot be loaded: {category}; {_FIX}")
 
@@ -179,21 +238,192 @@ def _peek(node: Any, key: Any) -> Any:
 def _read(node: Any, key: Any, path: str) -> Any:
     """Return ``node[key]`` resolved, or None when it is absent.
 
+    Only a ``host`` or ``port`` may take its value from an (allowed) environment variable:
+    `_read_connection` reads those.
+
     Raises:
-        DeploymentError: the value is ``???`` or cannot be resolved (key path and category,
-            no value).
+        DeploymentError: the value is ``???``, cannot be resolved, passes the bounds, reads an
+            environment variable not allowed, or anything but a host or port reads an allowed
+            one (key path and category, no value).
     """
+    value, env_names = _read_connection(node, key, path)
+    if env_names:
+        raise DeploymentError(
+            f"deployment config key {path!r} takes its value from the environment (${{oc.env:"
+            "...}); only a server's host and port may (names are written into every row); "
+            f"{_RESOLVE_FIX}"
+        )
+    return value
+
+
+def _read_connection(node: Any, key: Any, path: str) -> tuple[Any, list[str]]:
+    """Return ``node[key]`` resolved (None when absent) and the allowed variables it read."""
     from omegaconf.errors import OmegaConfBaseException
 
     if not _present(node, key):
-        return None
+        return None, []
+    guard: _Guard = vars(node)["_trollout_guard"]  # every config object here has one (hook)
+    guard.start()
     try:
-        return node[key]
+        value = node[key]
     except OmegaConfBaseException as exc:
-        category = _category(exc)
+        category = guard.refusal or _category(exc)
+    else:
+        if guard.refusal is None and not _too_long(value):
+            return value, guard.env_read
+        category = guard.refusal or guard.too_long()
+    remedy = guard.remedy or ("set it, or " if category == _UNSET_ENV else "") + _RESOLVE_FIX
     raise DeploymentError(
-        f"deployment config key {path!r} cannot be resolved: {category}; {_RESOLVE_FIX}"
+        f"deployment config key {path!r} cannot be resolved: {category}; {remedy}"
     )
+
+
+def _too_long(value: Any) -> bool:
+    return isinstance(value, str) and len(value) > MAX_RESOLVED_CHARS
+
+
+def _strings(node: Any) -> Iterator[str]:
+    """Yield the config's string values as written (interpolations unresolved)."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(node, resolve=False)
+    todo = [plain]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, Mapping):
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+
+
+class _Guard:
+    """The bounds and the environment rule, enforced while one value is read (module doc).
+
+    ``start`` resets the count before each read; a hook that refuses records why
+    (``refusal``, ``remedy``) and raises, and `_read_connection` reports the record, since
+    omegaconf may wrap or swallow what a hook raises.
+    """
+
+    def __init__(self, allow: frozenset[str]) -> None:
+        self.allow = allow
+        self.texts: frozenset[str] = frozenset()
+        self.start()
+
+    def start(self) -> None:
+        self.steps = 0
+        self.env_read: list[str] = []
+        self.refusal: str | None = None
+        self.remedy: str | None = None
+
+    def hook(self, root: Any) -> None:
+        """Set the counting hooks on every config object under ``root``."""
+        from omegaconf import Container
+
+        todo = [root]
+        while todo:
+            container = todo.pop()
+            if "_trollout_guard" in vars(container):
+                continue
+            _set(container, "_trollout_guard", self)
+            _set(container, "_resolve_node_interpolation", self._node_hook(container))
+            _set(container, "_evaluate_custom_resolver", self._resolver_hook(container))
+            keys = range(len(container)) if _is_list(container) else list(container.keys())
+            for key in keys:
+                child = container._get_node(key)
+                if isinstance(child, Container):
+                    todo.append(child)
+
+    def _node_hook(self, container: Any) -> Callable[..., Any]:
+        original = type(container)._resolve_node_interpolation
+
+        def resolve_node(*args: Any, **kwargs: Any) -> Any:
+            self._step()
+            node = original(container, *args, **kwargs)
+            self._check(node)
+            return node
+
+        return resolve_node
+
+    def _resolver_hook(self, container: Any) -> Callable[..., Any]:
+        original = type(container)._evaluate_custom_resolver
+
+        def evaluate(**kwargs: Any) -> Any:  # omegaconf calls it with keywords only
+            self._step()
+            inter_type = kwargs["inter_type"]
+            if inter_type not in _RESOLVERS:
+                self._refuse("it uses a resolver trollout does not know")
+            if inter_type == "oc.env":
+                kwargs["inter_args"] = self._env_args(tuple(kwargs["inter_args"]))
+            result = original(container, **kwargs)
+            self._check(result)
+            return result
+
+        return evaluate
+
+    def _env_args(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        name = args[0] if args else None
+        if name in self.allow:
+            self.env_read.append(name)
+            return args
+        if len(args) > 1:  # not allowed reads as unset: omegaconf's own default rule applies
+            return (_UNSET_NAME, *args[1:])
+        shown = self._shown_name(name)
+        self.remedy = (
+            f"allow it with --allow-env {shown} (+{ENV_ALLOW_SETTING}=[{shown}]) if the head "
+            "server may read it, or give the interpolation a default"
+        )
+        said = f"environment variable {shown!r}" if shown != "NAME" else "an environment variable"
+        self._refuse(
+            f"it reads {said} of trollout's own environment, and a served config may read "
+            "only the variables you allow"
+        )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _shown_name(self, name: Any) -> str:
+        """Name a variable only when the config spells it out (a computed name may be data)."""
+        spelled = isinstance(name, str) and _ENV_NAME.fullmatch(name) is not None
+        if spelled and any(f"oc.env:{name}" in text for text in self.texts):
+            return str(name)
+        return "NAME"
+
+    def _step(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_RESOLUTION_STEPS:
+            self._refuse(
+                f"it takes more than {MAX_RESOLUTION_STEPS:,} interpolation steps to resolve "
+                "(an exponential chain such as x1: ${x0}${x0})"
+            )
+        if self.refusal is not None:  # omegaconf swallowed a refusal (oc.select): stop again
+            raise _Refused(self.refusal)
+
+    def _check(self, result: Any) -> None:
+        from omegaconf import Container
+
+        value = result._value() if hasattr(result, "_value") else result
+        if _too_long(value):
+            self._refuse(self.too_long())
+        if isinstance(result, Container):
+            self.hook(result)  # made by a resolver (oc.create): bounded like the rest
+
+    def too_long(self) -> str:
+        return (
+            f"a string it resolves to or through is longer than {MAX_RESOLVED_CHARS:,} characters"
+        )
+
+    def _refuse(self, why: str) -> None:
+        if self.refusal is None:
+            self.refusal = why
+        raise _Refused(why)
+
+
+class _Refused(Exception):
+    """Raised by a hook; its reason is kept on the `_Guard` (omegaconf wraps exceptions)."""
+
+
+def _set(container: Any, name: str, value: Any) -> None:
+    object.__setattr__(container, name, value)  # a DictConfig's setattr would set a key
 
 
 def _present(node: Any, key: Any) -> bool:
@@ -218,7 +448,7 @@ def _category(exc: BaseException) -> str:
         return "it is ??? (not set)"
     text = str(exc)  # only matched against omegaconf's own wording, never shown
     if text.startswith('KeyError raised while resolving interpolation: "Environment variable'):
-        return "an environment variable it references is not set"
+        return _UNSET_ENV
     if text.startswith("Recursive interpolation"):
         return "it refers to itself (a circular interpolation)"
     return "its interpolation fails"
@@ -266,7 +496,23 @@ def _server(name: str, server_type: str, impl: str, block: Any, path: str) -> Se
 
 
 def _block_url(block: Any, path: str) -> str:
-    host, port = _read(block, "host", f"{path}.host"), _port(block, f"{path}.port")
+    """Return the block's ``http://host:port``; one read from the environment is concealed."""
+    host, host_env = _read_connection(block, "host", f"{path}.host")
+    port, port_env = _port(block, f"{path}.port")
+    url = _url(host, port, path)
+    if host_env or port_env:
+        shown_host = _written(block, "host") if host_env else None
+        shown_port = _written(block, "port") if port_env else None
+        conceal(url, shown_host, shown_port)
+    return url
+
+
+def _written(block: Any, key: str) -> str:
+    """Return a value as the config writes it (its interpolation text)."""
+    return str(block._get_node(key)._value())
+
+
+def _url(host: Any, port: int, path: str) -> str:
     if not isinstance(host, str) or not host.strip():
         raise _bad(f"{path}.host", "a host name", host)
     if any(c in host for c in "/@?#") or any(c.isspace() for c in host.strip()):
@@ -280,13 +526,13 @@ def _block_url(block: Any, path: str) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _port(block: Any, path: str) -> int:
-    port = _read(block, "port", path)
+def _port(block: Any, path: str) -> tuple[int, list[str]]:
+    port, env_names = _read_connection(block, "port", path)
     if isinstance(port, str) and port.isascii() and port.isdigit():
         port = int(port)  # ${oc.env:PORT,12047} is a string; NeMo Gym's int field takes it too
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise _bad(path, "a port 1..65535", port)
-    return port
+    return port, env_names
 
 
 def _ref_name(block: Any, key: str, path: str) -> str | None:

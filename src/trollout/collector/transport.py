@@ -62,7 +62,7 @@ import httpx
 import trio
 from attrs import frozen
 
-from ..text import public_url
+from ..text import concealed, public_url
 from .exchange import Deadlines, Exchange
 from .http11 import FramingError, check_field_value, encode_request, post_prefix
 from .replies import (
@@ -426,7 +426,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
                 return _Connection(await self._open_stream(target.host, target.port))
             except OSError as exc:
                 raise httpx.ConnectError(
-                    f"cannot connect to {public_url(url)}: {_reasons(exc)}"
+                    concealed(f"cannot connect to {public_url(url)}: {_reasons(exc)}")
                 ) from exc
         raise httpx.ConnectTimeout(
             f"connecting to {public_url(url)} took longer than "

@@ -39,7 +39,7 @@ import httpx
 import trio
 from attrs import frozen
 
-from ..config import RunConfig, default_max_attempts
+from ..config import DEFAULT_MAX_INPUT_LINE_BYTES, RunConfig, default_max_attempts
 from ..errors import ConfigError
 from ..recovery.layout import RunLayout
 from .batch import read_batch_manifest, status_path, write_batch_status
@@ -79,6 +79,8 @@ class AggregateOptions:
             ``retries/*`` exports); default: env ``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS``, else 3.
         batch_manifest: a NeMo Gym batch manifest: ``batch_status.json`` is written beside it.
         retry_terminal_timeouts: judge terminal timeouts retryable in that batch status.
+        max_line_bytes: the longest line read from a shard (the input line limit,
+            ``--max-line-bytes``); None for a run's own aggregation of the files it wrote.
     """
 
     count_failure_classes_as_zero: frozenset[str] | None = None
@@ -91,6 +93,7 @@ class AggregateOptions:
     max_attempts: int = attrs.field(factory=default_max_attempts)
     batch_manifest: Path | None = None
     retry_terminal_timeouts: bool = False
+    max_line_bytes: int | None = DEFAULT_MAX_INPUT_LINE_BYTES
 
     @classmethod
     def of_run(cls, config: RunConfig) -> AggregateOptions:
@@ -104,6 +107,7 @@ class AggregateOptions:
             max_attempts=config.max_attempts,
             batch_manifest=Path(manifest) if manifest else None,
             retry_terminal_timeouts=config.retry_terminal_timeouts,
+            max_line_bytes=None,  # the files this run wrote itself (rows hold whole replies)
         )
 
     def summary_options(self) -> SummaryOptions:
@@ -322,7 +326,11 @@ def _compute(
 ) -> tuple[Collection, list[GroupSummary]]:
     if plan is not None and not plan.is_file():
         raise ConfigError(f"materialized inputs {str(plan)!r} is not a file; check the path")
-    collection = Collection(options.count_failure_classes_as_zero, keep_rows=keep_rows)
+    collection = Collection(
+        options.count_failure_classes_as_zero,
+        keep_rows=keep_rows,
+        max_line_bytes=options.max_line_bytes,
+    )
     if merge is None:
         collection.read(shards, plan=plan)
     else:

@@ -19,12 +19,25 @@ asked for). The rules, documented where the user sees them (``trollout aggregate
   row beats any failure of the same rollout, whichever shard holds it.
 - The group of a row is its agent (``agent_ref.name``), or, for a row routed by taskset without
   an agent, its environment server.
+- A plan given (``materialized_inputs_jsonl_fpath``) is read first and adds to the expected
+  rollouts. It may be several runs' plans concatenated: a ``(group, task, rollout)`` that comes
+  again begins the next run's segment, numbered like a plan of its own. It numbers the rows of
+  shards that have no materialized inputs of their own, by task index, when it is one segment;
+  a shard that has its own keeps them (its run's numbering, which a union plan is not).
+- Rows in, rows out: a landed row is dropped as a duplicate only when it ran the
+  ``responses_create_params`` (seed aside) of the row kept for that rollout; otherwise the
+  numbering went wrong and the merge stops naming the row (`InputError`), never loses it. A
+  rollouts file from which no row was read, with nothing beside it, is refused too, and every
+  line is held to the input line limit.
 
 Design note: the rejected alternative loads every row of every shard, concatenates them and
 de-duplicates in memory (NeMo Gym's way); it needs memory for every payload, and a second
 reading of the rows for each statistic. Here a rollout's fate is a bit in its task's masks, so
 duplicate detection, coverage and the imputed zeros cost a few bytes per rollout, plus the
-identity tables (`identity`): a digest and a number per task.
+identity tables (`identity`): a digest and a number per task, plus one row key per task
+for the duplicate check (only when several shards are merged). Rejected for the union plan:
+numbering every shard by its task indices (the old reading), which merged chunk 1's task 0 into
+chunk 0's and dropped its rollouts as duplicates with exit 0.
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ import attrs
 import orjson
 from attrs import frozen
 
+from ..config import DEFAULT_MAX_INPUT_LINE_BYTES
 from ..errors import InputError
 from ..records import AGENT_REF, ENVIRONMENT_SERVER, ROLLOUT_INDEX, TASK_INDEX
 from ..recovery.layout import RunLayout
@@ -49,6 +63,7 @@ from .stats import GroupStats, is_masked, metric_columns, popcount
 __all__ = ["Collection", "InputReport", "group_key", "reduce_row"]
 
 ServerRows = defaultdict[GroupKey, list[tuple[int, int, bytes]]]
+_DENSE_TASKS = 1 << 24  # task indices below this are kept as bits (`_RolloutBits`)
 
 
 @frozen
@@ -152,7 +167,14 @@ class _Shard:
 class Collection:
     """The state of one aggregation: groups, failures, and what was read."""
 
-    def __init__(self, keep_classes: frozenset[str] | None, *, keep_rows: bool = False) -> None:
+    def __init__(
+        self,
+        keep_classes: frozenset[str] | None,
+        *,
+        keep_rows: bool = False,
+        max_line_bytes: int | None = DEFAULT_MAX_INPUT_LINE_BYTES,
+    ) -> None:
+        self.max_line_bytes = max_line_bytes  # the input line limit, for every file read
         self.groups: dict[GroupKey, GroupStats] = {}
         self.imputed: dict[GroupKey, GroupStats] = {}
         self.ledger = FailureLedger(keep_classes)
@@ -164,7 +186,10 @@ class Collection:
         self._outside_plan = 0
         self._planned = False
         self._rows_only = False  # some shard has no plan: planned tasks record their row keys
-        self._plans: dict[Path, LocalIds] = {}
+        self._plans: dict[Path, list[LocalIds]] = {}  # each plan read: its segments' numbering
+        self._read_rows: Counter[Path] = Counter()  # rows read per file
+        self._unnumbered: Counter[Path] = Counter()  # per shard: rows no plan could number
+        self._row_keys: dict[tuple[GroupKey, int], int] = {}  # (group, task) -> a landed row key
         self.shards: list[_Shard] = []
         self.report = InputReport(())
 
@@ -190,30 +215,45 @@ class Collection:
         Args:
             shards: the rollouts files, in order.
             merge: the merged run folder being written, if any.
-            plan: one materialized-inputs file standing for every shard's own
-                (``materialized_inputs_jsonl_fpath``).
+            plan: a materialized-inputs file (``materialized_inputs_jsonl_fpath``): read first,
+                its rollouts are expected; it numbers the rows of every shard that has no
+                materialized inputs of its own.
+
+        Raises:
+            InputError: a line is not a JSON object or longer than the line limit; a shard
+                holds no row at all; a landed row would be dropped as a duplicate of a
+                rollout that ran other inputs.
         """
-        self.task_ids.single = len(shards) == 1  # one run's numbering is its own
-        shards = _planned_first(shards, plan)
+        self.task_ids.single = len(shards) == 1 and plan is None  # one run's numbering
+        shards = _planned_first(shards)
         layouts = [RunLayout.for_output(p) for p in shards]
-        plans = [plan or lay.materialized_inputs for lay in layouts]
-        files = {p: None for lay, pl in zip(layouts, plans, strict=True) for p in _files(lay, pl)}
+        owns = [lay.materialized_inputs for lay in layouts]
+        plans = [own if own.is_file() else plan for own in owns]
+        given = [plan] if plan is not None else []
+        files = dict.fromkeys(
+            [*given, *(p for lay, pl in zip(layouts, plans, strict=True) for p in _files(lay, pl))]
+        )
         same = identical_files([p for p in files if p.is_file()])
         for order, (lay, pl) in enumerate(zip(layouts, plans, strict=True)):
-            first = same.get(pl, pl) if pl.is_file() else None
+            first = same.get(pl, pl) if pl is not None and pl.is_file() else None
             self.shards.append(_Shard(order, lay, first))
+        for path in [*(same.get(g, g) for g in given), *(s.plan for s in self.shards)]:
+            if path is not None and path not in self._plans:
+                self._plans[path] = self._read_plan(path, merge)
         for shard in self.shards:
-            if shard.plan is not None and shard.plan not in self._plans:
-                self._plans[shard.plan] = self._read_plan(shard, merge)
-            shard.ids = self._plans.get(shard.plan) if shard.plan is not None else None
+            segments = self._plans.get(shard.plan) if shard.plan is not None else None
+            # A plan of several runs concatenated cannot number a shard's rows by index.
+            shard.ids = None if segments is None or len(segments) > 1 else _first(segments)
         self._planned = bool(self._plans)
-        self._rows_only = not self.task_ids.single and any(s.plan is None for s in self.shards)
+        self._rows_only = not self.task_ids.single and any(s.ids is None for s in self.shards)
         skipped: list[tuple[Path, Path]] = []
         for shard, own_plan in zip(self.shards, plans, strict=True):
-            if shard.plan is not None and shard.plan != own_plan:
+            if shard.plan is not None and own_plan is not None and shard.plan != own_plan:
                 skipped.append((own_plan, shard.plan))
             skipped += self._read_outcomes(shard, same, merge)
             shard.seen.clear()  # occurrences count within one shard: done with them
+        self._refuse_empty(skipped)
+        self._refuse_unnumbered()
         self.report = InputReport(
             shards=tuple(shards),
             skipped=tuple(skipped),
@@ -222,6 +262,52 @@ class Collection:
             outside_plan=self._outside_plan,
             renumbered=self.task_ids.renumbered,
         )
+
+    def _refuse_unnumbered(self) -> None:
+        """Refuse rows that only a plan of several runs could number (`_plan_rows`).
+
+        Such a plan repeats task indices, so it cannot number a shard without materialized
+        inputs of its own; rows whose content matched no planned task would be counted beside
+        the plan's, the coverage wrong.
+        """
+        for path, count in self._unnumbered.items():
+            plan = next(s.plan for s in self.shards if s.layout.rollouts == path)
+            raise InputError(
+                [
+                    f"{path}: {count} landed row{'s' if count > 1 else ''} match no task of "
+                    f"the plan {str(plan)!r}, which holds several runs' materialized inputs "
+                    "concatenated (each numbering its tasks from 0), so it cannot number a "
+                    "shard without materialized inputs of its own; keep each run's "
+                    "<stem>_materialized_inputs.jsonl beside its rollouts file"
+                ]
+            )
+
+    def _refuse_empty(self, skipped: Sequence[tuple[Path, Path]]) -> None:
+        """Refuse a shard of which not one row was read (an empty or unreadable rollouts file).
+
+        A shard whose failures or materialized inputs (its own, or the plan standing for
+        them) hold rows is a run where nothing landed, which is data; a shard skipped as a copy
+        was read through its original.
+        """
+        copies = {path for path, _ in skipped}
+        for shard in self.shards:
+            layout = shard.layout
+            files = [layout.rollouts, layout.failures, layout.materialized_inputs]
+            files += [shard.plan] if shard.plan is not None else []
+            if any(self._read_rows[p] for p in files) or any(p in copies for p in files):
+                continue
+            torn = (
+                " (its only line is torn: cut short and not JSON)"
+                if any(t.startswith(f"{layout.rollouts}:") for t in self._torn)
+                else ""
+            )
+            raise InputError(
+                [
+                    f"{layout.rollouts}: holds no rollout row{torn}, and no failure or "
+                    "materialized input beside it; aggregate run folders a collector wrote, or "
+                    "leave this file out of the inputs"
+                ]
+            )
 
     def _read_outcomes(
         self, shard: _Shard, same: Mapping[Path, Path], merge: MergeWriter | None
@@ -254,14 +340,35 @@ class Collection:
         return first if owner is not None and shard.plan in (owner.plan, None) else None
 
     def _rows(self, path: Path) -> Iterator[tuple[int, bytes, dict[str, Any], int, int]]:
-        for number, raw, row in read_lines(path, self._torn):
+        for number, raw, row in read_lines(path, self._torn, self.max_line_bytes):
             task, rollout = _identity(path, number, row)
+            self._read_rows[path] += 1
             yield number, raw, row, task, rollout
 
-    def _read_plan(self, shard: _Shard, merge: MergeWriter | None) -> LocalIds:
-        assert shard.plan is not None
-        ids, seen = LocalIds(), self.task_ids.occurrences()
-        for _, raw, row, task, rollout in self._rows(shard.plan):
+    def _plan_rows(self, path: Path) -> Iterator[tuple[int, bytes, dict[str, Any], int, int]]:
+        """Yield a plan's rows with their segment: a new one where a rollout repeats.
+
+        A plan is one run's materialized inputs, or several concatenated (what a NeMo Gym user
+        passes as ``materialized_inputs_jsonl_fpath`` for chunks collected separately, each
+        numbering its tasks from 0): the run whose rows follow begins where a ``(group, task,
+        rollout)`` comes a second time.
+        """
+        segment, seen = 0, _RolloutBits()
+        for _, raw, row, task, rollout in self._rows(path):
+            if not seen.add(group_key(row), task, rollout):
+                segment, seen = segment + 1, _RolloutBits()
+                seen.add(group_key(row), task, rollout)
+            yield segment, raw, row, task, rollout
+
+    def _read_plan(self, path: Path, merge: MergeWriter | None) -> list[LocalIds]:
+        """Read a plan: each of its segments numbered like a run of its own (`_plan_rows`)."""
+        segments: list[LocalIds] = []
+        seen = self.task_ids.occurrences()
+        for segment, raw, row, task, rollout in self._plan_rows(path):
+            if segment == len(segments):
+                segments.append(LocalIds())
+                seen = self.task_ids.occurrences()
+            ids = segments[segment]
             key = group_key(row)
             merged = ids.get(key, task)
             if merged is None:
@@ -277,7 +384,7 @@ class Collection:
             state.known |= bit
             if merge is not None:
                 merge.materialized.write(_renumbered(raw, row, task, merged))
-        return ids
+        return segments
 
     def _merged_task(self, shard: _Shard, key: GroupKey, task: int, row: Mapping[str, Any]) -> int:
         """Return the merged number of a row's task (numbering it from the row if unplanned)."""
@@ -308,17 +415,21 @@ class Collection:
 
     def _read_rollouts(self, shard: _Shard, path: Path, merge: MergeWriter | None) -> None:
         server_rows = self.server_rows
-        for _, raw, row, local, rollout in self._rows(path):
+        for number, raw, row, local, rollout in self._rows(path):
             key = group_key(row)
             group = self.group(key, row)
             task = self._merged_task(shard, key, local, row)
             state = group.task(task)
             bit = 1 << rollout
+            if not self.task_ids.single:
+                self._check_same_task(path, number, key, task, row)
             if state.landed & bit:
                 self._duplicates[str(path)] += 1
                 continue
             if self._planned and not state.known & bit:
                 self._outside_plan += 1
+                if shard.ids is None and shard.plan is not None:
+                    self._unnumbered[path] += 1
             group.add_row(task, rollout, metric_columns(row), masked=is_masked(row))
             if merge is not None:
                 merge.rollouts.write(_renumbered(raw, row, local, task))
@@ -326,6 +437,30 @@ class Collection:
                 reduced = reduce_row(row)
                 reduced[TASK_INDEX] = task
                 server_rows[key].append((task, rollout, orjson.dumps(reduced)))
+
+    def _check_same_task(
+        self, path: Path, number: int, key: GroupKey, task: int, row: Mapping[str, Any]
+    ) -> None:
+        """Refuse a landed row numbered as a task whose other landed rows ran other inputs.
+
+        The identity rules count a rollout once; this is their check: rows are dropped as
+        duplicates only when they ran what the kept row ran, so a merge never loses a distinct
+        rollout with exit 0 (a plan that numbers shards wrongly is the likely cause).
+        """
+        digest = row_content_digest(row, key)
+        if digest is None:
+            return
+        kept = self._row_keys.setdefault((key, task), digest)
+        if kept != digest:
+            raise InputError(
+                [
+                    f"{path}:{number}: this landed row and an earlier one are numbered as the "
+                    f"same task (merged task {task} of {_group_name(key)}) but ran different "
+                    "responses_create_params, so one would be lost; check that each shard's "
+                    "materialized inputs (or materialized_inputs_jsonl_fpath) are the ones "
+                    "its run wrote"
+                ]
+            )
 
     def _read_failures(self, shard: _Shard, path: Path, merge: MergeWriter | None) -> None:
         for number, raw, row, local, rollout in self._rows(path):
@@ -371,10 +506,10 @@ class Collection:
         if not pending:
             return
         todo = dict(pending)
-        for path, ids in self._plans.items():
-            for _, _, row, local, rollout in self._rows(path):
+        for path, segments in self._plans.items():
+            for segment, _, row, local, rollout in self._plan_rows(path):
                 key = group_key(row)
-                task = ids.get(key, local)
+                task = segments[segment].get(key, local)
                 item = todo.pop((key, task, rollout), None) if task is not None else None
                 if item is not None and task is not None:
                     self._add_imputed(key, task, rollout, row, item[1])
@@ -399,15 +534,51 @@ class Collection:
             self.server_rows[key].append((task, rollout, orjson.dumps(reduce_row(row))))
 
 
-def _files(layout: RunLayout, plan: Path) -> tuple[Path, Path, Path]:
-    return (plan, layout.rollouts, layout.failures)
+def _files(layout: RunLayout, plan: Path | None) -> tuple[Path, ...]:
+    return (
+        (layout.rollouts, layout.failures)
+        if plan is None
+        else (plan, layout.rollouts, layout.failures)
+    )
 
 
-def _planned_first(shards: Sequence[Path], plan: Path | None) -> list[Path]:
+def _group_name(key: GroupKey) -> str:
+    return f"agent {key[0]!r}" if key[0] is not None else f"environment server {key[1]!r}"
+
+
+def _planned_first(shards: Sequence[Path]) -> list[Path]:
     """Return the shards in reading order: those with materialized inputs first, each sorted."""
-    if plan is not None:
-        return list(shards)
     return sorted(shards, key=lambda p: not RunLayout.for_output(p).materialized_inputs.is_file())
+
+
+def _first(segments: list[LocalIds]) -> LocalIds:
+    return segments[0] if segments else LocalIds()
+
+
+class _RolloutBits:
+    """A set of ``(group, task, rollout)``: a bit per task for each group and rollout index."""
+
+    __slots__ = ("_dense", "_sparse")
+
+    def __init__(self) -> None:
+        self._dense: dict[tuple[GroupKey, int], bytearray] = {}
+        self._sparse: set[tuple[GroupKey, int, int]] = set()
+
+    def add(self, key: GroupKey, task: int, rollout: int) -> bool:
+        """Add a rollout; return False when it was there already."""
+        if not 0 <= task < _DENSE_TASKS:
+            if (key, task, rollout) in self._sparse:
+                return False
+            self._sparse.add((key, task, rollout))
+            return True
+        bits = self._dense.setdefault((key, rollout), bytearray())
+        if task >> 3 >= len(bits):
+            bits.extend(bytes(max((task >> 3) + 1, len(bits) * 2) - len(bits)))
+        mask = 1 << (task & 7)
+        if bits[task >> 3] & mask:
+            return False
+        bits[task >> 3] |= mask
+        return True
 
 
 def _renumbered(raw: bytes, row: dict[str, Any], local: int, task: int) -> bytes:

@@ -20,6 +20,7 @@ import httpx
 import orjson
 from attrs import frozen
 
+from ..text import concealed, public_url
 from .coverage import GroupKey
 
 __all__ = ["ServerOutcome", "Target", "fetch_server_metrics", "target_for"]
@@ -79,16 +80,19 @@ async def fetch_server_metrics(
             endpoint, content=request_body(rows), headers={"content-type": "application/json"}
         )
     except httpx.HTTPError as exc:
-        return ServerOutcome(url, error=f"POST {endpoint} failed: {type(exc).__name__}: {exc}")
+        failed = f"POST {public_url(endpoint)} failed: {type(exc).__name__}: {exc}"
+        return ServerOutcome(url, error=concealed(failed))
     if response.status_code != 200:
         text = response.text[:_MAX_BODY_SHOWN]
         return ServerOutcome(
-            url, error=f"POST {endpoint} answered HTTP {response.status_code}: {text!r}"
+            url,
+            error=f"POST {public_url(endpoint)} answered HTTP {response.status_code}: {text!r}",
         )
     return _outcome(url, endpoint, response.content)
 
 
 def _outcome(url: str, endpoint: str, content: bytes) -> ServerOutcome:
+    endpoint = public_url(endpoint)
     try:
         reply = orjson.loads(content)
     except orjson.JSONDecodeError:

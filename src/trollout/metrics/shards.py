@@ -8,7 +8,9 @@
   shards (which differ in size) are never hashed.
 - `read_lines`: aggregation never changes its inputs, so a torn last line (a line without its
   newline that does not parse, left by a collector killed or still writing) is skipped and
-  reported instead of repaired in place; a bad line anywhere else is an `InputError`.
+  reported instead of repaired in place; a bad line anywhere else is an `InputError`. Every
+  line is held to the input line limit (``--max-line-bytes``, 64 MiB by default), torn or not:
+  a shard that is one 300 MB line is refused once the limit is read, never loaded whole.
 - `refuse_overlaps`: before anything is written, no file aggregation writes may be a file it
   reads (an input, the plan, the batch manifest) or one it writes in another role, compared by
   resolved path and by inode, so a symlink or a hard link cannot smuggle one in.
@@ -126,13 +128,17 @@ def _same_content(paths: Sequence[Path]) -> dict[Path, Path]:
     return same
 
 
-def read_lines(path: Path, torn: list[str]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+def read_lines(
+    path: Path, torn: list[str], max_line_bytes: int | None = None
+) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
     """Yield ``(line number, raw line, row)`` of a shard; a torn last line goes to ``torn``.
 
     Raises:
-        InputError: a line other than a torn last line is not a JSON object.
+        InputError: a line other than a torn last line is not a JSON object, or a line (torn
+            or not) is longer than ``max_line_bytes`` (the input line limit: no more than that
+            is ever read into memory for one line).
     """
-    return read_appended(path, torn=torn)
+    return read_appended(path, torn=torn, max_line_bytes=max_line_bytes)
 
 
 Role = tuple[str, Path]  # ("one of the input files", path): what a file is to aggregation
