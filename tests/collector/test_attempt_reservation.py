@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import orjson
-import pytest
 import trio
 import trio.testing
 from hypothesis import given, settings
@@ -127,12 +126,6 @@ class RefusedAfterA503:
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dispatch hook for the lead (issue 21): an attempt's final failure must carry the "
-    "furthest any of its requests got; today the last try's not_sent hides the 503 the server "
-    "answered, and the store releases a number the server saw",
-)
 async def test_attempt_seen_by_the_server_is_never_released_as_not_sent(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
