@@ -293,7 +293,7 @@ class _Rollout:
         self.resends = 0  # re-sends within the current attempt (the X-Trollout-Retry number)
         self.delivery = Delivery.NOT_SENT
         self.furthest = Delivery.NOT_SENT  # the furthest any request of this attempt got
-        self.streak: float | None = None  # the endpoint's streak its last connect failure met
+        self.streak = 0  # the endpoint's streak its last connection failure met
         self.last: Failed | None = None
         self.note = ""
         self.echo: list[tuple[str, Any]] = []
@@ -478,8 +478,8 @@ class _Rollout:
             if health is not None:
                 if health.state is not BreakerState.CLOSED:
                     return "", 0.0  # the breaker holds it until the probe: no own backoff
-                if health.down_since != self.streak:  # a new outage: its own re-sends anew
-                    self.streak, self.connect_retries = health.down_since, 0
+                if health.streaks != self.streak:  # a new outage: its own re-sends anew
+                    self.streak, self.connect_retries = health.streaks, 0
             if self.connect_retries >= retry.max_connect_retries:
                 return "", None
             return "connect", retry.backoff_s(self.connect_retries, self.rng)
