@@ -33,7 +33,7 @@ from attrs import frozen
 
 from ..config import POSITIVE_COUNT, POSITIVE_SECONDS, RunConfig
 from ..errors import ConfigError
-from ..records import Delivery, Failed, FailureClass, Landed, MaterializedRow
+from ..records import Delivery, Failed, FailureClass, Identity, Landed, MaterializedRow
 from ..text import public_url
 from .classify import (
     IDENTITY_MISMATCH,
@@ -55,8 +55,10 @@ from .retry import (
 )
 from .transport import DEFAULT_MAX_BODY_BYTES, Http11Transport, PostTransport, RawResponse
 
-__all__ = ["DispatchPolicy", "NewAttempt", "check_run_url", "dispatch"]
+__all__ = ["DispatchPolicy", "NewAttempt", "OnResend", "check_run_url", "dispatch"]
 
+OnResend = Callable[[Identity, int, int], None]
+"""Note that re-send ``retry`` (1, 2, ...) of an attempt leaves (`sink.ResendRecorder.resent`)."""
 NewAttempt = Callable[[Failed], Awaitable[int]]
 """Record a superseded failed attempt and return the next attempt number, reserved durably.
 
@@ -134,6 +136,7 @@ async def dispatch(
     policy_model_server: str | None = None,
     observer: Observer | None = None,
     started_at: float | None = None,
+    on_resend: OnResend | None = None,
 ) -> Landed | Failed:
     """Run one rollout of `row` against `url` (the full ``.../run`` URL), starting at an attempt.
 
@@ -157,6 +160,8 @@ async def dispatch(
             waits and ends; its trace headers go on every POST (None: off, nothing called).
         started_at: the trio time the rollout started, when the caller has just read the
             clock (the pool does); outcomes' ``elapsed_seconds`` count from it. None: now.
+        on_resend: told just before each re-send within an attempt leaves (the ledger's
+            ``resent`` line); None: not told.
 
     Raises:
         ConfigError: `url` is not a plain ``http://`` URL.
@@ -174,6 +179,7 @@ async def dispatch(
     rollout = _Rollout(
         transport, url, row, attempt_index, policy, rng, retry_state, new_attempt, start
     )
+    rollout.on_resend = on_resend
     if observer is not None:
         return await _observed(rollout, observer)
     limit = policy.rollout_timeout_s
@@ -254,6 +260,7 @@ class _Rollout:
         "new_attempt",
         "note",
         "observer",
+        "on_resend",
         "policy",
         "request_retries",
         "resends",
@@ -285,6 +292,7 @@ class _Rollout:
         self.state = state
         self.health = state.endpoint(url) if state is not None else None
         self.new_attempt = new_attempt
+        self.on_resend: OnResend | None = None
         self.start = start
         self.sent_at = start  # when the last request was sent (re-sends read the clock)
         self.answered_at = start  # when the last request ended (its outcome was built)
@@ -331,6 +339,8 @@ class _Rollout:
                     self._next_trace(superseded)
             else:
                 self.resends += 1
+                if self.on_resend is not None:
+                    self.on_resend(self.row.identity, self.attempt, self.resends)
             self.sent_at = self._now()
 
     @property
