@@ -64,10 +64,10 @@ from __future__ import annotations
 
 import select
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from functools import partial
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -507,7 +507,7 @@ async def read_bounded(
     try:
         async with (
             client.stream(method, url, extensions=extensions, **kwargs) as response,
-            aclosing(response.aiter_bytes()) as chunks,
+            aclosing(cast(AsyncGenerator[bytes], response.aiter_bytes())) as chunks,
         ):
             body = bytearray()
             async for chunk in chunks:
