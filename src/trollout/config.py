@@ -352,6 +352,9 @@ class RunConfig:
     # steadily bytes trickle in; None: twice read_timeout_s (7200 s by default)
     reply_timeout_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
     max_reply_bytes: int = attrs.field(default=256 * 1024 * 1024, validator=POSITIVE_COUNT)
+    # a 200 whose echoed responses_create_params.input is another conversation is
+    # identity_mismatch (collector/classify.py); false for agents that rewrite their input
+    check_echoed_input: bool = attrs.field(default=True, validator=_flag)
     max_rollouts: int = attrs.field(default=10_000_000, validator=POSITIVE_COUNT)  # a plan's size
     # the outage grace: an endpoint that gave no answer this long is down (collector/retry.py)
     dispatch_connect_grace_s: float = attrs.field(default=30.0, validator=SECONDS)

@@ -77,6 +77,7 @@ class DispatchPolicy:
         reply_timeout_s: the longest one request may take, sending through the last reply
             byte (None: twice `read_timeout_s`).
         max_reply_bytes: the longest reply body read (after decoding).
+        check_echoed_input: a 200 that echoes another input is ``identity_mismatch``.
         max_attempts: the attempt cap in force, written on failure rows.
         retry: every retry setting (`retry.RetryPolicy`: re-sends, backoff, breaker, grace).
         rollout_timeout_s: the per-rollout limit, retries and waits included (None: none).
@@ -97,6 +98,7 @@ class DispatchPolicy:
     max_reply_bytes: int = attrs.field(
         default=DEFAULT_MAX_BODY_BYTES, kw_only=True, validator=POSITIVE_COUNT
     )
+    check_echoed_input: bool = attrs.field(default=True, kw_only=True)
 
     @classmethod
     def from_config(cls, config: RunConfig) -> DispatchPolicy:
@@ -110,6 +112,7 @@ class DispatchPolicy:
             timeout_is_terminal=config.timeout_is_terminal,
             reply_timeout_s=config.reply_timeout_s,
             max_reply_bytes=config.max_reply_bytes,
+            check_echoed_input=config.check_echoed_input,
         )
 
     def make_transport(self, *, max_idle_per_host: int | None = None) -> Http11Transport:
@@ -357,12 +360,13 @@ class _Rollout:
 
     def _request(self) -> bytes:
         """Return the current attempt's body, noting the identity its reply may echo."""
-        row = self.row
+        row, check_input = self.row, self.policy.check_echoed_input
         if row.raw is not None and not self.attempt and not row.is_episode:
-            self.echo = expected_echo(row.body)  # the request is the row, as it was read
+            # the request is the row, as it was read
+            self.echo = expected_echo(row.body, check_input=check_input)
             return row.raw
         request = row.request_body(self.attempt)
-        self.echo = expected_echo(request)
+        self.echo = expected_echo(request, check_input=check_input)
         return orjson.dumps(request)
 
     async def _wait(self, delay: float) -> bool:
