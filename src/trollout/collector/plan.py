@@ -276,6 +276,7 @@ def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
     shard = parse_shard(config.shard) if config.shard is not None else None
     table = TaskTable(limit=config.limit, task_ids=config.task_ids, shard=shard)
     totals = _check_rows(source, resolver, materializer, table, problems)
+    resolver.check_keys(problems)
     problems.raise_if_any()
     table.finish()
     selection = table.selection(config.task_ids, problems)
