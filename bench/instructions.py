@@ -33,7 +33,6 @@ Needs valgrind (Debian: ``apt-get install valgrind``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -127,6 +126,7 @@ def _read_back(path: Path) -> Any:
 
 
 async def _engine(rows_path: Path, out: Path, n: int) -> None:
+    import orjson
     import trio
 
     from trollout.collector.engine import open_collector
@@ -134,8 +134,6 @@ async def _engine(rows_path: Path, out: Path, n: int) -> None:
     from trollout.config import RunConfig
     from trollout.recovery.layout import RunLayout
     from trollout.recovery.store import open_run_store
-
-    import orjson
 
     class Answering:
         """Answers every POST at its next checkpoint with the reply, echoing the request's
