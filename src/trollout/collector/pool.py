@@ -122,6 +122,8 @@ class Pool:
         self.sink = sink
         self.reserver = reserver
         self._first_reserver = reserver if reserve_first else None  # for a row's own attempt
+        # The reserver's path without a checkpoint, when it has one (`RunStore.reserve_now`).
+        self._reserve_now = getattr(self._first_reserver, "reserve_now", None)
         self._on_resend = sink.resent if isinstance(sink, ResendRecorder) else None
         self._deliver = deliver
         self.rows_tx, self._rows_rx = trio.open_memory_channel[_Job](0)
@@ -429,8 +431,11 @@ class Pool:
                 if not self.admitting:
                     return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
                 identity = row.identity
-                if self._first_reserver is not None:
-                    await self._first_reserver.reserve(((identity, attempt),))
+                first = self._first_reserver
+                if first is not None and not (
+                    self._reserve_now is not None and self._reserve_now(identity, attempt)
+                ):
+                    await first.reserve(((identity, attempt),))
                 engine.timer.started(identity, began)
                 reason = OmitReason.INTERRUPTED
                 return await dispatch(

@@ -78,10 +78,13 @@ class Appender:
             RunFolderWriteError: the write failed (disk full, I/O error); what this call wrote
                 was cut away again, so the file ends where it ended before.
         """
-        fd = self.open()
-        view = memoryview(data)
+        fd = self.fd if self.fd is not None else self.open()
         written = 0
         try:
+            written = os.write(fd, data)
+            if written == len(data):
+                return  # the common case: one whole write (a reservation per rollout)
+            view = memoryview(data)[written:]
             while view:
                 n = os.write(fd, view)
                 written += n

@@ -222,6 +222,7 @@ class RunStore:
         self._pending: dict[_Key, RolloutStatus] = {}
         self._reserved = 0  # reservation lines appended (``row``: fsynced up to _reserved_synced)
         self._reserved_synced = 0
+        self._fsync_each = config.fsync is FsyncPolicy.ROW  # a reservation waits for its fsync
         self._failure_rows = 0
         self._duplicates = 0
         self._unsynced_rows = 0
@@ -357,6 +358,35 @@ class RunStore:
         elif policy is FsyncPolicy.BATCH and self._unsynced_since is None:
             self._unsynced_since = trio.current_time()
             self._changed.set()
+
+    def reserve_now(self, identity: Identity, attempt: int) -> bool:
+        """Reserve one attempt's number without a checkpoint, when the policy needs no fsync
+        before the send (``batch``, ``never``); False: the caller awaits `reserve` instead.
+
+        The worker's path, once per rollout: the ledger line is formatted directly (the bytes
+        `encode_reservation` gives) and written with one ``write(2)``.
+
+        Raises:
+            RunFolderWriteError: as `reserve`.
+        """
+        if self._fsync_each or not self._started or self._failure is not None or self._closed:
+            return False
+        line = b'{"attempts":[[%d,%d,%d]]}\n' % (
+            identity.task_index,
+            identity.rollout_index,
+            attempt,
+        )
+        try:
+            self._ledger.append(line)
+        except RunFolderWriteError as exc:
+            if self._failure is None:
+                self._failure = exc
+            raise
+        self._reserved += 1
+        if self._unsynced_since is None and self.config.fsync is FsyncPolicy.BATCH:
+            self._unsynced_since = trio.current_time()
+            self._changed.set()
+        return True
 
     def resent(self, identity: Identity, attempt: int, retry: int) -> None:
         """Note in the ledger that re-send `retry` of `attempt` leaves (`ResendRecorder`).
