@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from run_folders import read_metrics
 
 from builders import read_jsonl, write_jsonl
+from trollout.errors import InputError
 from trollout.metrics import AggregateOptions, aggregate_shards, resolve_inputs
 from trollout.metrics.identity import content_digest, row_content_digest
 from trollout.records import Failed, Identity, Landed, outcome_to_row
@@ -274,6 +276,59 @@ async def test_same_index_in_two_groups_is_two_tasks(tmp_path: Path) -> None:
     assert [g.coverage.landed for g in result.groups] == [2, 2]
 
 
+async def union_plan(folder: Path, runs: Sequence[RunLayout]) -> Path:
+    """Return the runs' merged plan (``aggregate`` of the runs, its materialized inputs)."""
+    once = folder / "once" / "merged.jsonl"
+    await aggregate_shards([lay.output for lay in runs], output=once)
+    union = folder / "plan.jsonl"
+    shutil.copy(RunLayout.for_output(once).materialized_inputs, union)
+    return union
+
+
+async def test_a_copy_without_its_plan_beside_a_merged_plan_is_numbered_by_content(
+    tmp_path: Path,
+) -> None:
+    """A merged plan numbers a later run's tasks anew: a copy of that run's rows is not by it.
+
+    Run 1 asks q1 as its task 0, which the merged plan calls task 1 (task 0 is run 0's q0);
+    numbered by the plan's indices, the copy's q1 row landed q0 (2 landed of 1, exit 0).
+    """
+    shards = tmp_path / "shards"
+    first = write_chunk_run(shards / "run0.jsonl", [0], landed=frozenset())
+    second = write_chunk_run(shards / "run1.jsonl", [1, 0], landed=frozenset({(1, 0)}))
+    plan = await union_plan(tmp_path, [first, second])
+    shutil.copy(second.rollouts, shards / "copy-run1.jsonl")
+    result = await aggregate_shards(
+        resolve_inputs(f"{shards}/*.jsonl"), output=tmp_path / "m" / "m.jsonl", plan=plan
+    )
+    assert (result.coverage.expected, result.coverage.landed) == (2, 1)
+    assert [row["question"] for row in read_jsonl(tmp_path / "m" / "m.jsonl")] == [1]
+    assert result.inputs.duplicates == {str(shards / "copy-run1.jsonl"): 1}
+
+
+async def test_rows_beside_a_union_plan_that_no_planned_shard_landed_are_refused(
+    tmp_path: Path,
+) -> None:
+    """A rollouts file without its plan, of a run no other shard holds: exit 2 naming it.
+
+    Beside a shard with its own plan, the plan given is a union of runs' plans: its indices
+    number no one run, so the rows are not counted as the tasks its indices name.
+    """
+    shards = tmp_path / "shards"
+    kept = write_chunk_run(shards / "run0.jsonl", [0, 1], landed=frozenset())
+    lost = write_chunk_run(tmp_path / "elsewhere" / "run1.jsonl", [5])
+    plan = await union_plan(tmp_path, [kept, lost])
+    shutil.copy(lost.rollouts, shards / "run1.jsonl")  # its plan left behind
+    with pytest.raises(InputError) as caught:
+        await aggregate_shards(
+            resolve_inputs(f"{shards}/*.jsonl"), output=tmp_path / "m" / "m.jsonl", plan=plan
+        )
+    (message,) = caught.value.problems
+    assert message.startswith(f"{shards / 'run1.jsonl'}: 1 landed row matches no task of the plan")
+    assert "keep each run's <stem>_materialized_inputs.jsonl beside its rollouts file" in message
+    assert not (tmp_path / "m" / "m.jsonl").exists()
+
+
 # --- the property: random chunkings, copies, re-runs and re-merges ------------------------------
 
 Run = tuple[list[int], int, frozenset[tuple[int, int]], str | None]
@@ -376,6 +431,16 @@ async def test_merged_count_is_the_number_of_distinct_rollouts(
     plan_kind=st.sampled_from(["concatenated", "merged"]),
     copies=copy_plans,
 )
+@example(  # a copy of the second run's rollouts, numbered by the merged plan's task indices
+    drawn=(3, [([0], 1, frozenset(), None), ([1, 0, 2], 1, frozenset({(0, 0), (1, 0)}), None)]),
+    plan_kind="merged",
+    copies=[(1, "rollouts", 0)],
+)
+@example(
+    drawn=(2, [([0], 1, frozenset(), None), ([1, 0], 1, frozenset({(1, 0)}), None)]),
+    plan_kind="merged",
+    copies=[(1, "rollouts", 0)],
+)
 async def test_a_union_plan_given_keeps_every_rollout(
     tmp_path_factory: Any,
     drawn: tuple[int, list[Run]],
@@ -398,9 +463,7 @@ async def test_a_union_plan_given_keeps_every_rollout(
     if plan_kind == "concatenated":
         union.write_bytes(b"".join(lay.materialized_inputs.read_bytes() for lay in layouts))
     else:
-        once = folder / "once" / "merged.jsonl"
-        await aggregate_shards([lay.output for lay in layouts], output=once)
-        shutil.copy(RunLayout.for_output(once).materialized_inputs, union)
+        union = await union_plan(folder, layouts)
     for n, (index, kind, lines) in enumerate(copies):
         source = layouts[index % len(layouts)]
         copy_shard(source, folder / "shards" / f"copy{n}-{source.stem}.jsonl", kind, lines)
