@@ -13,7 +13,7 @@ asked for). The rules, documented where the user sees them (``trollout aggregate
 - Shards are read in sorted order, those with materialized inputs first (so a shard without
   them, such as a copied rollouts file, finds the tasks their rows showed). A rollouts (or
   failures) file identical to an earlier shard's is skipped when its shard has the same
-  materialized inputs or none.
+  materialized inputs or none numbering it.
 - A rollout lands once: the first landed row in reading order, then line order, wins; later
   landed rows of the same rollout are duplicates, reported per shard and not counted. A landed
   row beats any failure of the same rollout, whichever shard holds it.
@@ -378,13 +378,17 @@ class Collection:
     def _copy_of(self, shard: _Shard, first: Path | None) -> Path | None:
         """Return the earlier file this one copies, when its shard has that one's plan or none.
 
-        A shard without a plan is read after every shard with one, so its file is the copy.
+        None: no plan at all, or none numbering it (`read`: it is numbered by content beside a
+        union plan). Such a shard is read after every shard with a plan of its own, so its
+        file is the copy; read again, its failure rows (no content to find their tasks by)
+        would count as rollouts of tasks of its own.
         """
         if first is None:
             return None
         owners = (s for s in self.shards if first in (s.layout.rollouts, s.layout.failures))
         owner = next(owners, None)  # None: it equals some other kind of file
-        return first if owner is not None and shard.plan in (owner.plan, None) else None
+        unplanned = shard.ids is None  # numbered by content, whatever plan it was given
+        return first if owner is not None and (unplanned or shard.plan == owner.plan) else None
 
     def _rows(self, path: Path) -> Iterator[tuple[int, bytes, dict[str, Any], int, int]]:
         for number, raw, row in read_lines(path, self._torn, self.max_line_bytes):
