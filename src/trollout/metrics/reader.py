@@ -387,8 +387,8 @@ class Collection:
             return None
         owners = (s for s in self.shards if first in (s.layout.rollouts, s.layout.failures))
         owner = next(owners, None)  # None: it equals some other kind of file
-        unplanned = shard.ids is None  # numbered by content, whatever plan it was given
-        return first if owner is not None and (unplanned or shard.plan == owner.plan) else None
+        by_content = shard.ids is None  # whatever plan it was given
+        return first if owner is not None and (by_content or shard.plan == owner.plan) else None
 
     def _rows(self, path: Path) -> Iterator[tuple[int, bytes, dict[str, Any], int, int]]:
         for number, raw, row in read_lines(path, self._torn, self.max_line_bytes):
