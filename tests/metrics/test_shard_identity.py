@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from run_folders import read_metrics
 
 from builders import read_jsonl, write_jsonl
+from trollout.errors import InputError
 from trollout.metrics import AggregateOptions, aggregate_shards, resolve_inputs
 from trollout.metrics.identity import content_digest, row_content_digest
 from trollout.records import Failed, Identity, Landed, outcome_to_row
@@ -274,10 +276,90 @@ async def test_same_index_in_two_groups_is_two_tasks(tmp_path: Path) -> None:
     assert [g.coverage.landed for g in result.groups] == [2, 2]
 
 
+async def union_plan(folder: Path, runs: Sequence[RunLayout]) -> Path:
+    """Return the runs' merged plan (``aggregate`` of the runs, its materialized inputs)."""
+    once = folder / "once" / "merged.jsonl"
+    await aggregate_shards([lay.output for lay in runs], output=once)
+    union = folder / "plan.jsonl"
+    shutil.copy(RunLayout.for_output(once).materialized_inputs, union)
+    return union
+
+
+async def test_a_copy_without_its_plan_beside_a_merged_plan_is_numbered_by_content(
+    tmp_path: Path,
+) -> None:
+    """A merged plan numbers a later run's tasks anew: a copy of that run's rows is not by it.
+
+    Run 1 asks q1 as its task 0, which the merged plan calls task 1 (task 0 is run 0's q0);
+    numbered by the plan's indices, the copy's q1 row landed q0 (2 landed of 1, exit 0).
+    """
+    shards = tmp_path / "shards"
+    first = write_chunk_run(shards / "run0.jsonl", [0], landed=frozenset())
+    second = write_chunk_run(shards / "run1.jsonl", [1, 0], landed=frozenset({(1, 0)}))
+    plan = await union_plan(tmp_path, [first, second])
+    shutil.copy(second.rollouts, shards / "copy-run1.jsonl")
+    result = await aggregate_shards(
+        resolve_inputs(f"{shards}/*.jsonl"), output=tmp_path / "m" / "m.jsonl", plan=plan
+    )
+    assert (result.coverage.expected, result.coverage.landed) == (2, 1)
+    assert [row["question"] for row in read_jsonl(tmp_path / "m" / "m.jsonl")] == [1]
+    assert result.inputs.skipped == ((shards / "copy-run1.jsonl", second.rollouts),)
+
+
+async def test_a_whole_copy_without_its_plan_beside_a_union_plan_is_read_once(
+    tmp_path: Path,
+) -> None:
+    """Rollouts and failures copied without their plan: skipped, as without a plan given.
+
+    Failure rows carry no content, so a copy's failures read again were tasks of their own: one
+    more expected rollout and one more failure (5 expected of 4).
+    """
+    shards = tmp_path / "shards"
+    first = write_chunk_run(shards / "run0.jsonl", [0, 1], failed=frozenset({(0, 0)}))
+    second = write_chunk_run(shards / "run1.jsonl", [2, 3], failed=frozenset({(3, 0)}))
+    plan = await union_plan(tmp_path, [first, second])
+    copy = RunLayout.for_output(shards / "copy-run1.jsonl")
+    shutil.copy(second.rollouts, copy.rollouts)
+    shutil.copy(second.failures, copy.failures)
+    result = await aggregate_shards(
+        resolve_inputs(f"{shards}/*.jsonl"), output=tmp_path / "m" / "m.jsonl", plan=plan
+    )
+    cov = result.coverage
+    assert (cov.expected, cov.landed, cov.failed) == (4, 2, {"agent_run_error": 2})
+    assert result.inputs.skipped == (
+        (copy.rollouts, second.rollouts),
+        (copy.failures, second.failures),
+    )
+
+
+async def test_rows_beside_a_union_plan_that_no_planned_shard_landed_are_refused(
+    tmp_path: Path,
+) -> None:
+    """A rollouts file without its plan, of a run no other shard holds: exit 2 naming it.
+
+    Beside a shard with its own plan, the plan given is a union of runs' plans: its indices
+    number no one run, so the rows are not counted as the tasks its indices name.
+    """
+    shards = tmp_path / "shards"
+    kept = write_chunk_run(shards / "run0.jsonl", [0, 1], landed=frozenset())
+    lost = write_chunk_run(tmp_path / "elsewhere" / "run1.jsonl", [5])
+    plan = await union_plan(tmp_path, [kept, lost])
+    shutil.copy(lost.rollouts, shards / "run1.jsonl")  # its plan left behind
+    with pytest.raises(InputError) as caught:
+        await aggregate_shards(
+            resolve_inputs(f"{shards}/*.jsonl"), output=tmp_path / "m" / "m.jsonl", plan=plan
+        )
+    (message,) = caught.value.problems
+    assert message.startswith(f"{shards / 'run1.jsonl'}: 1 landed row matches no task of the plan")
+    assert "keep each run's <stem>_materialized_inputs.jsonl beside its rollouts file" in message
+    assert not (tmp_path / "m" / "m.jsonl").exists()
+
+
 # --- the property: random chunkings, copies, re-runs and re-merges ------------------------------
 
-Run = tuple[list[int], int, frozenset[tuple[int, int]], str | None]
-COPY_KINDS = ("whole", "rollouts", "part", "part-with-plan")
+Pairs = frozenset[tuple[int, int]]
+Run = tuple[list[int], int, Pairs, Pairs, str | None]
+COPY_KINDS = ("whole", "rollouts", "outcomes", "part", "part-with-plan")
 
 
 @st.composite
@@ -285,7 +367,7 @@ def run_sets(draw: st.DrawFn) -> tuple[int, list[Run]]:
     """Draw a dataset size and runs over it: chunks, re-runs of overlapping ranges, sample sets.
 
     Each run is (its questions in order, repeats, the (question, rollout) pairs that landed,
-    how it seeded: see `write_chunk_run`).
+    those whose latest attempt failed, how it seeded: see `write_chunk_run`).
     """
     size = draw(st.integers(1, 12))
     runs = []
@@ -294,8 +376,9 @@ def run_sets(draw: st.DrawFn) -> tuple[int, list[Run]]:
         repeats = draw(st.integers(1, 3))
         pairs = [(q, r) for q in questions for r in range(repeats)]
         landed = draw(st.sets(st.sampled_from(pairs)))
+        failed = draw(st.sets(st.sampled_from(pairs))) - landed
         seeds = draw(st.sampled_from([None, "nemo", "trollout"]))
-        runs.append((questions, repeats, frozenset(landed), seeds))
+        runs.append((questions, repeats, frozenset(landed), frozenset(failed), seeds))
     return size, runs
 
 
@@ -310,21 +393,33 @@ async def premerge(folder: Path, runs: list[RunLayout], chosen: set[int], keep: 
     out = folder / "shards" / "premerged.jsonl"
     await aggregate_shards([r.output for r in picked], output=out, options=AggregateOptions())
     for layout in picked if not keep else ():
-        for path in (layout.rollouts, layout.materialized_inputs, layout.manifest):
+        for path in (layout.rollouts, layout.failures, layout.materialized_inputs, layout.manifest):
             path.unlink(missing_ok=True)
 
 
 def copy_shard(source: RunLayout, target: Path, kind: str, lines: int) -> None:
-    """Copy a shard to ``target``: ``whole`` (rollouts and plan), the rollouts alone, or a part."""
+    """Copy a shard to ``target``: ``whole`` (outcomes and plan), its ``outcomes`` (rollouts
+    and failures), the rollouts alone, or a part of them (with the plan or without)."""
     rows = source.rollouts.read_bytes().splitlines(keepends=True)
-    part = rows if kind in ("whole", "rollouts") else rows[lines % (len(rows) + 1) :]
+    part = rows if kind in ("whole", "rollouts", "outcomes") else rows[lines % (len(rows) + 1) :]
     with_plan = kind in ("whole", "part-with-plan")
-    if not part and not with_plan:
+    with_failures = kind in ("whole", "outcomes") and source.failures.is_file()
+    if not part and not with_plan and not with_failures:
         return  # a file of no row with nothing beside it is refused (test_shard_limits)
+    copy = RunLayout.for_output(target)
     target.write_bytes(b"".join(part))
     if with_plan:
-        copied = RunLayout.for_output(target).materialized_inputs
-        shutil.copy(source.materialized_inputs, copied)
+        shutil.copy(source.materialized_inputs, copy.materialized_inputs)
+    if with_failures:
+        shutil.copy(source.failures, copy.failures)
+
+
+def expected_coverage(runs: list[Run]) -> tuple[int, set[tuple[int, int]], int]:
+    """Return the distinct planned rollouts, the landed ones, and the failed ones not landed."""
+    planned = {(q, r) for qs, k, _, _, _ in runs for q in qs for r in range(k)}
+    landed = {pair for _, _, pairs, _, _ in runs for pair in pairs}
+    failed = {pair for _, _, _, pairs, _ in runs for pair in pairs} - landed
+    return len(planned), landed, len(failed)
 
 
 @settings(
@@ -347,8 +442,10 @@ async def test_merged_count_is_the_number_of_distinct_rollouts(
     folder = tmp_path_factory.mktemp("runs")
     _, runs = drawn
     layouts = [
-        write_chunk_run(folder / "shards" / f"run{i}.jsonl", qs, repeats=k, landed=ok, seeds=seed)
-        for i, (qs, k, ok, seed) in enumerate(runs)
+        write_chunk_run(
+            folder / "shards" / f"run{i}.jsonl", qs, repeats=k, landed=ok, failed=ko, seeds=seed
+        )
+        for i, (qs, k, ok, ko, seed) in enumerate(runs)
     ]
     if merged:
         await premerge(folder, layouts, merged, keep)
@@ -358,14 +455,14 @@ async def test_merged_count_is_the_number_of_distinct_rollouts(
         source = shards[index % len(shards)]
         prefix = "a" if n % 2 == 0 else "z"  # copies read before and after their source
         copy_shard(source, folder / "shards" / f"{prefix}-copy{n}-{source.stem}.jsonl", kind, lines)
-    planned = {(q, r) for qs, k, _, _ in runs for q in qs for r in range(k)}
-    landed = {pair for _, _, pairs, _ in runs for pair in pairs}
+    planned, landed, failed = expected_coverage(runs)
     result = await merge(folder)
-    assert result.coverage.expected == len(planned)
+    assert result.coverage.expected == planned
     assert result.coverage.landed == len(landed)
+    assert sum(result.coverage.failed.values()) == failed
     assert sorted(merged_questions(folder)) == sorted(q for q, _ in landed)
     out = RunLayout.for_output(folder / "merged" / "merged.jsonl")
-    assert len(read_jsonl(out.materialized_inputs)) == len(planned)
+    assert len(read_jsonl(out.materialized_inputs)) == planned
 
 
 @settings(
@@ -375,6 +472,28 @@ async def test_merged_count_is_the_number_of_distinct_rollouts(
     drawn=run_sets(),
     plan_kind=st.sampled_from(["concatenated", "merged"]),
     copies=copy_plans,
+)
+@example(  # a copy of the second run's rollouts, numbered by the merged plan's task indices
+    drawn=(
+        3,
+        [
+            ([0], 1, frozenset(), frozenset(), None),
+            ([1, 0, 2], 1, frozenset({(0, 0), (1, 0)}), frozenset(), None),
+        ],
+    ),
+    plan_kind="merged",
+    copies=[(1, "rollouts", 0)],
+)
+@example(  # the same, silent: the copy's q1 row landed q0 (2 landed of 1, exit 0)
+    drawn=(
+        2,
+        [
+            ([0], 1, frozenset(), frozenset(), None),
+            ([1, 0], 1, frozenset({(1, 0)}), frozenset(), None),
+        ],
+    ),
+    plan_kind="merged",
+    copies=[(1, "rollouts", 0)],
 )
 async def test_a_union_plan_given_keeps_every_rollout(
     tmp_path_factory: Any,
@@ -391,25 +510,25 @@ async def test_a_union_plan_given_keeps_every_rollout(
     folder = tmp_path_factory.mktemp("runs")
     _, runs = drawn
     layouts = [
-        write_chunk_run(folder / "shards" / f"run{i}.jsonl", qs, repeats=k, landed=ok, seeds=seed)
-        for i, (qs, k, ok, seed) in enumerate(runs)
+        write_chunk_run(
+            folder / "shards" / f"run{i}.jsonl", qs, repeats=k, landed=ok, failed=ko, seeds=seed
+        )
+        for i, (qs, k, ok, ko, seed) in enumerate(runs)
     ]
     union = folder / "plan.jsonl"
     if plan_kind == "concatenated":
         union.write_bytes(b"".join(lay.materialized_inputs.read_bytes() for lay in layouts))
     else:
-        once = folder / "once" / "merged.jsonl"
-        await aggregate_shards([lay.output for lay in layouts], output=once)
-        shutil.copy(RunLayout.for_output(once).materialized_inputs, union)
+        union = await union_plan(folder, layouts)
     for n, (index, kind, lines) in enumerate(copies):
         source = layouts[index % len(layouts)]
         copy_shard(source, folder / "shards" / f"copy{n}-{source.stem}.jsonl", kind, lines)
-    planned = {(q, r) for qs, k, _, _ in runs for q in qs for r in range(k)}
-    landed = {pair for _, _, pairs, _ in runs for pair in pairs}
+    planned, landed, failed = expected_coverage(runs)
     shards = resolve_inputs(f"{folder}/shards/*.jsonl")
     out = folder / "merged" / "merged.jsonl"
     result = await aggregate_shards(shards, output=out, options=AggregateOptions(), plan=union)
-    assert result.coverage.expected == len(planned)
+    assert result.coverage.expected == planned
     assert result.coverage.landed == len(landed)
+    assert sum(result.coverage.failed.values()) == failed
     assert sorted(merged_questions(folder)) == sorted(q for q, _ in landed)
-    assert len(read_jsonl(RunLayout.for_output(out).materialized_inputs)) == len(planned)
+    assert len(read_jsonl(RunLayout.for_output(out).materialized_inputs)) == planned

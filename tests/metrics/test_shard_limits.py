@@ -4,18 +4,25 @@ A shard that is one huge line (no newline: a torn tail, or not JSONL at all) was
 skipped as a torn last line, and reported as "0 of 0" with exit 0. Every shard line is now held
 to the line limit (``--max-line-bytes``, no more than it is ever read for one line), and a
 rollouts file from which no row at all was read, with nothing beside it, is an error naming it.
+A run folder a collector wrote (its materialized inputs, manifest, batch status or attempt
+ledger beside the rollouts file) is a run where nothing landed, never an error: its planned
+rollouts are missing, or, with no plan left, the report says they are unknown.
 """
 
 from __future__ import annotations
 
+import shutil
 import tracemalloc
 from pathlib import Path
 
+import orjson
 import pytest
 
-from builders import invoke
+from builders import invoke, write_tasks_input
 from trollout.errors import InputError
 from trollout.jsonl import read_appended
+from trollout.recovery.layout import RunLayout
+from trollout.testing import AgentSpec, DeploymentSpec, spawn_fake_deployment
 
 LIMIT = 1_000
 
@@ -66,3 +73,105 @@ def test_the_shard_reader_never_holds_more_than_the_limit(tmp_path: Path) -> Non
     finally:
         tracemalloc.stop()
     assert peak < 256 * 1024, peak  # the line is 20 MB; the reader held about 1 KB of it
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory: pytest.TempPathFactory) -> RunLayout:
+    """A real run folder: ``collect`` of 2 tasks x 2 repeats against the fake deployment.
+
+    Its metrics and report too: files ``aggregate`` writes as well, so no evidence of a run.
+    """
+    folder = tmp_path_factory.mktemp("collected")
+    source = write_tasks_input(folder / "tasks.jsonl", 2, seed=8)
+    out = folder / "run" / "run.jsonl"
+    spec = DeploymentSpec(agents=(AgentSpec(name="math_agent"),), record_runs=False)
+    with spawn_fake_deployment(spec) as urls:
+        result = invoke(
+            "collect",
+            str(source),
+            "-o",
+            str(out),
+            "--head-server",
+            urls.head_url,
+            "--agent",
+            "math_agent",
+            "--num-repeats",
+            "2",
+            "--progress",
+            "plain",
+        )
+    assert result.exit_code == 0, result.output
+    return RunLayout.for_output(out)
+
+
+def nothing_landed(run: RunLayout, folder: Path, kept: tuple[str, ...]) -> RunLayout:
+    """Copy ``run`` to ``folder`` as a run where nothing landed, with only the ``kept`` files.
+
+    ``kept`` names `RunLayout` properties (``lock``, ``manifest``, ...); the rollouts file is
+    there and empty, as a run stopped before its first row (or handed no task) leaves it.
+    """
+    copy = RunLayout.for_output(folder / run.output.name)
+    folder.mkdir()
+    copy.rollouts.write_bytes(b"")
+    for name in kept:
+        shutil.copy(getattr(run, name), getattr(copy, name))
+    return copy
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [("materialized_inputs",), ("materialized_inputs", "manifest", "batch_status", "attempts")],
+    ids=["plan", "whole-folder"],
+)
+def test_a_run_where_nothing_landed_counts_its_plan_as_missing(
+    tmp_path: Path, collected: RunLayout, kept: tuple[str, ...]
+) -> None:
+    """Rows in = rows out: 0 landed, its 4 planned rollouts missing, beside a run that landed."""
+    empty = nothing_landed(collected, tmp_path / "empty", kept)
+    out = tmp_path / "merged" / "merged.jsonl"
+    result = invoke(
+        "aggregate", f"{collected.output},{empty.output}", "-o", str(out), "--json", "--no-report"
+    )
+    assert result.exit_code == 0, result.output
+    coverage = orjson.loads(result.stdout)["coverage"]
+    assert (coverage["expected"], coverage["landed"], coverage["missing"]) == (4, 4, 0)
+    alone = invoke("aggregate", str(empty.output), "--json", "--no-report")
+    assert alone.exit_code == 0, alone.output
+    coverage = orjson.loads(alone.stdout)["coverage"]
+    assert (coverage["expected"], coverage["landed"], coverage["missing"]) == (4, 0, 4)
+
+
+@pytest.mark.parametrize("kept", ["manifest", "batch_status", "attempts"])
+def test_a_run_folder_without_its_plan_says_its_rollouts_are_unknown(
+    tmp_path: Path, collected: RunLayout, kept: str
+) -> None:
+    """Nothing landed and no materialized inputs, but a collector's file: read, and said so."""
+    empty = nothing_landed(collected, tmp_path / "empty", (kept, "lock"))
+    out = tmp_path / "merged" / "merged.jsonl"
+    shards = f"{collected.output},{empty.output}"
+    result = invoke("aggregate", shards, "-o", str(out), "--json", "--no-report")
+    assert result.exit_code == 0, result.output
+    doc = orjson.loads(result.stdout)
+    assert (doc["coverage"]["expected"], doc["coverage"]["landed"]) == (4, 4)
+    assert doc["inputs"]["unplanned"] == [str(empty.output)]
+    text = invoke("aggregate", shards, "-o", str(out), "--no-report")
+    assert text.exit_code == 0, text.output
+    said = (
+        f"{str(empty.output)!r}: a run folder where nothing landed or failed, without "
+        "materialized inputs: its planned rollouts are unknown, so coverage leaves them out"
+    )
+    assert "".join(said.split()) in "".join(text.output.split())  # the console wraps lines
+
+
+@pytest.mark.parametrize("kept", [(), ("lock",), ("aggregate_metrics", "report")])
+def test_an_empty_file_beside_no_run_file_is_refused(
+    tmp_path: Path, collected: RunLayout, kept: tuple[str, ...]
+) -> None:
+    """No row, and nothing only a collector writes beside it (a lock proves nothing): exit 2."""
+    empty = nothing_landed(collected, tmp_path / "empty", kept)
+    out = tmp_path / "merged" / "merged.jsonl"
+    result = invoke("aggregate", f"{collected.output},{empty.output}", "-o", str(out))
+    assert result.exit_code == 2, result.output
+    [error] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert f"{empty.output}: holds no rollout row, and no run folder beside it" in error
+    assert not out.exists()

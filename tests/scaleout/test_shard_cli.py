@@ -35,3 +35,23 @@ def test_four_shards_aggregate_to_the_one_machine_run(tmp_path: Path, fake: Fake
     assert sorted(map(str, read_jsonl(merged))) == sorted(
         map(str, read_jsonl(one.with_name("run_materialized_inputs.jsonl")))
     )
+
+
+def test_a_shard_handed_no_task_aggregates_with_the_others(tmp_path: Path, fake: FakeUrls) -> None:
+    """One task over 2 shards: the shard that got none holds no row and merges (2 of 2, exit 0).
+
+    Ray blocks are such shards (a block handed no task ended Ray runs with exit 2).
+    """
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 1, seed=9)
+    out = tmp_path / "dist" / "run.jsonl"
+    for i in range(2):
+        collect(
+            source, shard_output(out, i, 2), fake.head_url, "--shard", f"{i}/2", "--no-aggregate"
+        )
+    sizes = [len(read_jsonl(shard_output(out, i, 2))) for i in range(2)]
+    assert sorted(sizes) == [0, 2]
+    glob = str(out.parent / "run_shards" / "*-of-00002" / "run.jsonl")
+    result = invoke("aggregate", glob, "-o", str(out), "--no-report")
+    assert result.exit_code == 0, result.output
+    assert "Metrics cover: 2 of 2" in " ".join(result.output.split()), result.output
+    assert len(read_jsonl(out)) == 2

@@ -213,8 +213,9 @@ async def aggregate_shards(
         client: the HTTP client for the calls (one is opened when targets need it).
         merge_shards: write the merged run folder at ``output`` (False: only the metrics and
             report go beside it, as NeMo Gym's ``merge_shards=false``).
-        plan: one materialized-inputs file standing for every shard's own (NeMo Gym's
-            ``materialized_inputs_jsonl_fpath``).
+        plan: NeMo Gym's ``materialized_inputs_jsonl_fpath``: its rollouts are expected; it
+            numbers shards by task index when no shard has materialized inputs of its own,
+            else it is a union of runs' plans (`reader`).
         overwrite: replace files at ``output`` that trollout did not write (never a link, nor
             anything but a regular file).
 

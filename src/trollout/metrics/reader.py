@@ -13,7 +13,7 @@ asked for). The rules, documented where the user sees them (``trollout aggregate
 - Shards are read in sorted order, those with materialized inputs first (so a shard without
   them, such as a copied rollouts file, finds the tasks their rows showed). A rollouts (or
   failures) file identical to an earlier shard's is skipped when its shard has the same
-  materialized inputs or none.
+  materialized inputs or none numbering it.
 - A rollout lands once: the first landed row in reading order, then line order, wins; later
   landed rows of the same rollout are duplicates, reported per shard and not counted. A landed
   row beats any failure of the same rollout, whichever shard holds it.
@@ -22,13 +22,23 @@ asked for). The rules, documented where the user sees them (``trollout aggregate
 - A plan given (``materialized_inputs_jsonl_fpath``) is read first and adds to the expected
   rollouts. It may be several runs' plans concatenated: a ``(group, task, rollout)`` that comes
   again begins the next run's segment, numbered like a plan of its own. It numbers the rows of
-  shards that have no materialized inputs of their own, by task index, when it is one segment;
-  a shard that has its own keeps them (its run's numbering, which a union plan is not).
+  shards that have no materialized inputs of their own by task index only when it stands for
+  every shard's (no shard has its own: NeMo Gym's meaning) and is one segment. Beside shards
+  that keep their own (their run's numbering), it is a union of runs' plans, concatenated or
+  merged (a merged plan numbers every run but the first anew), whose indices are no one run's:
+  a shard without its own is then numbered by content (its rows find the tasks that planned
+  shards landed), and a row that finds none is refused, naming the file.
 - Rows in, rows out: a landed row is dropped as a duplicate only when it ran the
   ``responses_create_params`` (seed aside) of the row kept for that rollout; otherwise the
-  numbering went wrong and the merge stops naming the row (`InputError`), never loses it. A
-  rollouts file from which no row was read, with nothing beside it, is refused too, and every
-  line is held to the input line limit.
+  numbering went wrong and the merge stops naming the row (`InputError`), never loses it.
+  Every line is held to the input line limit.
+- A rollouts file from which no row was read (nor from its failures) is a run where nothing
+  landed when its folder shows a run a collector wrote (`_run_evidence`: its materialized
+  inputs, manifest, batch status or attempt ledger beside it): a Ray block or ``--shard`` run
+  handed no task, or a run stopped before anything landed. Its plan's rollouts are expected
+  (missing in coverage); without materialized inputs its expected rollouts are unknown, and
+  the report says so (`InputReport.unplanned`). A file with no row and none of these beside
+  it (a stray file, one huge line, a file cut short) is not a run: refused, naming it.
 
 Design note: the rejected alternative loads every row of every shard, concatenates them and
 de-duplicates in memory (NeMo Gym's way); it needs memory for every payload, and a second
@@ -37,7 +47,13 @@ duplicate detection, coverage and the imputed zeros cost a few bytes per rollout
 identity tables (`identity`): a digest and a number per task, plus one row key per task
 for the duplicate check (only when several shards are merged). Rejected for the union plan:
 numbering every shard by its task indices (the old reading), which merged chunk 1's task 0 into
-chunk 0's and dropped its rollouts as duplicates with exit 0.
+chunk 0's and dropped its rollouts as duplicates with exit 0; and numbering a shard without
+materialized inputs by a one-segment union plan's indices beside shards that keep theirs: a
+merged plan's numbers are the merge's, so a copy of a later run's rollouts counted its tasks
+as other tasks (2 landed of 1, exit 0). Rejected for the empty shard: refusing every file that
+holds no row (a collector's block or shard handed no task is one), and accepting any (a stray
+file, or a shard that is one 300 MB line, aggregated to "0 of 0" with exit 0); the lock file
+is no evidence of a run (it is an empty marker a run leaves even when it never started).
 """
 
 from __future__ import annotations
@@ -78,6 +94,8 @@ class InputReport:
         outside_plan: landed rows of rollouts absent from the materialized inputs that were read.
         renumbered: tasks whose merged number differs from their run's (a later shard's task
             whose index an earlier shard's other task already had).
+        unplanned: run folders where nothing landed or failed, without materialized inputs:
+            their planned rollouts are unknown, so coverage leaves them out.
     """
 
     shards: tuple[Path, ...]
@@ -86,6 +104,7 @@ class InputReport:
     torn: tuple[str, ...] = ()
     outside_plan: int = 0
     renumbered: int = 0
+    unplanned: tuple[Path, ...] = ()
 
     def lines(self) -> list[str]:
         """Return one line per finding worth telling the user."""
@@ -104,6 +123,11 @@ class InputReport:
                 "its tasks from 0, so a rollout is known by its task's content (differs from "
                 "NeMo Gym, whose aggregate keys rollouts by task index and merges them)"
             )
+        out += [
+            f"{str(p)!r}: a run folder where nothing landed or failed, without materialized "
+            "inputs: its planned rollouts are unknown, so coverage leaves them out"
+            for p in self.unplanned
+        ]
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -115,6 +139,7 @@ class InputReport:
             "torn": list(self.torn),
             "outside_plan": self.outside_plan,
             "renumbered": self.renumbered,
+            "unplanned": [str(p) for p in self.unplanned],
         }
 
 
@@ -227,8 +252,10 @@ class Collection:
         self.task_ids.single = len(shards) == 1 and plan is None  # one run's numbering
         shards = _planned_first(shards)
         layouts = [RunLayout.for_output(p) for p in shards]
-        owns = [lay.materialized_inputs for lay in layouts]
-        plans = [own if own.is_file() else plan for own in owns]
+        owns = [lay.materialized_inputs.is_file() for lay in layouts]
+        plans = [
+            lay.materialized_inputs if own else plan for lay, own in zip(layouts, owns, strict=True)
+        ]
         given = [plan] if plan is not None else []
         files = dict.fromkeys(
             [*given, *(p for lay, pl in zip(layouts, plans, strict=True) for p in _files(lay, pl))]
@@ -240,10 +267,13 @@ class Collection:
         for path in [*(same.get(g, g) for g in given), *(s.plan for s in self.shards)]:
             if path is not None and path not in self._plans:
                 self._plans[path] = self._read_plan(path, merge)
-        for shard in self.shards:
+        stands_for_all = not any(owns)  # the plan given stands for every shard's own
+        for shard, own in zip(self.shards, owns, strict=True):
             segments = self._plans.get(shard.plan) if shard.plan is not None else None
-            # A plan of several runs concatenated cannot number a shard's rows by index.
-            shard.ids = None if segments is None or len(segments) > 1 else _first(segments)
+            # A plan of several runs (concatenated, or merged beside shards that keep their
+            # own) numbers no one run: it cannot number a shard's rows by index.
+            by_index = segments is not None and len(segments) == 1 and (own or stands_for_all)
+            shard.ids = _first(segments) if segments is not None and by_index else None
         self._planned = bool(self._plans)
         self._rows_only = not self.task_ids.single and any(s.ids is None for s in self.shards)
         skipped: list[tuple[Path, Path]] = []
@@ -252,7 +282,7 @@ class Collection:
                 skipped.append((own_plan, shard.plan))
             skipped += self._read_outcomes(shard, same, merge)
             shard.seen.clear()  # occurrences count within one shard: done with them
-        self._refuse_empty(skipped)
+        unplanned = self._empty_runs(skipped)
         self._refuse_unnumbered()
         self.report = InputReport(
             shards=tuple(shards),
@@ -261,40 +291,55 @@ class Collection:
             torn=tuple(self._torn),
             outside_plan=self._outside_plan,
             renumbered=self.task_ids.renumbered,
+            unplanned=unplanned,
         )
 
     def _refuse_unnumbered(self) -> None:
-        """Refuse rows that only a plan of several runs could number (`_plan_rows`).
+        """Refuse rows that only a union plan could number (`read`, `_plan_rows`).
 
-        Such a plan repeats task indices, so it cannot number a shard without materialized
-        inputs of its own; rows whose content matched no planned task would be counted beside
-        the plan's, the coverage wrong.
+        Such a plan numbers no one run (several runs concatenated repeat task indices; a merged
+        plan numbers every run but the first anew), so a shard without materialized inputs of
+        its own is numbered by content; rows whose content matched no planned task would be
+        counted beside the plan's, the coverage wrong.
         """
         for path, count in self._unnumbered.items():
             plan = next(s.plan for s in self.shards if s.layout.rollouts == path)
+            rows = "rows match" if count > 1 else "row matches"
             raise InputError(
                 [
-                    f"{path}: {count} landed row{'s' if count > 1 else ''} match no task of "
-                    f"the plan {str(plan)!r}, which holds several runs' materialized inputs "
-                    "concatenated (each numbering its tasks from 0), so it cannot number a "
-                    "shard without materialized inputs of its own; keep each run's "
+                    f"{path}: {count} landed {rows} no task of the plan {str(plan)!r} by "
+                    "content, and that plan holds several runs' materialized inputs "
+                    "(concatenated, or merged beside shards that keep their own), whose task "
+                    "numbers are no one run's, so it cannot number a shard without "
+                    "materialized inputs of its own; keep each run's "
                     "<stem>_materialized_inputs.jsonl beside its rollouts file"
                 ]
             )
 
-    def _refuse_empty(self, skipped: Sequence[tuple[Path, Path]]) -> None:
-        """Refuse a shard of which not one row was read (an empty or unreadable rollouts file).
+    def _empty_runs(self, skipped: Sequence[tuple[Path, Path]]) -> tuple[Path, ...]:
+        """Check the shards of which not one row was read; return those whose plan is unknown.
 
-        A shard whose failures or materialized inputs (its own, or the plan standing for
-        them) hold rows is a run where nothing landed, which is data; a shard skipped as a copy
-        was read through its original.
+        Such a shard is a run where nothing landed when its folder is a run a collector wrote
+        (`_run_evidence`): its materialized inputs (even of no task), or the plan given for
+        them, tell its expected rollouts; without either, they are unknown (returned, for the
+        report). A shard whose file was skipped as a copy was read through its original.
+
+        Raises:
+            InputError: a shard holds no row and nothing beside it shows a run (a stray file,
+                one huge or torn line).
         """
         copies = {path for path, _ in skipped}
+        unplanned = []
         for shard in self.shards:
             layout = shard.layout
             files = [layout.rollouts, layout.failures, layout.materialized_inputs]
             files += [shard.plan] if shard.plan is not None else []
             if any(self._read_rows[p] for p in files) or any(p in copies for p in files):
+                continue
+            if layout.materialized_inputs.is_file():
+                continue  # a run planned no rollout (a block or shard handed no task)
+            if any(p.is_file() for p in _run_evidence(layout)):
+                unplanned.append(layout.rollouts)
                 continue
             torn = (
                 " (its only line is torn: cut short and not JSON)"
@@ -303,11 +348,13 @@ class Collection:
             )
             raise InputError(
                 [
-                    f"{layout.rollouts}: holds no rollout row{torn}, and no failure or "
-                    "materialized input beside it; aggregate run folders a collector wrote, or "
+                    f"{layout.rollouts}: holds no rollout row{torn}, and no run folder beside it "
+                    "(none of the materialized inputs, manifest, batch status or attempt "
+                    "ledger a collector writes); aggregate run folders a collector wrote, or "
                     "leave this file out of the inputs"
                 ]
             )
+        return tuple(unplanned)
 
     def _read_outcomes(
         self, shard: _Shard, same: Mapping[Path, Path], merge: MergeWriter | None
@@ -331,13 +378,17 @@ class Collection:
     def _copy_of(self, shard: _Shard, first: Path | None) -> Path | None:
         """Return the earlier file this one copies, when its shard has that one's plan or none.
 
-        A shard without a plan is read after every shard with one, so its file is the copy.
+        None: no plan at all, or none numbering it (`read`: it is numbered by content beside a
+        union plan). Such a shard is read after every shard with a plan of its own, so its
+        file is the copy; read again, its failure rows (no content to find their tasks by)
+        would count as rollouts of tasks of its own.
         """
         if first is None:
             return None
         owners = (s for s in self.shards if first in (s.layout.rollouts, s.layout.failures))
         owner = next(owners, None)  # None: it equals some other kind of file
-        return first if owner is not None and shard.plan in (owner.plan, None) else None
+        by_content = shard.ids is None  # whatever plan it was given
+        return first if owner is not None and (by_content or shard.plan == owner.plan) else None
 
     def _rows(self, path: Path) -> Iterator[tuple[int, bytes, dict[str, Any], int, int]]:
         for number, raw, row in read_lines(path, self._torn, self.max_line_bytes):
@@ -540,6 +591,16 @@ def _files(layout: RunLayout, plan: Path | None) -> tuple[Path, ...]:
         if plan is None
         else (plan, layout.rollouts, layout.failures)
     )
+
+
+def _run_evidence(layout: RunLayout) -> tuple[Path, ...]:
+    """Return the files that show a rollouts file is a run folder's, when one is beside it.
+
+    A collector writes them (a merged output has its materialized inputs too); not the metrics
+    or report (``aggregate`` writes those beside any one file it reads), nor the lock (a run
+    leaves it even when it never started).
+    """
+    return (layout.materialized_inputs, layout.manifest, layout.batch_status, layout.attempts)
 
 
 def _group_name(key: GroupKey) -> str:
