@@ -53,6 +53,7 @@ import os
 import socket
 import sys
 from functools import partial
+from pathlib import Path
 from typing import IO, Any, Final
 from urllib.parse import urlsplit
 
@@ -375,9 +376,19 @@ async def _merge(run: RayRun, deployment: Deployment) -> AggregateResult | None:
         connect_timeout_s=config.connect_timeout_s, read_timeout_s=600.0
     ) as client:
         return await aggregate_shards(
-            [s for s in shards if s.exists()],
+            [s for s in shards if s.exists() and not _planned_nothing(s)],
             output=run.layout.output,
             options=options,
             targets=targets,
             client=client,
         )
+
+
+def _planned_nothing(block_output: Path) -> bool:
+    """Whether a block folder's plan is empty (hashing may give a block no task): it holds no
+    row to merge, and aggregation refuses a shard that holds no row."""
+    inputs = RunLayout.for_output(block_output).materialized_inputs
+    try:
+        return inputs.stat().st_size == 0
+    except FileNotFoundError:
+        return False  # not planned, or damaged: aggregation says which

@@ -79,7 +79,9 @@ def run_status(
     rules = ResumeRules(max_attempts=cap, retry_terminal_timeouts=retry_timeouts)
     tally = scan_run(layout, rules)
     doc = _document(layout, manifest, cap, tally.tally)
-    doc["export_metrics"] = run_exports(layout, cap)
+    # A folder that plans nothing (a Ray block given no task) has nothing to export, and the
+    # metrics reader refuses a rollouts file that holds no row.
+    doc["export_metrics"] = run_exports(layout, cap) if tally.tally.expected else {}
     return doc
 
 
