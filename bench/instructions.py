@@ -33,7 +33,6 @@ Needs valgrind (Debian: ``apt-get install valgrind``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -127,6 +126,7 @@ def _read_back(path: Path) -> Any:
 
 
 async def _engine(rows_path: Path, out: Path, n: int) -> None:
+    import orjson
     import trio
 
     from trollout.collector.engine import open_collector
@@ -135,13 +135,15 @@ async def _engine(rows_path: Path, out: Path, n: int) -> None:
     from trollout.recovery.layout import RunLayout
     from trollout.recovery.store import open_run_store
 
-    reply = json.dumps(REPLY).encode()
-
     class Answering:
-        """Answers every POST with the reply at its next checkpoint."""
+        """Answers every POST at its next checkpoint with the reply, echoing the request's
+        ``responses_create_params`` as a NeMo Gym agent does (a reply echoing another input
+        is a foreign reply, identity_mismatch)."""
 
         async def post(self, url: str, body: bytes, *, headers: bytes = b"") -> RawResponse:
             await trio.lowlevel.checkpoint()
+            echo = orjson.loads(body)["responses_create_params"]
+            reply = orjson.dumps({**REPLY, "responses_create_params": echo})
             return RawResponse(200, list(HEADERS), reply, False, url)
 
         async def aclose(self) -> None:

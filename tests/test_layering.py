@@ -160,6 +160,7 @@ TELEMETRY_IMPORTS = ("opentelemetry", "prometheus_client")
 TELEMETRY_LIBRARY_MODULES = frozenset(
     {
         "trollout.telemetry.metrics",
+        "trollout.telemetry.otlp_session",
         "trollout.telemetry.prometheus",
         "trollout.telemetry.runtime",
         "trollout.telemetry.traces",

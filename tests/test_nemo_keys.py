@@ -21,7 +21,15 @@ from builders import invoke, write_jsonl
 from trollout.cli.aggregate import _settings as aggregate_settings
 from trollout.config import FIELD_NAMES, parse_value
 from trollout.errors import ConfigError
-from trollout.nemo_keys import AGGREGATE, BY_NAME, COLLECT, KEYS, Handling, load_run_config
+from trollout.nemo_keys import (
+    AGGREGATE,
+    BY_NAME,
+    COLLECT,
+    KEYS,
+    NEEDS,
+    Handling,
+    load_run_config,
+)
 
 REFERENCE = (
     Path(__file__).parents[2] / "shared/reference/nemo_gym_0.7.0/rollout_collection_api_0.7.0.md"
@@ -223,7 +231,8 @@ def _check_implemented(name: str, command: str, load: Any, capsys: Any) -> None:
     expected = parse_value(SAMPLES[name])
     if command == COLLECT:
         assert name in FIELD_NAMES
-        config, notes = load(token)
+        needed = NEEDS.get(name)  # a key that does nothing alone goes with the one it needs
+        config, notes = load(token, *([f"{needed[0]}={SAMPLES[needed[0]]}"] if needed else []))
         assert notes == []
         assert getattr(config, name) == expected, name
     else:
@@ -270,7 +279,10 @@ def test_wrong_type_is_one_line_exit_2_and_nothing_written(name: str, tmp_path: 
     out = tmp_path / "out"
     source = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": "q"}}])
     if COLLECT in key.commands:
-        result = invoke("collect", str(source), "-o", str(out / "r.jsonl"), token)
+        # INPUT and -o would give the key twice, which is refused before its type is checked
+        where = {"input_jsonl_fpath": [], "output_jsonl_fpath": [str(source)]}
+        args = where.get(name, [str(source), "-o", str(out / "r.jsonl")])
+        result = invoke("collect", *args, token)
     else:
         shard = write_jsonl(tmp_path / "s.jsonl", [])
         result = invoke("aggregate", str(shard), "-o", str(out / "m.jsonl"), token)

@@ -2,8 +2,9 @@
 
 A run is described by `RunConfig`, whose field names are NeMo Gym's config keys (so
 ``+num_repeats=4`` and ``num_repeats: 4`` in a YAML file mean what they mean in NeMo Gym) plus
-trollout's own settings. Sources, later wins: defaults < ``--config run.yaml`` < click options
-< ``+key=value`` / ``++key=value`` overrides (protocol.md section 10).
+trollout's own settings. Sources of `load_config`, later wins: defaults < ``--config run.yaml``
+< options < ``+key=value`` / ``++key=value`` overrides (protocol.md section 10); the command line
+refuses one setting given by two of its sources (`nemo_keys.load_run_config`).
 
 Values of overrides use Hydra's flow syntax: ``{host:127.0.0.1,port:11000}`` is a mapping,
 ``[a,b]`` a list, ``true``/``false``/``null``, numbers, and quoted or bare strings. YAML's own flow
@@ -353,6 +354,9 @@ class RunConfig:
     # steadily bytes trickle in; None: twice read_timeout_s (7200 s by default)
     reply_timeout_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
     max_reply_bytes: int = attrs.field(default=256 * 1024 * 1024, validator=POSITIVE_COUNT)
+    # a 200 whose echoed responses_create_params.input is another conversation is
+    # identity_mismatch (collector/classify.py); false for agents that rewrite their input
+    check_echoed_input: bool = attrs.field(default=True, validator=_flag)
     max_rollouts: int = attrs.field(default=10_000_000, validator=POSITIVE_COUNT)  # a plan's size
     # the outage grace: an endpoint that gave no answer this long is down (collector/retry.py)
     dispatch_connect_grace_s: float = attrs.field(default=30.0, validator=SECONDS)
@@ -854,7 +858,7 @@ def load_yaml(text: str, *, source: str, quote: bool = True) -> Any:
     Raises:
         ConfigError: naming ``source``, the line and column, and what was refused.
     """
-    loader = _BoundedLoader(text)
+    loader = _BoundedLoader(text, quote=quote)
     try:
         return loader.get_single_data()
     except yaml.YAMLError as exc:
@@ -889,16 +893,38 @@ class _RefusedYamlError(yaml.MarkedYAMLError):
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that refuses aliases of collections and nesting past MAX_VALUE_DEPTH.
+    """`yaml.SafeLoader` that refuses aliases of collections, nesting past MAX_VALUE_DEPTH and
+    a key given twice in one mapping.
 
-    Composing is where both show: a scalar alias copies one value, a collection alias is how
-    a billion-laughs document grows exponentially once serialized, and composing recurses
-    once per level (RecursionError on a deep enough flow sequence).
+    Composing is where the first two show: a scalar alias copies one value, a collection alias
+    is how a billion-laughs document grows exponentially once serialized, and composing
+    recurses once per level (RecursionError on a deep enough flow sequence). A duplicate key
+    is legal to PyYAML, which keeps the last value: a setting written twice would silently
+    take the second, so it is refused naming its line (and, when ``quote``, the key).
     """
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, *, quote: bool = True) -> None:
         super().__init__(stream)
         self._depth = 0
+        self._quote = quote
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+            except TypeError:
+                continue  # an unhashable key: the constructor refuses it itself
+            if repeated:
+                shown = f"the key {_shown(key)}" if self._quote else "a key"
+                raise _RefusedYamlError(
+                    f"has {shown} twice in one mapping",
+                    "keep one (YAML would silently take the last)",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         event: Any = self.peek_event()  # type: ignore[no-untyped-call]  # untyped in the stubs

@@ -43,10 +43,13 @@ from .recovery.layout import RunLayout
 
 __all__ = [
     "AGGREGATE",
+    "ALTERNATIVES",
     "COLLECT",
     "KEYS",
+    "NEEDS",
     "Handling",
     "NemoKey",
+    "command_line",
     "differences",
     "load_run_config",
     "merge_config_paths",
@@ -370,6 +373,90 @@ def _shown(value: Any) -> str:
 
 
 # --- collect: config_paths and the sources ------------------------------------------------------
+#
+# Design note: the sources of a run's settings meet here, once, for every command that builds a
+# `RunConfig` (collect, resume, resubmit, demo, sbatch, Ray). They are layers, lowest first:
+# `defaults`, the ``config_paths`` files, the ``--config`` file, a resumed run's saved settings,
+# the command line. The rule (README, "Collecting") is that two sources for one setting are an
+# error unless the README says which wins, and it says exactly this:
+#
+# - across layers, the higher wins, key by key, and a higher layer's key also replaces a lower
+#   layer's other spelling of the same setting (`ALTERNATIVES`), with one note line saying so
+#   (``--agent-url`` on the command line replaces a ``head_server`` from ``config_paths``);
+# - within a layer, one setting given twice is an error naming both: an option and its
+#   ``+key`` (``-o`` and ``+output_jsonl_fpath``), a ``+key`` twice, two spellings of one
+#   setting (``--agent`` and ``+agent_map``, ``--agent-url`` and ``--head-server``); a YAML file
+#   cannot hold a key twice (`config.load_yaml`), and ``--agent-url`` cannot name an agent twice;
+# - a setting that does nothing without another (`NEEDS`: ``--drain-margin`` without
+#   ``--budget``) is an error naming both.
+#
+# Rejected: checking each pair in the command that has it (collect's options, resume's, sbatch's
+# copy of collect's), which is how ``+output_jsonl_fpath`` came to beat ``-o`` unseen; and
+# making every cross-layer repetition an error, which would refuse a resume given a new
+# ``--head-server`` (the saved one is what it replaces) and a NeMo Gym config whose values the
+# command line adjusts, the layering every Hydra user relies on.
+
+# Two keys that decide one setting: (key, other key, what both decide, the remedy).
+ALTERNATIVES: Final = (
+    (
+        "agent_name",
+        "agent_map",
+        "which agent runs the rows",
+        "--agent X is +agent_map={_default:X}",
+    ),
+    (
+        "agent_urls",
+        "head_server",
+        "where the deployment is",
+        "--agent-url to reach the agents directly, or --head-server to discover them",
+    ),
+)
+# A key that does nothing without another: key -> (the other key, its option, what the key does).
+NEEDS: Final = {
+    "drain_margin_s": (
+        "dispatch_budget_s",
+        "--budget",
+        "stops starting rollouts that long before the dispatch budget ends",
+    ),
+}
+_COMMAND_LINE: Final = "the command line"
+
+
+def command_line(
+    options: Mapping[str, Any],
+    overrides: Iterable[str],
+    labels: Mapping[str, str] | None = None,
+    *,
+    parse: Callable[[str], tuple[str, Any]] = parse_override,
+) -> dict[str, tuple[Any, str]]:
+    """Return the command line's settings, each with how it was given (``-o``, ``+key``).
+
+    Args:
+        options: settings from options (None values are left out), by key.
+        overrides: ``+key=value`` tokens.
+        labels: how each option is spelled (``{"output_jsonl_fpath": "-o/--output"}``);
+            ``--key`` otherwise.
+        parse: parses one token (a command may take paths as written).
+
+    Raises:
+        ConfigError: a setting given twice (an option and its ``+key``, or ``+key`` twice),
+            naming both; or a bad token.
+    """
+    labels = labels or {}
+    line = {
+        key: (value, labels.get(key, "--" + key.replace("_", "-")))
+        for key, value in options.items()
+        if value is not None
+    }
+    for token in overrides:
+        key, value = parse(token)
+        if key in line:
+            raise ConfigError(
+                f"{key} is given twice on the command line ({line[key][1]} and +{key}); "
+                "give it once"
+            )
+        line[key] = (value, f"+{key}")
+    return line
 
 
 def load_run_config(
@@ -378,32 +465,82 @@ def load_run_config(
     options: Mapping[str, Any] | None = None,
     overrides: Iterable[str] = (),
     defaults: Mapping[str, Any] | None = None,
+    saved: Mapping[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> tuple[RunConfig, list[str]]:
     """Build a collection's `RunConfig` from every source, NeMo Gym keys included.
 
-    Sources, later wins: ``defaults`` < ``config_paths`` files < ``config_file`` < options <
-    overrides.
+    Sources, lowest first (the design note above): ``defaults`` < ``config_paths`` files <
+    ``config_file`` < ``saved`` (a resumed run's settings) < the command line (``options``
+    and ``overrides``, one layer).
+
+    Args:
+        labels: how each option is spelled, for messages (`command_line`).
 
     Returns:
-        The config and the notes to show (one per own-way key given).
+        The config and the notes to show (one per own-way key given, one per setting a higher
+        source replaced under another key).
 
     Raises:
-        ConfigError: as `translate` and `config.build_config`, naming the key.
+        ConfigError: as `translate` and `config.build_config`, naming the key; a setting given
+            twice within one source, or set without the one it needs, naming both.
     """
+    line = command_line(options or {}, overrides, labels)
+    layers: list[tuple[str, Mapping[str, Any]]] = [("the defaults", defaults or {})]
     from_file = read_settings_file(config_file) if config_file is not None else {}
-    given = {k: v for k, v in (options or {}).items() if v is not None}
-    parsed = dict(parse_override(token) for token in overrides)
-    top = {**from_file, **given, **parsed}
-    values = dict(defaults or {})
+    top = {**from_file, **{key: value for key, (value, _) in line.items()}}
     if "config_paths" in top:
         _check_type(BY_NAME["config_paths"], top["config_paths"])
-        values.update(merge_config_paths(top["config_paths"], COLLECT))
-    values.update(top)
-    values, notes = translate(values, COLLECT)
+        layers.append(("config_paths", merge_config_paths(top["config_paths"], COLLECT)))
+    if config_file is not None:
+        layers.append((f"config file {str(config_file)!r}", from_file))
+    layers.append(("the run's saved settings", saved or {}))
+    values: dict[str, Any] = {}
+    given: dict[str, tuple[int, str]] = {}  # key -> (its layer, how it was given)
+    for rank, (name, layer) in enumerate(layers):
+        for key, value in layer.items():
+            values[key] = value
+            given[key] = (rank, f"{key} from {name}")
+    for key, (value, label) in line.items():
+        values[key] = value
+        given[key] = (len(layers), label)
+    notes = _one_source_each(values, given)
+    values, own_way = translate(values, COLLECT)
     values.pop("config_paths", None)
     if "materialized_jsonl_fpath" in values:
         _check_materialized(values.pop("materialized_jsonl_fpath"), values)
-    return build_config(values), notes
+    config = build_config(values)  # values are checked before what they combine into
+    _check_needs(config, given)
+    return config, own_way + notes
+
+
+def _one_source_each(values: dict[str, Any], given: Mapping[str, tuple[int, str]]) -> list[str]:
+    """Apply `ALTERNATIVES` to the merged settings; return the notes."""
+    notes = []
+    for key, other, what, remedy in ALTERNATIVES:
+        if not (_is_set(values.get(key)) and _is_set(values.get(other))):
+            continue
+        (rank, label), (other_rank, other_label) = given[key], given[other]
+        if rank == other_rank:
+            raise ConfigError(f"{label} and {other_label} both set {what}; give one ({remedy})")
+        low, high = (key, other) if rank < other_rank else (other, key)
+        notes.append(f"{given[high][1]} replaces {given[low][1]} (both set {what})")
+        del values[low]
+    return notes
+
+
+def _check_needs(config: RunConfig, given: Mapping[str, tuple[int, str]]) -> None:
+    """Refuse a setting that would do nothing without the one it needs (`NEEDS`)."""
+    for key, (needed, option, what) in NEEDS.items():
+        if getattr(config, key) is not None and getattr(config, needed) is None:
+            raise ConfigError(
+                f"{given[key][1]} {what}, but {option} (+{needed}) is not set, so it would do "
+                f"nothing; give {option} too, or drop it"
+            )
+
+
+def _is_set(value: Any) -> bool:
+    return value is not None and value != {} and value != []
 
 
 def merge_config_paths(paths: str | list[str], command: str) -> dict[str, Any]:

@@ -159,6 +159,8 @@ def test_an_allowed_value_in_a_failure_is_shown_as_its_interpolation(
                 tmp_path,
                 head,
                 "+retry_backoff_base_s=0",
+                "+dispatch_connect_grace_s=0",
+                "+on_endpoint_outage=fail",
                 "+served_config_env_allow=[TROLLOUT_TEST_SECRET_HOST]",
             )
     finally:

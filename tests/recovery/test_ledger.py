@@ -202,3 +202,47 @@ def test_ledger_max_attempts_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "zero")
     with pytest.raises(ValueError, match="NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"):
         RunConfig()
+
+
+class RetriedOnceTransport(LedgerCheckingTransport):
+    """Answers 503 (Retry-After: 0) to the first request of each rollout, then 200; notes, as
+    each request arrives, its task, its retry header and the ledger's lines."""
+
+    def __init__(self, layout: RunLayout) -> None:
+        super().__init__(layout)
+        self.seen: list[tuple[int, bytes, list[dict[str, Any]]]] = []
+
+    async def post(self, url: str, body: bytes, *, headers: bytes = b"") -> RawResponse:
+        lines = [orjson.loads(line) for line in self.layout.attempts.read_bytes().splitlines()]
+        self.seen.append((orjson.loads(body)["_ng_task_index"], headers, lines))
+        if not headers:
+            return RawResponse(503, [(b"retry-after", b"0")], b'"busy"', False)
+        return await super().post(url, body)
+
+
+async def test_ledger_records_a_retry_within_an_attempt_before_it_leaves(
+    tmp_path: Path,
+) -> None:
+    """A retried 503 is visible to the server (X-Trollout-Retry: 1) and, before it leaves, to
+    the ledger (a resent line); resume reads the ledger as before: the rollouts landed."""
+    layout = RunLayout.for_output(tmp_path / "r.jsonl")
+    transport = RetriedOnceTransport(layout)
+    config = RunConfig(num_samples_in_parallel=2)
+    rows = materialized_rows(3)
+    async with open_run_store(layout, config, expected=3) as store:
+        await store.write_materialized_inputs(rows)
+        async with open_collector(
+            config=config,
+            urls={"agent": "http://127.0.0.1:1"},
+            sink=store,
+            transport=transport,  # type: ignore[arg-type]
+        ) as collector:
+            await collector.collect(rows)
+    retries = [(task, lines) for task, headers, lines in transport.seen if headers]
+    assert sorted(task for task, _ in retries) == [0, 1, 2]
+    assert {headers for _, headers, _ in transport.seen} == {b"", b"x-trollout-retry: 1\r\n"}
+    for task, lines in retries:  # on record before it left
+        assert {"resent": [[task, 0, 0, 1]]} in lines
+    assert sorted(read_ledger(layout.attempts)) == [(t, 0, 0) for t in range(3)]
+    plan = scan_run(layout, ResumeRules())
+    assert list(plan.rows()) == []

@@ -124,7 +124,7 @@ def test_sbatch_runs_the_checks_collect_runs_before_writing_anything(tmp_path: P
         (["--partition", "gpu\ntouch MARKER"], "the #SBATCH option '--partition=gpu\\ntouch"),
         (["--job-name", "x\rtouch MARKER"], "the #SBATCH option '--job-name=x\\r"),
         (["--sbatch-option", "--mem=8G\n#SBATCH --uid=0"], "'--mem=8G\\n#SBATCH --uid=0'"),
-        (["+agent_map={x: 'a\ntouch MARKER'}"], "the collect argument"),
+        (["+responses_create_params={x: 'a\ntouch MARKER'}"], "the collect argument"),
     ],
 )
 def test_sbatch_refuses_a_control_character_in_any_value_it_writes(

@@ -38,7 +38,7 @@ from ..errors import ConfigError, DeploymentError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_shards, print_report
 from ..metrics import resolve_inputs as resolve_globs
 from ..metrics.server import Target
-from ..nemo_keys import AGGREGATE, BY_NAME, merge_config_paths, translate
+from ..nemo_keys import AGGREGATE, BY_NAME, command_line, merge_config_paths, translate
 from ..text import visible
 from .common import EXIT_INCOMPLETE_RETRYABLE, fail, http_client
 
@@ -199,10 +199,16 @@ def aggregate(args: tuple[str, ...], **opts: Any) -> None:
 
 
 def _settings(args: Sequence[str], opts: dict[str, Any]) -> dict[str, Any]:
-    """Merge defaults, config_paths files, options and ``+key=value`` tokens, later winning."""
-    tokens = dict(_override(token) for token in args if token.startswith("+"))
+    """Merge defaults, config_paths files and the command line, later winning.
+
+    A setting given twice on the command line (an option and its ``+key``) is refused, as for
+    collect (`nemo_keys.command_line`).
+    """
+    overrides = [token for token in args if token.startswith("+")]
+    line = command_line(_given(opts), overrides, _LABELS, parse=_override)
+    tokens = {key: value for key, (value, label) in line.items() if label == f"+{key}"}
     found = _config_files(tokens)
-    values = _DEFAULTS | found | _given(opts) | tokens
+    values = _DEFAULTS | found | {key: value for key, (value, _) in line.items()}
     values, notes = translate(values, AGGREGATE)
     values.pop("config_paths", None)
     for note in notes:
@@ -230,6 +236,14 @@ _DEFAULTS: dict[str, Any] = {
     "retry_terminal_timeouts": False,
     "batch_manifest_fpath": None,
     "overwrite": False,
+}
+
+
+# How the options that set a setting are spelled, where it is not --the-key.
+_LABELS: dict[str, str] = {
+    "output_jsonl_fpath": "-o/--output",
+    "served_config_env_allow": "--allow-env",
+    "max_input_line_bytes": "--max-line-bytes",
 }
 
 

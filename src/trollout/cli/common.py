@@ -416,14 +416,23 @@ RUN_DEFAULTS: dict[str, Any] = {"round_robin_agents": True}
 
 
 def build_run_config(
-    args: Sequence[str], options: dict[str, Any], *, input_required: bool = True
+    args: Sequence[str],
+    options: dict[str, Any],
+    *,
+    input_required: bool = True,
+    saved: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> RunConfig:
     """Merge positionals, options and overrides into a `RunConfig` (ConfigError on bad input).
 
     Every NeMo Gym setting is taken (`nemo_keys`); a note is printed for each one trollout
-    already handles its own way. Beyond `RunConfig`'s own checks, a dispatch budget of 0 is
-    refused here: for the engine (and an embedding driver) it means "start nothing", which from
-    the command line can only be a mistake that would end in a run with no rollout.
+    already handles its own way, and for each setting a higher source replaced under another
+    key; one setting given twice on the command line is refused (`nemo_keys.load_run_config`).
+    ``saved``: a resumed run's settings, below the command line. ``labels``: how settings the
+    caller put in ``options`` were given (``RUN``), for messages. Beyond `RunConfig`'s own
+    checks, a dispatch budget of 0 is refused here: for the engine (and an embedding driver)
+    it means "start nothing", which from the command line can only be a mistake that would end
+    in a run with no rollout.
     """
     positionals, overrides = split_args(args)
     if len(positionals) > 1:
@@ -444,7 +453,12 @@ def build_run_config(
     else:
         options.pop("served_config_env_allow", None)
     config, notes = load_run_config(
-        config_file=config_file, options=options, overrides=overrides, defaults=RUN_DEFAULTS
+        config_file=config_file,
+        options=options,
+        overrides=overrides,
+        defaults=RUN_DEFAULTS,
+        saved=saved,
+        labels={**_option_labels(), "input_jsonl_fpath": "INPUT", **(labels or {})},
     )
     for note in notes:
         click.echo(f"trollout: note: {visible(note)}", err=True)
@@ -462,8 +476,27 @@ def _parse_agent_urls(values: Sequence[str]) -> dict[str, str]:
         name, sep, url = value.partition("=")
         if not sep or not name or not url:
             raise ConfigError(f"--agent-url {value!r} must look like NAME=http://host:port")
+        if name in urls:  # the URLs are not shown: one may carry what it should not
+            raise ConfigError(f"--agent-url names agent {name!r} twice; give one URL per agent")
         urls[name] = url
     return urls
+
+
+def _option_labels() -> dict[str, str]:
+    """Return how each setting is spelled as an option (``-o/--output``), for messages.
+
+    The run options, and those of the command now running (resume's, sbatch's collect).
+    """
+    commands = [click.command()(collect_options(lambda **_: None))]
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        commands.append(context.command)
+    return {
+        param.name: "/".join(param.opts)
+        for command in commands
+        for param in command.params
+        if isinstance(param, click.Option) and param.name
+    }
 
 
 def print_summary(result: Any, *, title: str) -> None:

@@ -63,7 +63,10 @@ def _session_options(f: Any) -> Any:
 
 
 def config_from_run(run: str, options: dict[str, Any], overrides: tuple[str, ...]) -> RunConfig:
-    """Build the config of a resumed session: saved settings < options < overrides.
+    """Build the config of a resumed session: saved settings < the command line.
+
+    RUN gives the output and asks for a resume; an override of either is refused as given
+    twice (`nemo_keys.load_run_config`).
 
     Raises:
         ConfigError: RUN has no manifest, an override is not ``+key=value``, or a bad value.
@@ -79,15 +82,12 @@ def config_from_run(run: str, options: dict[str, Any], overrides: tuple[str, ...
     bad = [token for token in overrides if not token.startswith("+")]
     if bad:
         raise ConfigError(f"unexpected arguments {bad!r}; settings go as +key=value")
-    values = {k: v for k, v in manifest.settings.items() if k in FIELD_NAMES}
+    saved = {k: v for k, v in manifest.settings.items() if k in FIELD_NAMES}
     given = {k: v for k, v in options.items() if v is not None and v != ()}
-    saved_urls = values.pop("agent_urls", None) or {}
-    if "agent_urls" not in given and saved_urls:
-        given["agent_urls"] = [f"{name}={url}" for name, url in saved_urls.items()]
-    values.update(given)
-    values["output_jsonl_fpath"] = str(layout.output)
-    values["resume_from_cache"] = True
-    return build_run_config(overrides, values)
+    given["output_jsonl_fpath"] = str(layout.output)
+    given["resume_from_cache"] = True
+    labels = {"output_jsonl_fpath": "RUN", "resume_from_cache": "trollout resume"}
+    return build_run_config(overrides, given, saved=saved, labels=labels)
 
 
 def _run(

@@ -32,19 +32,38 @@ another one, or a forged body. Two mechanisms stand against it, one per layer:
   asked for: bytes after a complete response close the connection after that exchange, and a
   pooled connection that is readable at checkout (one ``poll`` just before the request is
   written) is discarded;
-- here, a 200 whose echoed identity (`echo_mismatches`: ``_ng_task_index``,
-  ``_ng_rollout_index``, ``_ng_attempt_index``, ``_ng_rollout_id``, each checked when the
-  request carried it) contradicts the request is `identity_mismatch`, possibly delivered (the
-  reply is not ours and nothing proves ours ran); the dispatcher then closes the connection that
-  carried it, which is no longer in step with its server.
+- here, a 200 whose echo contradicts the request is `identity_mismatch`, possibly delivered
+  (the reply is not ours and nothing proves ours ran); the dispatcher then closes the connection
+  that carried it, which is no longer in step with its server. `echo_mismatches` checks what
+  `expected_echo` lists, each only when the request carried it and the reply echoes it: the
+  identity stamps (``_ng_task_index``, ``_ng_rollout_index``, ``_ng_attempt_index``,
+  ``_ng_rollout_id``), compared as JSON; and the input, ``responses_create_params.input``.
 
-What remains: a stray reply that carries no identity and arrives after the next request was
+The input echo. NeMo Gym agents and 0.7.0 environment servers echo the request's
+``responses_create_params`` in their reply, after their request model has validated it: each
+input item gains the model's defaults (``type: message``, ``phase: null``; a string input may
+come back as one user message, string content as a list of text parts), so the echo is not the
+bytes sent. What the model never changes is the conversation: each item's role and text. The
+check therefore compares the two inputs as lists of ``(role, texts)`` (`_conversation`; an item
+without a role, a tool call or its output, counts by its ``type``), and fails a reply whose
+conversation is another one. It is what catches a stray reply against servers that echo no
+identity (0.7.0 environment servers' replies to flat rows): a forged or replayed reply carries
+the input of the request it answered. A reply that echoes no ``responses_create_params`` (or one
+without ``input``) passes: not every agent echoes. An agent that rewrites its input (adds a
+system prompt, summarises the history) would fail every rollout; ``check_echoed_input: false``
+(``DispatchPolicy.check_echoed_input``) turns the input check off, and the identity checks stay.
+Its cost is on every 200: an ``==`` of the two inputs, which answers at once when the echo is
+verbatim, else one walk of each (a few dicts per message). Rejected alternatives: comparing the
+whole ``responses_create_params`` (an agent fills in ``model``, ``tools`` defaults, ``metadata``
+merges: every real reply would fail); comparing a digest of the input (the echo is not the bytes
+sent, and the conversation view is as cheap as hashing it).
+
+What remains: a stray reply that echoes neither identity nor input, or whose input is the same
+as the next request's (another repeat of one task), and that arrives after the next request was
 written (in the microseconds between the checkout poll and the write, or while the request is in
-flight) is indistinguishable from that request's reply, and is taken as it. No mechanism at the
+flight), is indistinguishable from that request's reply, and is taken as it. No mechanism at the
 HTTP level can tell them apart; closing every connection after one request would, at a TCP
-connect per rollout. NeMo Gym agents echo the request row, so their replies carry the identity;
-0.7.0 environment servers' replies to flat rows carry none, so against them only the transport's
-rules hold. The episode protocol (protocol.md section 3) makes the ``episode_id`` and
+connect per rollout. The episode protocol (protocol.md section 3) makes the ``episode_id`` and
 ``task_id`` echo mandatory, which closes the gap for episodes through the same `echo_mismatches`
 (`expected_echo` of an episode request): there a wrong echo is the server's protocol violation
 (`episodes`).
@@ -68,6 +87,7 @@ from .transport import RawResponse, ResponseBegan, delivery_of
 
 __all__ = [
     "ECHOED_IDENTITY_KEYS",
+    "ECHOED_PARAMS",
     "GATEWAY_STATUSES",
     "IDENTITY_MISMATCH",
     "MAX_DECODED_BODY_BYTES",
@@ -82,6 +102,7 @@ __all__ = [
     "outcome_from_error",
     "outcome_from_response",
     "retry_after_seconds",
+    "same_input",
     "same_json",
 ]
 
@@ -96,6 +117,8 @@ ECHOED_IDENTITY_KEYS: Final = (
     records.ROLLOUT_ID,
 )
 """The request keys a reply may echo back; an echo must carry the value that was sent."""
+ECHOED_PARAMS: Final = "responses_create_params"
+"""The request key whose ``input`` a reply may echo only as the same conversation."""
 _ELLIPSIS: Final = "…"
 _LEGACY_CLASS: Final = "_ng_failure_legacy_class"  # the original producer's class
 _JUDGE_ERROR: Final = "_ng_failure_judge_error"  # a judge failure's reason
@@ -272,15 +295,22 @@ def _public_type_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def expected_echo(request: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def expected_echo(request: Mapping[str, Any], *, check_input: bool = True) -> list[tuple[str, Any]]:
     """Return the (key, value sent) pairs of `request` that a reply may echo only unchanged.
 
     For an episode request, the ``episode_id`` and the task's ``task_id`` (protocol.md
-    section 3); for a flat row, the identity keys it carries.
+    section 3); for a flat row, the identity keys it carries and, with `check_input`, its
+    ``responses_create_params`` when that holds an ``input`` (compared as a conversation: the
+    module's design note).
     """
     if "episode_id" in request:
         return [("episode_id", request["episode_id"]), ("task_id", request["task"]["task_id"])]
-    return [(key, request[key]) for key in ECHOED_IDENTITY_KEYS if key in request]
+    echo = [(key, request[key]) for key in ECHOED_IDENTITY_KEYS if key in request]
+    if check_input:
+        params = request.get(ECHOED_PARAMS)
+        if type(params) is dict and "input" in params:
+            echo.append((ECHOED_PARAMS, params))
+    return echo
 
 
 def echo_mismatches(
@@ -288,14 +318,78 @@ def echo_mismatches(
 ) -> list[tuple[str, Any, Any]]:
     """Return (key, sent, echoed) for each expected key that `reply` echoes with another value.
 
-    Values compare as JSON, types included (`same_json`). A key the reply leaves out is no
+    Values compare as JSON, types included (`same_json`); ``responses_create_params`` compares
+    by the conversation of its ``input`` (`same_input`). A key the reply leaves out is no
     contradiction: servers need not echo (an episode reply must, which `episodes` checks first).
     """
     return [
         (key, sent, reply[key])
         for key, sent in expected
-        if key in reply and not same_json(reply[key], sent)
+        if key in reply
+        and not (
+            _same_params(reply[key], sent) if key == ECHOED_PARAMS else same_json(reply[key], sent)
+        )
     ]
+
+
+def _same_params(echoed: Any, sent: Mapping[str, Any]) -> bool:
+    """Return whether an echoed ``responses_create_params`` holds the input that was sent.
+
+    An echo that is no mapping, or has no ``input``, shows nothing to compare: it passes.
+    """
+    if type(echoed) is not dict or "input" not in echoed:
+        return True
+    return same_input(echoed["input"], sent["input"])
+
+
+def same_input(echoed: Any, sent: Any) -> bool:
+    """Return whether two ``responses_create_params.input`` values are one conversation.
+
+    Each item's role and text are compared, not the defaults a server's request model adds
+    (the module's design note): ``[{"role": "user", "content": "hi", "type": "message"}]``
+    is the same input as ``"hi"``.
+    """
+    return echoed == sent or _conversation(echoed) == _conversation(sent)
+
+
+def _conversation(value: Any) -> tuple[Any, ...]:
+    """Return an input as ``(role, texts)`` per message (``(None, type)`` for other items)."""
+    if type(value) is str:
+        return (("user", (value,)),)
+    if type(value) is not list:
+        return ((None, value),)
+    return tuple(
+        (item["role"], _texts(item.get("content")))
+        if type(item) is dict and "role" in item
+        else (None, item.get("type") if type(item) is dict else item)
+        for item in value
+    )
+
+
+def _texts(content: Any) -> tuple[Any, ...]:
+    """Return a message content's texts: the string, or each text part's ``text``."""
+    if type(content) is not list:
+        return () if content is None else (content,)
+    return tuple(
+        part["text"] if type(part) is dict else part
+        for part in content
+        if type(part) is not dict or type(part.get("text")) is str
+    )
+
+
+def _input_difference(echoed: Any, sent: Any) -> str:
+    """Say how an echoed input differs from the one sent (roles and counts, never text)."""
+    have, want = _conversation(echoed), _conversation(sent)
+    if len(have) != len(want):
+        return f"{len(have)} input items where {len(want)} were sent"
+    for index, (got, expected) in enumerate(zip(have, want, strict=True)):
+        if got[0] != expected[0]:
+            return (
+                f"input item {index} has role {_short(got[0])} where {_short(expected[0])} was sent"
+            )
+        if got != expected:
+            return f"input item {index} ({_short(expected[0])}) has other text than was sent"
+    return "another input"  # not reached: the conversations differ somewhere
 
 
 def _foreign(
@@ -307,13 +401,18 @@ def _foreign(
     mismatched: list[tuple[str, Any, Any]],
 ) -> Failed:
     contradictions = "; ".join(
-        f"{key} {_short(echoed)} where {_short(sent)} was sent" for key, sent, echoed in mismatched
+        f"{key}: {_input_difference(echoed['input'], sent['input'])}"
+        if key == ECHOED_PARAMS
+        else f"{key} {_short(echoed)} where {_short(sent)} was sent"
+        for key, sent, echoed in mismatched
     )
     message = (
         f"the HTTP 200 reply from {_where(response)} is another request's: it echoes "
         f"{contradictions}; a connection or proxy mixed up replies (or the server forged one), "
         "so whether this attempt ran is unknown"
     )
+    if any(key == ECHOED_PARAMS for key, _, _ in mismatched):
+        message += " (an agent that rewrites its input: set +check_echoed_input=false)"
     return Failed(
         identity=identity,
         attempt_index=attempt_index,

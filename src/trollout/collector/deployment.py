@@ -29,6 +29,10 @@ config are raised outside the ``except`` block so no chained exception holds the
 `Deployment.fingerprint` hashes names, types and routes, not hosts or ports: a deployment
 restarted on new ports serves the same run, and resuming against it should not be refused.
 
+Bounded reads: the config is read up to `MAX_HEAD_CONFIG_BYTES` (a real 0.7.0 config is a few
+KB), a liveness probe's body up to `MAX_PROBE_REPLY_BYTES` (only its status matters); a longer
+reply is one `DeploymentError` naming the URL and the bound (`transport.read_bounded`).
+
 Length: this module is longer than the house's ~400 lines because routing, task_source
 resolution and admission all read the same server tables and share their messages; parsing the
 config (and its secret handling) lives in `served_config`.
@@ -66,10 +70,13 @@ from .served_config import (
     kind,
     parse_servers,
 )
+from .transport import ReplyTooLargeError, read_bounded
 
 __all__ = [
     "AGENTS",
     "ENVIRONMENTS",
+    "MAX_HEAD_CONFIG_BYTES",
+    "MAX_PROBE_REPLY_BYTES",
     "MODELS",
     "RESOURCES",
     "AggregateTarget",
@@ -84,6 +91,10 @@ __all__ = [
 ]
 
 CONFIG_PATH: Final = "/global_config_dict_yaml"
+MAX_HEAD_CONFIG_BYTES: Final = 16 * 1024 * 1024
+"""The longest ``GET /global_config_dict_yaml`` reply read (a real config is a few KB)."""
+MAX_PROBE_REPLY_BYTES: Final = 1024 * 1024
+"""The longest ``GET /`` reply a liveness probe reads (only its status matters)."""
 _FIX: Final = "fix the deployment config and restart it"
 
 
@@ -481,7 +492,15 @@ async def discover(
     """
     head_url = validate_url(head_url, what="head server URL")
     try:
-        response = await client.get(head_url + CONFIG_PATH)
+        response = await read_bounded(
+            client,
+            "GET",
+            head_url + CONFIG_PATH,
+            limit=MAX_HEAD_CONFIG_BYTES,
+            bound="MAX_HEAD_CONFIG_BYTES",
+        )
+    except ReplyTooLargeError as exc:
+        raise DeploymentError(f"head server {public_url(head_url)!r}: {exc}") from None
     except httpx.HTTPError as exc:
         raise DeploymentError(
             f"cannot reach head server {head_url!r}: {_reason(exc)}; "
@@ -571,7 +590,9 @@ async def require_alive(client: httpx.AsyncClient, urls: Iterable[str]) -> None:
 
 async def _probe(client: httpx.AsyncClient, url: str, reasons: dict[str, str]) -> None:
     try:
-        response = await client.get(url + "/")
+        response = await read_bounded(
+            client, "GET", url + "/", limit=MAX_PROBE_REPLY_BYTES, bound="MAX_PROBE_REPLY_BYTES"
+        )
     except httpx.HTTPError as exc:
         reasons[url] = _reason(exc)
         return

@@ -33,7 +33,7 @@ from attrs import frozen
 
 from ..config import POSITIVE_COUNT, POSITIVE_SECONDS, RunConfig
 from ..errors import ConfigError
-from ..records import Delivery, Failed, FailureClass, Landed, MaterializedRow
+from ..records import Delivery, Failed, FailureClass, Identity, Landed, MaterializedRow
 from ..text import public_url
 from .classify import (
     IDENTITY_MISMATCH,
@@ -55,8 +55,10 @@ from .retry import (
 )
 from .transport import DEFAULT_MAX_BODY_BYTES, Http11Transport, PostTransport, RawResponse
 
-__all__ = ["DispatchPolicy", "NewAttempt", "check_run_url", "dispatch"]
+__all__ = ["DispatchPolicy", "NewAttempt", "OnResend", "check_run_url", "dispatch"]
 
+OnResend = Callable[[Identity, int, int], None]
+"""Note that re-send ``retry`` (1, 2, ...) of an attempt leaves (`sink.ResendRecorder.resent`)."""
 NewAttempt = Callable[[Failed], Awaitable[int]]
 """Record a superseded failed attempt and return the next attempt number, reserved durably.
 
@@ -75,6 +77,7 @@ class DispatchPolicy:
         reply_timeout_s: the longest one request may take, sending through the last reply
             byte (None: twice `read_timeout_s`).
         max_reply_bytes: the longest reply body read (after decoding).
+        check_echoed_input: a 200 that echoes another input is ``identity_mismatch``.
         max_attempts: the attempt cap in force, written on failure rows.
         retry: every retry setting (`retry.RetryPolicy`: re-sends, backoff, breaker, grace).
         rollout_timeout_s: the per-rollout limit, retries and waits included (None: none).
@@ -95,6 +98,7 @@ class DispatchPolicy:
     max_reply_bytes: int = attrs.field(
         default=DEFAULT_MAX_BODY_BYTES, kw_only=True, validator=POSITIVE_COUNT
     )
+    check_echoed_input: bool = attrs.field(default=True, kw_only=True)
 
     @classmethod
     def from_config(cls, config: RunConfig) -> DispatchPolicy:
@@ -108,6 +112,7 @@ class DispatchPolicy:
             timeout_is_terminal=config.timeout_is_terminal,
             reply_timeout_s=config.reply_timeout_s,
             max_reply_bytes=config.max_reply_bytes,
+            check_echoed_input=config.check_echoed_input,
         )
 
     def make_transport(self, *, max_idle_per_host: int | None = None) -> Http11Transport:
@@ -134,6 +139,7 @@ async def dispatch(
     policy_model_server: str | None = None,
     observer: Observer | None = None,
     started_at: float | None = None,
+    on_resend: OnResend | None = None,
 ) -> Landed | Failed:
     """Run one rollout of `row` against `url` (the full ``.../run`` URL), starting at an attempt.
 
@@ -157,6 +163,8 @@ async def dispatch(
             waits and ends; its trace headers go on every POST (None: off, nothing called).
         started_at: the trio time the rollout started, when the caller has just read the
             clock (the pool does); outcomes' ``elapsed_seconds`` count from it. None: now.
+        on_resend: told just before each re-send within an attempt leaves (the ledger's
+            ``resent`` line); None: not told.
 
     Raises:
         ConfigError: `url` is not a plain ``http://`` URL.
@@ -174,6 +182,7 @@ async def dispatch(
     rollout = _Rollout(
         transport, url, row, attempt_index, policy, rng, retry_state, new_attempt, start
     )
+    rollout.on_resend = on_resend
     if observer is not None:
         return await _observed(rollout, observer)
     limit = policy.rollout_timeout_s
@@ -254,6 +263,7 @@ class _Rollout:
         "new_attempt",
         "note",
         "observer",
+        "on_resend",
         "policy",
         "request_retries",
         "resends",
@@ -285,6 +295,7 @@ class _Rollout:
         self.state = state
         self.health = state.endpoint(url) if state is not None else None
         self.new_attempt = new_attempt
+        self.on_resend: OnResend | None = None
         self.start = start
         self.sent_at = start  # when the last request was sent (re-sends read the clock)
         self.answered_at = start  # when the last request ended (its outcome was built)
@@ -293,7 +304,7 @@ class _Rollout:
         self.resends = 0  # re-sends within the current attempt (the X-Trollout-Retry number)
         self.delivery = Delivery.NOT_SENT
         self.furthest = Delivery.NOT_SENT  # the furthest any request of this attempt got
-        self.streak: float | None = None  # the endpoint's streak its last connect failure met
+        self.streak = 0  # the endpoint's streak its last connection failure met
         self.last: Failed | None = None
         self.note = ""
         self.echo: list[tuple[str, Any]] = []
@@ -331,6 +342,8 @@ class _Rollout:
                     self._next_trace(superseded)
             else:
                 self.resends += 1
+                if self.on_resend is not None:
+                    self.on_resend(self.row.identity, self.attempt, self.resends)
             self.sent_at = self._now()
 
     @property
@@ -347,12 +360,13 @@ class _Rollout:
 
     def _request(self) -> bytes:
         """Return the current attempt's body, noting the identity its reply may echo."""
-        row = self.row
+        row, check_input = self.row, self.policy.check_echoed_input
         if row.raw is not None and not self.attempt and not row.is_episode:
-            self.echo = expected_echo(row.body)  # the request is the row, as it was read
+            # the request is the row, as it was read
+            self.echo = expected_echo(row.body, check_input=check_input)
             return row.raw
         request = row.request_body(self.attempt)
-        self.echo = expected_echo(request)
+        self.echo = expected_echo(request, check_input=check_input)
         return orjson.dumps(request)
 
     async def _wait(self, delay: float) -> bool:
@@ -478,8 +492,8 @@ class _Rollout:
             if health is not None:
                 if health.state is not BreakerState.CLOSED:
                     return "", 0.0  # the breaker holds it until the probe: no own backoff
-                if health.down_since != self.streak:  # a new outage: its own re-sends anew
-                    self.streak, self.connect_retries = health.down_since, 0
+                if health.streaks != self.streak:  # a new outage: its own re-sends anew
+                    self.streak, self.connect_retries = health.streaks, 0
             if self.connect_retries >= retry.max_connect_retries:
                 return "", None
             return "connect", retry.backoff_s(self.connect_retries, self.rng)

@@ -228,7 +228,8 @@ class Plan:
         tasks: distinct tasks kept (after `limit` and `task_ids`).
         expected: materialized rollouts (every repeat of every kept row, every fan-out agent).
         materialized_bytes: an estimate of the materialized-inputs file's size (each kept
-            row's size times its rollouts, plus the stamps each rollout gets).
+            row's size, as ``prompt_config`` expands it, times its rollouts, plus the stamps
+            each rollout gets).
     """
 
     tasks: int
@@ -275,6 +276,7 @@ def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
     shard = parse_shard(config.shard) if config.shard is not None else None
     table = TaskTable(limit=config.limit, task_ids=config.task_ids, shard=shard)
     totals = _check_rows(source, resolver, materializer, table, problems)
+    resolver.check_keys(problems)
     problems.raise_if_any()
     table.finish()
     selection = table.selection(config.task_ids, problems)
@@ -283,7 +285,7 @@ def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
     if selection.tasks is not None or selection.each_once:
         totals = _Totals()  # pass 2: only the kept rows count
         for entry in walker.entries():
-            totals.add(entry.copies, entry.size)
+            totals.add(entry.copies, materializer.expanded_bytes(entry.row, entry.size))
     expected, size, rounds, groups = totals.expected, totals.size, totals.rounds, totals.groups
     if expected > config.max_rollouts:
         raise ConfigError(
@@ -336,7 +338,8 @@ def _check_rows(
         if row is None or problem is not None:
             problems.line(source.label(line.number), str(problem))
             continue
-        built, problem = materializer.prompted(row)  # checked as the prompt builds them
+        # checked as the prompt builds them, each held to the line limit and sized as built
+        built, size, problem = materializer.prompted(row, len(line.text))
         if problem is not None:
             problems.line(source.label(line.number), problem)
             continue
@@ -354,7 +357,7 @@ def _check_rows(
             problems.line(source.label(line.number), seed_problem)
         # Counted as the walker will route it: the row as read, not as a prompt built it.
         copies = resolution.copies if built is row else resolver.resolve(row).copies
-        totals.add(copies, len(line.text))
+        totals.add(copies, size)
     return totals
 
 

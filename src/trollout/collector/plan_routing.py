@@ -34,7 +34,10 @@ A task row (``task_id: {taskset, task_id}``) names no agent and goes to
 ``environment_server_routes[taskset]`` in every mode; ``agent_map`` and ``fan_out`` never apply
 to it. Its pairing is checked with the agent its environment server binds. ``num_repeats`` may
 be a mapping: a flat row takes its agent's entry, a task row its taskset's, then ``_default``
-(1 when absent).
+(1 when absent). Each of its keys (and ``num_repeats_add_seed``'s) must be ``_default``, an
+agent the deployment serves, or (``num_repeats``) a taskset of the rows: any other key would
+change nothing, a typo taken in silence, so it is refused (`Resolver.check_keys`, once every
+row has been seen).
 
 Resolution depends only on (row agent, task_source) or the taskset, so it is cached per key and
 the router is asked once per distinct key, not once per row.
@@ -146,6 +149,8 @@ class Resolver:
         bad_fan_out = _fan_out_problems(config.fan_out)
         self._fan_out = {k: v for k, v in config.fan_out.items() if k not in bad_fan_out}
         self._repeats = config.num_repeats
+        self._seeds = config.num_repeats_add_seed
+        self._tasksets: set[str] = set()  # the tasksets of the rows that num_repeats names
         self._mode = config.environment_routing_mode
         self._legacy_server = config.environment_server_name
         self._legacy: EnvironmentServerInfo | None = None
@@ -164,6 +169,23 @@ class Resolver:
             if len(self._cache) < _MAX_CACHE:
                 self._cache[key] = found
         return found
+
+    def check_keys(self, problems: Problems) -> None:
+        """Refuse per-agent keys that name no agent and no taskset (call after every row)."""
+        settings: tuple[tuple[str, object, Set[str]], ...] = (
+            ("num_repeats", self._repeats, self._tasksets),
+            ("num_repeats_add_seed", self._seeds, frozenset()),
+        )
+        for name, setting, tasksets in settings:
+            if not isinstance(setting, Mapping):
+                continue
+            for key in sorted(set(setting) - self._known - tasksets - {DEFAULT}):
+                also = " nor a taskset of the rows" if name == "num_repeats" else ""
+                problems.config(
+                    f"{name}.{key}: {key!r} is not an agent of the run (agents: "
+                    f"{_names(self._known)}){also}, so it would change nothing; fix the name, "
+                    "or drop it"
+                )
 
     def repeats_for(self, key: str | None) -> int:
         """Return ``num_repeats`` for an agent or a taskset (else ``_default``, else 1)."""
@@ -285,6 +307,8 @@ class Resolver:
     # --- task rows ------------------------------------------------------------------------
 
     def _task_row(self, taskset: str) -> Resolution:
+        if isinstance(self._repeats, Mapping) and taskset in self._repeats:
+            self._tasksets.add(taskset)
         server = self._routes.get(taskset)
         if server is None:
             return _refused(

@@ -81,7 +81,7 @@ from ..records import (
     policy_model_server_of,
 )
 from .dispatch import NewAttempt, dispatch
-from .sink import AttemptReserver, OutcomeSink
+from .sink import AttemptReserver, OutcomeSink, ResendRecorder
 
 if TYPE_CHECKING:
     from .engine import Collector
@@ -122,6 +122,7 @@ class Pool:
         self.sink = sink
         self.reserver = reserver
         self._first_reserver = reserver if reserve_first else None  # for a row's own attempt
+        self._on_resend = sink.resent if isinstance(sink, ResendRecorder) else None
         self._deliver = deliver
         self.rows_tx, self._rows_rx = trio.open_memory_channel[_Job](0)
         self.feed_scope = trio.CancelScope()
@@ -446,6 +447,7 @@ class Pool:
                     ),
                     observer=engine.observer,
                     started_at=began,
+                    on_resend=self._on_resend,
                 )
             finally:
                 limiter.release()

@@ -3,7 +3,9 @@
 `sample_queues` GETs every ``/metrics`` URL at once (``server_queue_metrics_urls``) and sums
 ``vllm:num_requests_waiting`` and ``vllm:num_requests_running`` over the servers that answered;
 `RunTimer.run_queue_sampler` calls it every ``server_queue_sample_interval_s``. Give it a client
-built with short timeouts: a round that outlives its interval is abandoned whole.
+built with short timeouts: a round that outlives its interval is abandoned whole. Each reply is
+read up to `MAX_QUEUE_METRICS_BYTES` (vLLM's page is tens of KB); a server past it, like one that
+does not answer, counts as an error, and the round keeps the first error's one-line reason.
 """
 
 from __future__ import annotations
@@ -15,10 +17,22 @@ import httpx
 import trio
 from attrs import frozen
 
-__all__ = ["RUNNING", "WAITING", "QueueSample", "parse_vllm_queue", "sample_queues"]
+from ..text import concealed
+from .transport import read_bounded
+
+__all__ = [
+    "MAX_QUEUE_METRICS_BYTES",
+    "RUNNING",
+    "WAITING",
+    "QueueSample",
+    "parse_vllm_queue",
+    "sample_queues",
+]
 
 WAITING: Final = "vllm:num_requests_waiting"
 RUNNING: Final = "vllm:num_requests_running"
+MAX_QUEUE_METRICS_BYTES: Final = 8 * 1024 * 1024
+"""The longest ``/metrics`` reply read from a model server."""
 
 
 @frozen
@@ -30,7 +44,8 @@ class QueueSample:
         waiting: summed ``vllm:num_requests_waiting``.
         running: summed ``vllm:num_requests_running``.
         servers: servers that answered with both gauges.
-        errors: servers that did not (unreachable, slow, no gauges).
+        errors: servers that did not (unreachable, slow, too large, no gauges).
+        problem: why the first of them did not, in one line (None: no error, or no reason).
     """
 
     at: float
@@ -38,6 +53,7 @@ class QueueSample:
     running: float
     servers: int
     errors: int = 0
+    problem: str | None = None
 
 
 def parse_vllm_queue(text: str) -> tuple[float, float] | None:
@@ -72,11 +88,15 @@ async def sample_queues(client: httpx.AsyncClient, urls: Sequence[str]) -> Queue
     Cancellation: a checkpoint; a cancelled round returns nothing and leaves nothing behind.
     """
     results: list[tuple[float, float] | None] = [None] * len(urls)
+    problems: list[str] = []
 
     async def one(i: int, url: str) -> None:
         try:
-            response = await client.get(url)
-        except httpx.HTTPError:
+            response = await read_bounded(
+                client, "GET", url, limit=MAX_QUEUE_METRICS_BYTES, bound="MAX_QUEUE_METRICS_BYTES"
+            )
+        except httpx.HTTPError as exc:
+            problems.append(concealed(str(exc)) or type(exc).__name__)
             return
         if response.status_code == 200:
             results[i] = parse_vllm_queue(response.text)
@@ -92,4 +112,5 @@ async def sample_queues(client: httpx.AsyncClient, urls: Sequence[str]) -> Queue
         running=sum(r for _, r in answered),
         servers=len(answered),
         errors=len(urls) - len(answered),
+        problem=problems[0] if problems else None,
     )

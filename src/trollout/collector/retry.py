@@ -55,14 +55,16 @@ endpoint's).
 
 **Per rollout**, every wait is owed to something: a ``Retry-After``, a backoff after its own
 failure, an open period, or a probe in flight. No wait outlasts ``max(retry_backoff_max_s,
-breaker_open_s)``: with the endpoint answering and no request in flight, a waiting rollout is
-sent within that bound. Sends of one attempt are at most ``1 + max_request_retries +
-max_connect_retries`` plus the probes it carries, and an endpoint carries one probe per open
-period. A rollout that used its own connection re-sends fails (``not_sent``) only while the
-breaker is closed, that is while the endpoint answers others; keep ``breaker_failure_threshold
-<= max_connect_retries + 1`` (the defaults, 5 and 4, do) so that a lone rollout opens the breaker
-before it runs out. Re-sends within an attempt carry ``X-Trollout-Retry: n`` (n = 1, 2, ...), so
-a server tells a retry from a duplicate; a new attempt carries its own ``_ng_attempt_index``.
+breaker_open_s)``: with the endpoint answering and no request in flight, a waiting rollout is sent
+within that bound. Sends of one attempt are at most ``1 + max_request_retries`` plus the probes it
+carries (an endpoint carries one per open period) plus, for each outage it meets,
+``max_connect_retries + 1`` (its own re-sends, and the one the breaker lets through once a probe
+found the endpoint back: if that fails, it is a new outage). A rollout that used its own connection
+re-sends fails (``not_sent``) only while the breaker is closed, that is while the endpoint answers
+others; keep ``breaker_failure_threshold <= max_connect_retries + 1`` (the defaults, 5 and 4, do) so
+that a lone rollout opens the breaker before it runs out. Re-sends within an attempt carry
+``X-Trollout-Retry: n`` (n = 1, 2, ...), so a server tells a retry from a duplicate; a new attempt
+carries its own ``_ng_attempt_index``.
 
 The rollout's own limit (``rollout_timeout_s``) is a Trio scope in `dispatch` around all of it,
 waits included; hitting it yields ``agent_request_failed`` / ``timeout`` (no reply arrived, so
@@ -97,7 +99,7 @@ from attrs import define, frozen
 
 from ..config import COUNT, POSITIVE_COUNT, POSITIVE_SECONDS, SECONDS, RunConfig
 from ..records import Delivery, Failed, FailureClass, Landed
-from ..text import public_url
+from ..text import concealed, public_url
 
 __all__ = [
     "ENDPOINT_DOWN",
@@ -300,6 +302,8 @@ class EndpointHealth:
         consecutive_failures: connection failures since the last answer.
         down_since: trio time the current streak of connection failures began (None: the
             endpoint answers): see `record`.
+        streaks: streaks of connection failures so far (a rollout's own re-sends are counted
+            per streak: a new outage gives them back).
         alive_at: the latest trio time at which the endpoint accepted a request it answered.
         opened_at: trio time the breaker last opened.
         open_for: the current open period.
@@ -317,6 +321,7 @@ class EndpointHealth:
     state: BreakerState = BreakerState.CLOSED
     consecutive_failures: int = 0
     down_since: float | None = None
+    streaks: int = 0
     alive_at: float = -math.inf
     opened_at: float = -math.inf
     open_for: float = 0.0
@@ -396,7 +401,10 @@ class EndpointHealth:
         if is_connection_failure(outcome):
             self.consecutive_failures += 1
             began = max(sent_at, self.alive_at)
-            if self.down_since is None or began < self.down_since:
+            if self.down_since is None:
+                self.streaks += 1
+                self.down_since = began
+            elif began < self.down_since:
                 self.down_since = began
             if probe:
                 self.failed_probes += 1
@@ -465,10 +473,11 @@ class EndpointHealth:
 def endpoint_of(url: str) -> str:
     """Return the origin ``scheme://host:port`` of `url`: what budgets and breakers key on.
 
-    It has no ``user:password@``: it is shown in failure messages and metric labels.
+    It has no ``user:password@``, and a host or port read from the environment shows as its
+    interpolation text (`text.concealed`): it is shown in failure messages and metric labels.
     """
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    return concealed(f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}")
 
 
 class RetryState:

@@ -1,7 +1,8 @@
 """Materializing one rollout of a row: stale keys out, overrides in, seed, identity stamps.
 
 Prompt (``prompt_config``, `prompts`): a template builds ``responses_create_params.input``
-first, from the row as given; everything below applies to the row it built.
+first, from the row as given, held to the input line limit; everything below applies to the row
+it built.
 
 Seeds (protocol.md section 5, item 6). With ``num_repeats_add_seed`` (true, or per agent:
 ``{agent: true, _default: false}``, the dispatched agent's entry else ``_default``), each rollout's
@@ -53,6 +54,7 @@ from typing import Any, Final, NamedTuple
 import orjson
 
 from ..config import RunConfig, SeedMode
+from ..errors import InputError
 from ..records import COLLECTOR_KEY_PREFIX, is_mapping
 from .plan_routing import Copy
 from .prompts import load_prompt
@@ -110,13 +112,29 @@ class Materializer:
         self._run_seed = config.seed
         self._by_index = config.seed_mode is SeedMode.ROLLOUT_INDEX
         self._prompt = load_prompt(config.prompt_config) if config.prompt_config else None
+        self._max_bytes = config.max_input_line_bytes  # an expanded row's limit (`prompts`)
 
-    def prompted(self, row: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:
-        """Return the row as ``prompt_config`` builds it, or the row and why it cannot."""
+    def prompted(
+        self, row: Mapping[str, Any], row_bytes: int
+    ) -> tuple[Mapping[str, Any], int, str | None]:
+        """Return the row as ``prompt_config`` builds it and its size, or why it cannot be built.
+
+        ``row_bytes``: the row's size as read; it is the size returned when there is no prompt.
+        """
         if self._prompt is None:
-            return row, None
+            return row, row_bytes, None
         problem = self._prompt.check(row)
-        return (row, problem) if problem else (self._prompt.apply(row), None)
+        if problem:
+            return row, row_bytes, problem
+        built = self._prompt.expand(row, row_bytes=row_bytes, max_bytes=self._max_bytes)
+        return (built.row if built.row is not None else row), built.size, built.problem
+
+    def expanded_bytes(self, row: Mapping[str, Any], row_bytes: int) -> int:
+        """Return a checked row's size once ``prompt_config`` expands it (counted, not built)."""
+        if self._prompt is None:
+            return row_bytes
+        measure = self._prompt.expand
+        return measure(row, row_bytes=row_bytes, max_bytes=self._max_bytes, keep=False).size
 
     def check(self, row: Mapping[str, Any]) -> str | None:
         """Return why seeds cannot be added to a (prompted) row, or None."""
@@ -127,7 +145,7 @@ class Materializer:
 
     def prepare(self, row: Mapping[str, Any]) -> Prepared:
         """Build the prompt, strip stale keys, merge overrides, parse extra_body, once per row."""
-        body = strip_stale_keys(self._prompt.apply(row) if self._prompt is not None else row)
+        body = strip_stale_keys(self._prompted(row) if self._prompt is not None else row)
         params = self._params(body)
         if params is not None:
             body[PARAMS] = params
@@ -156,6 +174,14 @@ class Materializer:
         if copy.result_type is not None:
             body[RESULT_TYPE] = copy.result_type
         return body
+
+    def _prompted(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Build a planned row's prompt (planning accepted it; held to the limit all the same)."""
+        assert self._prompt is not None
+        built = self._prompt.expand(row, row_bytes=0, max_bytes=self._max_bytes)
+        if built.row is None:
+            raise InputError([str(built.problem)])
+        return built.row
 
     def seeds(self, agent: str | None) -> bool:
         """Return whether an agent's rollouts get seeds (``num_repeats_add_seed`` per agent)."""

@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from ..records import Identity, Outcome
 
-__all__ = ["AttemptReserver", "ListSink", "OutcomeSink"]
+__all__ = ["AttemptReserver", "ListSink", "OutcomeSink", "ResendRecorder"]
 
 
 class OutcomeSink(Protocol):
@@ -44,6 +44,21 @@ class AttemptReserver(Protocol):
         Cancellation: may be a checkpoint; if it raises or is cancelled, none of them is sent
         (their numbers may still be on record, which is safe: a number is skipped, not reused).
         """
+        ...
+
+
+@runtime_checkable
+class ResendRecorder(Protocol):
+    """A sink that also records re-sends within an attempt (optional).
+
+    When the engine's sink has ``resent``, `dispatch` calls it just before each re-send within
+    an attempt leaves (a 429 or 503 retried, a connection re-tried), with the number the
+    request carries in ``X-Trollout-Retry``; `recovery.store.RunStore` writes it to the attempt
+    ledger. Re-sends are rare: one write each is fine.
+    """
+
+    def resent(self, identity: Identity, attempt: int, retry: int) -> None:
+        """Record that re-send `retry` (1, 2, ...) of `attempt` of `identity` is leaving."""
         ...
 
 

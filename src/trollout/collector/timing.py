@@ -353,6 +353,9 @@ class RunTimer:
         if not answered:
             errors = sum(s.errors for s in self.samples)
             value = "not sampled" if not errors else f"no answer ({errors} failed reads)"
+            problem = next((s.problem for s in reversed(self.samples) if s.problem), None)
+            if problem is not None:
+                value += f"; last: {problem}"
             return TimingRow(check, value)
         waiting = sum(s.waiting for s in answered) / len(answered)
         running = sum(s.running for s in answered) / len(answered)

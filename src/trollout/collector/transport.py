@@ -41,6 +41,17 @@ it costs 0.43 ms of CPU per request at 1 in flight, 1.05 ms at 64 and 5.4 ms at 
 0.1 ms for h11 over Trio (and less now). Concurrency is bounded by the engine's
 limiter, not by a pool, so this pool has no capacity limit and no waiting.
 
+Every other reply trollout reads (the head server's config, liveness probes, ``/aggregate_metrics``,
+vLLM's ``/metrics``) goes through `read_bounded`, with a bound of its own named where it is used
+(`MAX_HEAD_CONFIG_BYTES`, ...), not the ``/run`` limit: those replies are small, and the run's
+``max_reply_bytes`` (256 MiB by default) would let a hostile server hold that much per read.
+The bound reaches this transport as a request extension (`MAX_BODY_EXTENSION`), so the body is
+never read past it; on any other httpx transport (an embedding caller's client) `read_bounded`
+reads the reply as a stream and closes it at the bound. Either way a reply past its bound is one
+`ReplyTooLargeError` naming the URL (without credentials) and the bound. Rejected alternative: a
+transport per bound (one per caller, each with its own pool and deadline queue), when the bound
+is a property of the request.
+
 Errors are httpx's exception types, so httpx callers and the hot path share one vocabulary:
 `httpx.ConnectError` / `httpx.ConnectTimeout` mean the request never left (`Delivery.NOT_SENT`),
 as does `httpx.LocalProtocolError` (a request that cannot be encoded is never sent); write and
@@ -53,14 +64,15 @@ from __future__ import annotations
 
 import select
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from functools import partial
-from typing import Final, Protocol
+from typing import Any, Final, Protocol, cast
 from urllib.parse import urlsplit
 
 import httpx
 import trio
-from attrs import frozen
+from attrs import field, frozen
 
 from ..text import concealed, public_url
 from .exchange import Deadlines, Exchange
@@ -75,16 +87,19 @@ from .replies import (
     ReplyTimeout,
     ReplyTooLargeError,
     ResponseBegan,
+    began,
     delivery_of,
     response_began,
 )
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "MAX_BODY_EXTENSION",
     "BodyProtocolError",
     "BodyReadError",
     "BodyReadTimeout",
     "BodyReplyTimeout",
+    "BoundedReply",
     "ContentDecodingError",
     "H11Transport",
     "Http11Transport",
@@ -94,11 +109,14 @@ __all__ = [
     "ReplyTooLargeError",
     "ResponseBegan",
     "delivery_of",
+    "read_bounded",
     "response_began",
 ]
 
 DEFAULT_MAX_BODY_BYTES: Final = 256 * 1024 * 1024
 """The longest reply body a transport reads by default (RunConfig.max_reply_bytes's default)."""
+MAX_BODY_EXTENSION: Final = "trollout.max_body_bytes"
+"""An httpx request extension: the longest body `Http11Transport` reads for that request."""
 
 _COALESCE_BYTES: Final = 65536  # larger bodies go out after the head instead of being copied
 _DEFAULT_PORTS: Final = {"http": 80}
@@ -289,8 +307,9 @@ class Http11Transport(httpx.AsyncBaseTransport):
         """Send an httpx request on the pool and return the buffered response.
 
         Timeouts come from this transport's settings; httpx's per-request ``timeout`` is
-        ignored. Bodies of every status are read whole (up to ``max_body_bytes``) and decoded,
-        so the response handed to httpx has no Content-Encoding header left to decode again.
+        ignored. Bodies of every status are read whole (up to ``max_body_bytes``, or the
+        request's `MAX_BODY_EXTENSION` if smaller) and decoded, so the response handed to httpx
+        has no Content-Encoding header left to decode again.
 
         Cancellation: a checkpoint; as for `post`.
         """
@@ -304,7 +323,12 @@ class Http11Transport(httpx.AsyncBaseTransport):
                 f"cannot send {public_url(str(request.url))}: {exc}"
             ) from exc
         raw = await self._exchange(
-            target, str(request.url), data, no_body=method == b"HEAD", close=close
+            target,
+            str(request.url),
+            data,
+            no_body=method == b"HEAD",
+            close=close,
+            max_body=request.extensions.get(MAX_BODY_EXTENSION),
         )
         return httpx.Response(
             raw.status,
@@ -368,6 +392,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
         limit: int | None = None,
         no_body: bool = False,
         close: bool = False,
+        max_body: int | None = None,
     ) -> RawResponse:
         """Send `data` then `body` on a pooled connection and read the response."""
         connection = await self._checkout(target, url)
@@ -376,7 +401,9 @@ class Http11Transport(httpx.AsyncBaseTransport):
             url,
             self._deadlines,
             no_body=no_body,
-            max_body_bytes=self._max_body_bytes,
+            max_body_bytes=(
+                self._max_body_bytes if max_body is None else min(max_body, self._max_body_bytes)
+            ),
             max_error_body_bytes=limit,
         )
         self._deadlines.start(exchange)
@@ -436,6 +463,65 @@ class Http11Transport(httpx.AsyncBaseTransport):
 
 H11Transport = Http11Transport
 """The former name of `Http11Transport` (kept so existing code keeps working)."""
+
+
+@frozen
+class BoundedReply:
+    """A reply read whole within its bound (`read_bounded`).
+
+    Attributes:
+        status_code: the HTTP status.
+        content: the body, decoded from any Content-Encoding.
+    """
+
+    status_code: int
+    content: bytes = field(repr=False)
+
+    @property
+    def text(self) -> str:
+        """The body as UTF-8 (undecodable bytes replaced)."""
+        return self.content.decode("utf-8", errors="replace")
+
+
+async def read_bounded(
+    client: httpx.AsyncClient, method: str, url: str, *, limit: int, bound: str, **kwargs: Any
+) -> BoundedReply:
+    """Send a request on `client` and read its reply, at most `limit` body bytes (decoded).
+
+    Args:
+        client: any httpx client (`Http11Transport` stops reading at `limit` itself).
+        method: the HTTP method.
+        url: the URL.
+        limit: the longest body read, of any status.
+        bound: the name of the bound, for the error (a constant or a setting).
+        kwargs: further arguments of `httpx.AsyncClient.stream` (``content``, ``headers``).
+
+    Raises:
+        ReplyTooLargeError: the body is longer than `limit`; one line naming the URL (without
+            credentials), the limit and `bound`. Its connection is closed, not read further.
+        httpx.HTTPError: what the client raises otherwise.
+
+    Cancellation: a checkpoint; the reply's connection is closed.
+    """
+    extensions = {MAX_BODY_EXTENSION: limit}
+    try:
+        async with (
+            client.stream(method, url, extensions=extensions, **kwargs) as response,
+            aclosing(cast(AsyncGenerator[bytes], response.aiter_bytes())) as chunks,
+        ):
+            body = bytearray()
+            async for chunk in chunks:
+                body += chunk
+                if len(body) > limit:
+                    raise began(ReplyTooLargeError, "", response.status_code)
+    except ReplyTooLargeError as exc:  # the transport's names --max-reply-bytes: not this bound
+        error = ReplyTooLargeError(
+            f"the reply to {method} {public_url(url)} is larger than {limit} bytes ({bound}), "
+            "so it was not read; check that the URL is the server you meant"
+        )
+        error.status_code = exc.status_code
+        raise error from None
+    return BoundedReply(response.status_code, bytes(body))
 
 
 def _literal_family(host: str) -> socket.AddressFamily | None:

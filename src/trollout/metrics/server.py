@@ -9,6 +9,12 @@ that group; it never raises, so every other group's metrics are still written.
 
 The body is assembled from the rows already serialized during the read, so a call costs one
 join, not a re-serialization; it holds one group's reduced rows, as NeMo Gym does.
+
+The reply is read up to `reply_limit`: `AGGREGATE_REPLY_BASE_BYTES` plus
+`AGGREGATE_REPLY_PER_SENT_BYTE` bytes per byte sent, since a server's reply grows with the
+group (its ``group_level_metrics`` hold an entry per task); a longer one is that group's error,
+naming the URL and the bound. Rejected alternative: one fixed cap, which either refuses an
+honest reply for a large run or lets a hostile server hold gigabytes for a small one.
 """
 
 from __future__ import annotations
@@ -20,10 +26,19 @@ import httpx
 import orjson
 from attrs import frozen
 
+from ..collector.transport import read_bounded
 from ..text import concealed, public_url
 from .coverage import GroupKey
 
-__all__ = ["ServerOutcome", "Target", "fetch_server_metrics", "target_for"]
+__all__ = [
+    "AGGREGATE_REPLY_BASE_BYTES",
+    "AGGREGATE_REPLY_PER_SENT_BYTE",
+    "ServerOutcome",
+    "Target",
+    "fetch_server_metrics",
+    "reply_limit",
+    "target_for",
+]
 
 Target = tuple[str | None, str | None, str]  # (agent name, environment server, base URL)
 _COLLECTIONS: Final = (
@@ -32,6 +47,10 @@ _COLLECTIONS: Final = (
     ("group_level_metrics", list),
 )
 _MAX_BODY_SHOWN: Final = 300
+AGGREGATE_REPLY_BASE_BYTES: Final = 64 * 1024 * 1024
+"""The part of the ``/aggregate_metrics`` reply bound that holds for any request."""
+AGGREGATE_REPLY_PER_SENT_BYTE: Final = 4
+"""The part of that bound that grows with the request: bytes per byte sent."""
 
 
 @frozen
@@ -75,9 +94,16 @@ async def fetch_server_metrics(
     read-only on the server, so a retry is safe.
     """
     endpoint = url.rstrip("/") + "/aggregate_metrics"
+    body = request_body(rows)
     try:
-        response = await client.post(
-            endpoint, content=request_body(rows), headers={"content-type": "application/json"}
+        response = await read_bounded(
+            client,
+            "POST",
+            endpoint,
+            limit=reply_limit(len(body)),
+            bound="AGGREGATE_REPLY_BASE_BYTES + AGGREGATE_REPLY_PER_SENT_BYTE per byte sent",
+            content=body,
+            headers={"content-type": "application/json"},
         )
     except httpx.HTTPError as exc:
         failed = f"POST {public_url(endpoint)} failed: {type(exc).__name__}: {exc}"
@@ -89,6 +115,11 @@ async def fetch_server_metrics(
             error=f"POST {public_url(endpoint)} answered HTTP {response.status_code}: {text!r}",
         )
     return _outcome(url, endpoint, response.content)
+
+
+def reply_limit(sent: int) -> int:
+    """Return the longest ``/aggregate_metrics`` reply read for a request of `sent` bytes."""
+    return AGGREGATE_REPLY_BASE_BYTES + AGGREGATE_REPLY_PER_SENT_BYTE * sent
 
 
 def _outcome(url: str, endpoint: str, content: bytes) -> ServerOutcome:

@@ -1,7 +1,7 @@
 """The attempt ledger: a number goes on record before its request can leave, and comes back
 when it provably never left.
 
-``<stem>_attempts.jsonl`` holds two kinds of line, appended in the order things happened:
+``<stem>_attempts.jsonl`` holds three kinds of line, appended in the order things happened:
 
 - ``{"attempts": [[task, rollout, attempt], ...]}``: a reservation. A worker appends one (one
   ``write(2)``) for the attempt it is about to send, after its limiter token and the admission
@@ -12,6 +12,10 @@ when it provably never left.
   server: the store appends one with each batch of outcomes that holds a never-started attempt
   (an ``Omitted`` drained, a ``Failed`` that was ``not_sent``). It is only a hint: one lost to a
   kill costs a number, never a reuse, so it is not fsynced on its own.
+- ``{"resent": [[task, rollout, attempt, retry]]}``: a re-send within an attempt (a 429 or 503
+  retried, a connection re-tried), written just before it leaves; ``retry`` is the number the
+  request carries in ``X-Trollout-Retry``. It reserves no number (the attempt's is on record
+  already): it makes a retry visible beside the attempts, and resume skips it.
 
 The rule resume applies (`SentNumbers`), per rollout, in file order: a release takes back the
 rollout's latest reservation if it names that number, and nothing else (a number a session
@@ -51,10 +55,18 @@ import orjson
 from .. import jsonl
 from ..errors import InputError, RunFolderError
 
-__all__ = ["SentNumbers", "encode_release", "encode_reservation", "read_entries", "read_ledger"]
+__all__ = [
+    "SentNumbers",
+    "encode_release",
+    "encode_resend",
+    "encode_reservation",
+    "read_entries",
+    "read_ledger",
+]
 
 _KEY = "attempts"
 _RELEASED = "released"
+_RESENT = "resent"
 
 
 class SentNumbers:
@@ -103,6 +115,13 @@ def encode_release(attempts: Sequence[tuple[int, int, int]]) -> bytes:
     return orjson.dumps({_RELEASED: attempts}, option=orjson.OPT_APPEND_NEWLINE)
 
 
+def encode_resend(task: int, rollout: int, attempt: int, retry: int) -> bytes:
+    """Return the ledger line of re-send `retry` (1, 2, ...) within an attempt."""
+    return orjson.dumps(
+        {_RESENT: [[task, rollout, attempt, retry]]}, option=orjson.OPT_APPEND_NEWLINE
+    )
+
+
 def read_ledger(path: Path) -> Iterator[tuple[int, int, int]]:
     """Yield every reserved ``(task, rollout, attempt)``; a missing file yields nothing.
 
@@ -139,6 +158,8 @@ def read_entries(path: Path) -> Iterator[tuple[bool, int, int, int]]:
 
 
 def _entries(row: dict[str, Any]) -> list[tuple[bool, int, int, int]] | None:
+    if _RESENT in row:
+        return []  # a retry within an attempt: no number reserved or released
     released = _RELEASED in row
     try:
         triples = row[_RELEASED] if released else row[_KEY]

@@ -101,7 +101,7 @@ from .files import (
     write_materialized,
 )
 from .layout import RunLayout
-from .ledger import encode_release, encode_reservation
+from .ledger import encode_release, encode_resend, encode_reservation
 from .lock import RunLock
 from .manifest import FolderState, folder_state
 from .preflight import check_fresh, check_run_folder, check_run_paths
@@ -365,6 +365,21 @@ class RunStore:
         elif policy is FsyncPolicy.BATCH and self._unsynced_since is None:
             self._unsynced_since = trio.current_time()
             self._changed.set()
+
+    def resent(self, identity: Identity, attempt: int, retry: int) -> None:
+        """Note in the ledger that re-send `retry` of `attempt` leaves (`ResendRecorder`).
+
+        One ``write(2)``, no fsync of its own (it reserves nothing: the attempt's number is on
+        record already). A store that cannot write any more notes nothing: the outcome write
+        that follows reports the failure.
+        """
+        if not self._started or self._failure is not None or self._closed:
+            return
+        line = encode_resend(identity.task_index, identity.rollout_index, attempt, retry)
+        try:
+            self._ledger.append(line)
+        except RunFolderWriteError as exc:
+            self._failure = exc
 
     async def _sync_reservations(self, upto: int) -> None:
         """Fsync the ledger until reservation line ``upto`` is on disk (group commit)."""

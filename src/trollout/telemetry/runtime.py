@@ -4,7 +4,8 @@
 collector's `Observer` (collector/observer.py). Telemetry never fails a rollout: every hook
 catches its own errors (the first is logged, the rest are not), and exporting happens in the
 SDK's threads. Closing ends the job span and flushes, bounded by `SHUTDOWN_S`: an unreachable
-OTLP receiver delays the end of a run by at most that, and never changes an outcome.
+OTLP receiver delays the end of a run by at most that, and never changes an outcome. The OTLP
+exporters read each receiver reply up to `otlp_session.MAX_TELEMETRY_REPLY_BYTES`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..collector.observer import AttemptTrace
 from ..records import Failed, Landed, MaterializedRow, Outcome
 from . import TelemetrySettings
 from .metrics import RunMetrics
+from .otlp_session import METRICS_CREDENTIAL_VAR, TRACES_CREDENTIAL_VAR, otlp_session
 from .prometheus import MetricsServer
 from .traces import AttemptSpan, Tracing
 
@@ -223,7 +225,10 @@ def _tracer_provider(
     if exporter is None:
         if settings.traces == "otlp":
             endpoint = settings.otlp_endpoint
-            exporter = OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces" if endpoint else None)
+            exporter = OTLPSpanExporter(
+                endpoint=f"{endpoint}/v1/traces" if endpoint else None,
+                session=otlp_session(TRACES_CREDENTIAL_VAR),
+            )
         elif settings.traces == "console":
             exporter = ConsoleSpanExporter()
         else:
@@ -239,7 +244,10 @@ def _meter_provider(
     readers = list(extra)
     if settings.metrics == "otlp":
         endpoint = settings.otlp_endpoint
-        exporter = OTLPMetricExporter(endpoint=f"{endpoint}/v1/metrics" if endpoint else None)
+        exporter = OTLPMetricExporter(
+            endpoint=f"{endpoint}/v1/metrics" if endpoint else None,
+            session=otlp_session(METRICS_CREDENTIAL_VAR),
+        )
         readers.append(PeriodicExportingMetricReader(exporter))
     elif settings.metrics == "console":
         readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
