@@ -145,7 +145,8 @@ async def test_collect_concurrency_reaches_and_never_exceeds_limit(tmp_path: Pat
 
 
 async def test_collect_cancelled_run_keeps_settled_outcomes(tmp_path: Path) -> None:
-    """Cancelling a run mid-way leaves every settled outcome on disk and a finished status."""
+    """Cancelling a run mid-way leaves every settled outcome on disk and a closed status that
+    counts the rollouts never started (so it does not read as finished)."""
     hang = HangArrivals(first=30, count=20)  # 30 land, then all 20 workers hold a hung request
     async with open_fake_deployment(slow_spec(0.0), fault_fn=hang) as fake:
         config = tasks_config(tmp_path, fake.head_url, 200, num_samples_in_parallel=20)
@@ -158,7 +159,8 @@ async def test_collect_cancelled_run_keeps_settled_outcomes(tmp_path: Path) -> N
     assert 0 < len(landed) < 200
     assert status["completed"] == len(landed)
     assert status["omitted"] == 20  # the rollouts in flight at the cancellation
-    assert status["finished"] is True
+    assert status["not_started"] == 200 - len(landed) - 20 - status["failed"]
+    assert (status["closed"], status["finished"]) == (True, False)
 
 
 def tag_rows(source: Path, **fields: Any) -> None:

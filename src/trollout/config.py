@@ -65,6 +65,7 @@ __all__ = [
     "MAX_VALUE_DEPTH",
     "NULL_MEANS_DEFAULT",
     "ORDER_KEYS",
+    "PATH_KEYS",
     "PORT",
     "POSITIVE_COUNT",
     "POSITIVE_SECONDS",
@@ -484,6 +485,15 @@ class RunConfig:
         }
         return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
+    def with_absolute_paths(self) -> RunConfig:
+        """Return these settings with every file they name (`PATH_KEYS`) made absolute.
+
+        For settings handed to another process that may run in another working directory (a
+        Ray worker): there a relative path would name another file, or none.
+        """
+        paths = {k: os.path.abspath(v) for k in PATH_KEYS if (v := getattr(self, k))}
+        return attrs.evolve(self, **paths)
+
 
 TASKSET_NEEDS_ROUTES: Final = (
     "environment_routing_mode 'taskset' needs environment_server_routes (every row routes by "
@@ -509,6 +519,13 @@ PLAN_KEYS = (
     "environment_server_routes",
     "prompt_config",
     "shard",
+)
+# Settings that name a file (`RunConfig.with_absolute_paths`).
+PATH_KEYS: Final = (
+    "input_jsonl_fpath",
+    "output_jsonl_fpath",
+    "prompt_config",
+    "batch_manifest_fpath",
 )
 # Added to PLAN_KEYS after the first runs were made (hashed only when set; see above).
 _LATER_PLAN_KEYS: Final = frozenset({"prompt_config", "shard"})

@@ -509,11 +509,17 @@ class BatchStatus:
         completed: rollouts whose outcome is landed.
         failed: rollouts whose latest outcome is a written failure.
         no_persist: rollouts whose latest outcome was a kill-shaped reply.
-        omitted: rollouts whose latest attempt was interrupted or drained.
+        omitted: rollouts whose latest attempt was interrupted in flight.
+        not_started: rollouts of ``expected`` no attempt of which ever started: never sent (a
+            batch cut early, a run stopped before it reached them) or drained (the budget, the
+            deadline, admission closed). With the four counts above they sum to ``expected``.
         failures_by_class: failed rollouts counted by class.
-        finished: the run ended (normally or stopped) rather than being in progress.
+        finished: the writer closed and every expected rollout has an outcome (``not_started``
+            is 0); a run stopped or cut early is closed but not finished.
+        closed: the writer closed (normally or stopped): no collector updates this file.
         updated_at: Unix time of this snapshot.
-        rollouts: the latest state of every rollout that has not landed.
+        rollouts: the latest state of every rollout that has not landed (a drained one has
+            kind ``drained``).
     """
 
     expected: int
@@ -521,8 +527,10 @@ class BatchStatus:
     failed: int = 0
     no_persist: int = 0
     omitted: int = 0
+    not_started: int = 0
     failures_by_class: dict[str, int] = attrs.field(factory=dict)
     finished: bool = False
+    closed: bool = False
     updated_at: float = 0.0
     rollouts: tuple[RolloutStatus, ...] = ()
 

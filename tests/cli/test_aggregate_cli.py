@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from builders import write_jsonl
 from trollout.cli.aggregate import aggregate
+from trollout.cli.common import EXIT_INCOMPLETE_RETRYABLE
 from trollout.records import Failed, Identity, Landed, outcome_to_row
 
 
@@ -38,11 +39,13 @@ def invoke(*args: str) -> Any:
 
 
 def test_aggregate_glob_writes_merged_metrics_and_report(tmp_path: Path) -> None:
-    """A glob and -o merge the shards and write metrics and the report, exit 0."""
+    """A glob and -o merge the shards and write metrics and the report; a planned rollout with
+    no row is said, with exit 75."""
     shards(tmp_path / "s")
     out = tmp_path / "m" / "merged.jsonl"
     result = invoke(f"{tmp_path}/s/*.jsonl", "-o", str(out))
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == EXIT_INCOMPLETE_RETRYABLE, result.output
+    assert "1 of 8 planned rollouts have no outcome (no row 1)" in result.output
     assert "Metrics cover: 6 of 8 rollouts" in result.output
     assert "agent_run_error 1, no row 1" in result.output
     assert len(out.read_bytes().splitlines()) == 6

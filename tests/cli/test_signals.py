@@ -78,7 +78,9 @@ def check_consistent(layout: RunLayout) -> dict[str, object]:
     landed = list(jsonl.read_rows(layout.rollouts))
     keys = {(r["_ng_task_index"], r["_ng_rollout_index"]) for r in landed}
     assert len(keys) == len(landed) == status["completed"]
-    assert status["finished"] is True
+    assert status["closed"] is True
+    counts = ("completed", "failed", "no_persist", "omitted", "not_started")
+    assert sum(status[k] for k in counts) == status["expected"]
     assert layout.rollouts.read_bytes().endswith(b"\n")
     return status
 

@@ -8,6 +8,7 @@ import orjson
 from run_folders import landed, plan_for, write_run
 
 from builders import invoke, write_jsonl
+from trollout.cli.common import EXIT_INCOMPLETE_RETRYABLE
 
 
 def test_merge_shards_false_writes_metrics_only(tmp_path: Path) -> None:
@@ -19,7 +20,8 @@ def test_merge_shards_false_writes_metrics_only(tmp_path: Path) -> None:
         "aggregate", f"{tmp_path}/s/*.jsonl", f"+output_jsonl_fpath={out}",
         "+merge_shards=false", "--no-report",
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
+    # agent_b's planned rollout has no row: written, and said with exit 75
+    assert result.exit_code == EXIT_INCOMPLETE_RETRYABLE, result.output
     assert (tmp_path / "m" / "merged_aggregate_metrics.json").is_file()
     assert not out.exists()
 
@@ -34,8 +36,8 @@ def test_materialized_inputs_jsonl_fpath_stands_for_every_shard(tmp_path: Path) 
         "aggregate", f"{tmp_path}/s/*.jsonl", "-o", str(out), "--json", "--no-report",
         f"+materialized_inputs_jsonl_fpath={plan}",
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    coverage = orjson.loads(result.output)["coverage"]
+    assert result.exit_code == EXIT_INCOMPLETE_RETRYABLE, result.output  # task 3 has no row
+    coverage = orjson.loads(result.stdout)["coverage"]
     assert (coverage["expected"], coverage["landed"], coverage["missing"]) == (4, 3, 1)
     missing = invoke("aggregate", f"{tmp_path}/s/a.jsonl", "+materialized_inputs_jsonl_fpath=nope")
     assert missing.exit_code == 2

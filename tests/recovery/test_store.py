@@ -366,11 +366,12 @@ async def test_store_status_counts_match_files(layout: RunLayout) -> None:
         (r["_ng_task_index"], r["_ng_rollout_index"]) for r in read_rows(layout.failures)
     }
     landed_keys = {(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows}
-    assert status.finished is True
+    assert status.closed is True
+    assert status.finished is False  # tasks 7 and 8 never started
     assert status.expected == 9
     assert status.completed == len(rows) == 3
     assert status.failed == len(sidecar_keys - landed_keys) == 2
-    assert (status.no_persist, status.omitted) == (1, 1)
+    assert (status.no_persist, status.omitted, status.not_started) == (1, 1, 2)
     assert status.failures_by_class == {"agent_run_error": 1, "transient": 1}
     by_task = {s.task_index: s for s in status.rollouts}
     assert sorted(by_task) == [2, 3, 4, 5]
@@ -417,7 +418,7 @@ async def test_store_status_interval_on_fake_clock(
     real = store_mod._write_status_file
 
     def recording(path: Path, status: BatchStatus) -> None:
-        saved.append((trio.current_time(), status.completed, status.finished))
+        saved.append((trio.current_time(), status.completed, status.closed))
         real(path, status)
 
     monkeypatch.setattr(store_mod, "_write_status_file", recording)
@@ -624,7 +625,7 @@ async def test_store_exit_flushes_when_cancelled(layout: RunLayout, fsyncs: list
     assert str(layout.rollouts) in fsyncs
     assert str(layout.failures) in fsyncs
     status = read_status(layout)
-    assert (status.finished, status.completed, status.failed) == (True, 1, 1)
+    assert (status.closed, status.completed, status.failed) == (True, 1, 1)
     assert not list(layout.output.parent.glob(".*.tmp"))
 
 

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,10 +36,12 @@ from builders import (  # noqa: E402
     write_tasks_input,
 )
 from trollout.cli import ray_run  # noqa: E402
-from trollout.cli.ray_block import WIND_DOWN, Control, _run_block  # noqa: E402
+from trollout.cli.ray_block import WIND_DOWN, BlockReport, Control, _run_block  # noqa: E402
+from trollout.cli.ray_handout import HandoutEnd, RayRun  # noqa: E402
 from trollout.collector.deployment import Deployment  # noqa: E402
+from trollout.collector.progress import Progress  # noqa: E402
 from trollout.config import RunConfig  # noqa: E402
-from trollout.errors import RunFolderLockedError  # noqa: E402
+from trollout.errors import RunFolderLockedError, RunStoppedError  # noqa: E402
 from trollout.recovery.layout import RunLayout  # noqa: E402
 from trollout.recovery.lock import RunLock, read_owner  # noqa: E402
 from trollout.scaleout import shard_folders, shard_output  # noqa: E402
@@ -370,3 +373,113 @@ def test_ray_block_that_fails_ends_the_run_naming_the_block(
     plain = invoke(*collect_args(source, out, fake.head_url, "--resume"))
     assert plain.exit_code == 2
     assert "is a run collected on Ray; resume it there" in plain.output
+
+
+# --- a cluster started with `ray start --head`, from another working directory -------------------
+
+
+@pytest.fixture
+def head_elsewhere(tmp_path: Path) -> Iterator[str]:
+    """A Ray head started with ``ray start --head --block`` (2 CPUs, loopback only) whose
+    working directory is not the test's; yields its address, then stops it by its pid.
+
+    Its session files live in a temporary folder of its own (removed at the end), so the
+    test never reads or joins another cluster of this machine. Token authentication is off
+    for both sides (RAY_AUTH_MODE=disabled): the head binds 127.0.0.1 only, and the test
+    must neither read nor write the token file Ray keeps in the user's home.
+    """
+    temp = Path(tempfile.mkdtemp(prefix="tr-rs-"))  # short: socket paths must fit 107 bytes
+    elsewhere = tmp_path / "ray_node_cwd"
+    elsewhere.mkdir()
+    ray_cli = Path(sys.executable).with_name("ray")
+    command = [
+        str(ray_cli), "start", "--head", "--port=0", "--node-ip-address=127.0.0.1",
+        "--include-dashboard=false", "--num-cpus=2", f"--temp-dir={temp}",
+        "--disable-usage-stats", "--block",
+    ]  # fmt: skip
+    log = (tmp_path / "ray_head.log").open("w")
+    head = subprocess.Popen(
+        command, cwd=elsewhere, env=ray_env(), stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        address_file = temp / "ray_current_cluster"
+        wait_for(lambda: address_file.exists() and address_file.read_text().strip() != "",
+                 "the Ray head's address", proc=head)  # fmt: skip
+        address = address_file.read_text().strip()
+        wait_for(lambda: reachable(address), "the Ray head's GCS", proc=head)
+        yield address
+    finally:
+        head.terminate()  # `ray start --block` stops the processes it started on SIGTERM
+        try:
+            head.wait(timeout=HANG_GUARD_S)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+    assert list(elsewhere.iterdir()) == [], "a block wrote under the Ray node's directory"
+
+
+def ray_env() -> dict[str, str]:
+    """The environment of the test's Ray head and driver: loopback only, no token auth."""
+    return {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+def reachable(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("relative_input", [True, False], ids=["input-relative", "input-absolute"])
+def test_ray_start_cluster_with_relative_paths_lands_every_row_in_the_drivers_folder(
+    tmp_path: Path, fake: FakeUrls, head_elsewhere: str, relative_input: bool
+) -> None:
+    """``collect data/tasks.jsonl --ray ADDRESS -o rel/out.jsonl`` against a ``ray start --head``
+    cluster whose working directory is elsewhere: the blocks read the driver's input and write
+    under the driver's folder, and the merged OUT holds every rollout (a relative input exited
+    2; with an absolute one, OUT was empty and the exit 0)."""
+    driver_cwd = tmp_path / "driver_cwd"
+    (driver_cwd / "data").mkdir(parents=True)
+    source = write_tasks_input(driver_cwd / "data" / "tasks.jsonl", 12, seed=21)
+    args = collect_args(
+        Path("data/tasks.jsonl") if relative_input else source, Path("rel/out.jsonl"),
+        fake.head_url,
+        "--ray", head_elsewhere, "--workers", "2", "+ray_blocks=3",
+    )  # fmt: skip
+    done = subprocess.run(
+        cli_command(*args),
+        cwd=driver_cwd,
+        env=ray_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S * 2,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = driver_cwd / "rel" / "out.jsonl"
+    keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in read_jsonl(out)]
+    assert len(keys) == len(set(keys)) == 24
+    assert len(shard_folders(out, 3)) == 3
+    doc = status(out)
+    assert doc["complete"]
+    assert doc["landed"] == 24
+    assert "Metrics cover: 24 of 24 rollouts" in done.stdout + done.stderr
+
+
+async def test_ray_driver_that_cannot_read_the_blocks_rows_fails_saying_where(
+    tmp_path: Path,
+) -> None:
+    """Rows in, rows out: blocks that report landed rows the driver's shards folder does not
+    hold (a folder the driver does not share with the workers) fail the run, naming it."""
+    out = tmp_path / "ray" / "run.jsonl"
+    config = RunConfig(output_jsonl_fpath=str(out), ray_blocks=2, ray_workers=2)
+    run = RayRun(RunLayout.for_output(out), config, expected=10, to_dispatch=10)
+    end = HandoutEnd()
+    for block in range(2):
+        end.reports[(block, 1)] = BlockReport(block, Progress(landed=5), None, os.getpid())
+    with pytest.raises(RunStoppedError, match=r"the blocks landed 10 rollouts, but the driver "
+                       r"reads 0 in '.*run_shards'"):  # fmt: skip
+        await ray_run._check_rows_out(run, end, None)

@@ -11,13 +11,17 @@ inputs are the command line's (INPUT, ``-i``, ``+input_glob``) or else a config 
 ``input_glob``.
 
 Exit codes: 0 done; 1 a server's ``/aggregate_metrics`` failed (everything else was written);
-2 a usage error (bad option, bad input line, a line over the line limit, a shard that holds no
-row, rows that would be lost, an output that is an input or a file trollout did not write,
+75 planned rollouts have no outcome row (never started, cut short, or a kill-shaped reply: rows
+went in and fewer came out) that no ``count_missing_rollouts_as_zero`` scores: one error line
+says how many, everything was written, and ``trollout resume`` of their shard runs them; 2 a
+usage error (bad option, bad input line, a line over the line limit, a shard that holds no row,
+rows that would be lost, an output that is an input or a file trollout did not write,
 unreachable head server), with nothing written.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +40,7 @@ from ..metrics import resolve_inputs as resolve_globs
 from ..metrics.server import Target
 from ..nemo_keys import AGGREGATE, BY_NAME, command_line, merge_config_paths, translate
 from ..text import visible
-from .common import fail, http_client
+from .common import EXIT_INCOMPLETE_RETRYABLE, fail, http_client
 
 __all__ = ["aggregate"]
 
@@ -173,12 +177,25 @@ def aggregate(args: tuple[str, ...], **opts: Any) -> None:
     else:
         print_report(result, Console(soft_wrap=False))
         _print_files(result)
+    unsettled = result.coverage.without_outcome()
+    if unsettled:
+        coverage = result.coverage
+        detail = ", ".join(f"{reason} {count}" for reason, count in sorted(unsettled.items()))
+        click.echo(
+            f"trollout: error: {sum(unsettled.values())} of {coverage.expected} planned rollouts "
+            f"have no outcome ({detail}): the metrics cover {coverage.covered}; run them with "
+            "trollout resume SHARD (trollout status SHARD shows what each lacks), or score them "
+            "as 0 with --count-missing-rollouts-as-zero",
+            err=True,
+        )
     if not result.ok:
         fail(
             f"{len(result.server_errors)} /aggregate_metrics call(s) failed; "
             "local metrics and the report were written",
             1,
         )
+    if unsettled:
+        sys.exit(EXIT_INCOMPLETE_RETRYABLE)
 
 
 def _settings(args: Sequence[str], opts: dict[str, Any]) -> dict[str, Any]:

@@ -24,13 +24,26 @@ saved settings (B included, so the block folders are found again with any worker
 ``trollout status OUT`` sums the block folders (`scaleout.status`).
 
 The shards folder must be on a file system every worker and the driver share; the input file
-must be readable at the same path on every node.
+must be readable at the same path on every node. The driver makes every file the settings name
+absolute (`RunConfig.with_absolute_paths`: input, output and so the shards folder, prompt config,
+batch manifest) before it plans or hands anything out: a worker runs in its Ray node's working
+directory (``ray start`` was run somewhere else), where a relative ``-o`` would put the blocks
+out of the driver's sight and a relative input would name no file.
+
+Rows in, rows out: after a run that was not stopped, the driver counts what it can read before
+it says done. The blocks' folders as the driver sees them must hold at least the rows the
+blocks reported landing in this invocation, and the merged OUT every row landed in them;
+otherwise the run fails (exit 1) saying how many rows are where, so a shards folder the driver
+does not share with the workers, or a merge that lost rows, is never an empty OUT with exit 0.
 
 Design note: the rejected alternative gave each worker one static shard (``--shard i/N``, as
 the Slurm array does). Then the slowest shard sets the finish time, a worker that joins late
 has nothing to do, and a dead worker's shard waits for someone to notice. Blocks cost one
 planning pass over the input each (every shard plans the whole input, for its numbering), which
-is why there are only a few per worker (`_BLOCKS_PER_WORKER`).
+is why there are only a few per worker (`_BLOCKS_PER_WORKER`). Rejected for the paths: making
+them absolute in each block (the worker's working directory is not the driver's, so it cannot
+know what the user meant) or changing the workers' working directory to the driver's (a node
+may not have that directory, and Ray's ``runtime_env`` ``working_dir`` uploads a copy).
 """
 
 from __future__ import annotations
@@ -40,6 +53,7 @@ import os
 import socket
 import sys
 from functools import partial
+from pathlib import Path
 from typing import IO, Any, Final
 from urllib.parse import urlsplit
 
@@ -100,6 +114,7 @@ async def collect_on_ray(
     Cancellation: blocks in flight are asked to wind down; the folders stay resumable.
     """
     stream = stream or sys.stderr
+    config = config.with_absolute_paths()  # workers run elsewhere: see the module docstring
     if not config.output_jsonl_fpath:
         raise ConfigError("no output file: pass -o OUT.jsonl or +output_jsonl_fpath=<file.jsonl>")
     layout = RunLayout.for_output(config.output_jsonl_fpath)
@@ -287,6 +302,7 @@ async def _finish(
     if not interrupted:
         await _check_complete(run)
         aggregate = await _merge(run, deployment)
+        await _check_rows_out(run, end, aggregate)
     deaths = (
         f"; workers died {len(end.deaths)} times ({', '.join(end.deaths)})" if end.deaths else ""
     )
@@ -321,6 +337,33 @@ async def _check_complete(run: RayRun) -> None:
         )
 
 
+async def _check_rows_out(run: RayRun, end: HandoutEnd, merged: AggregateResult | None) -> None:
+    """Check that the driver reads every row the blocks landed, and OUT holds them all.
+
+    Raises:
+        RunStoppedError: it does not (the message says how many rows are where).
+    """
+    reported = sum(report.progress.landed for report in end.reports.values())
+    doc = await trio.to_thread.run_sync(
+        partial(sharded_status, run.layout, max_attempts=run.config.max_attempts)
+    )
+    shards = f"{run.layout.output.name.removesuffix('.jsonl')}_shards"
+    where = str(run.layout.output.with_name(shards))
+    if doc["landed"] < reported:
+        raise RunStoppedError(
+            f"the blocks landed {reported} rollouts, but the driver reads {doc['landed']} in "
+            f"{where!r}: the workers wrote where this machine cannot read; the shards folder "
+            "must be on a file system the driver and every worker share, at the same path "
+            "(see the workers' logs for where they wrote)"
+        )
+    if merged is not None and merged.coverage.landed != doc["landed"]:
+        raise RunStoppedError(
+            f"the blocks in {where!r} hold {doc['landed']} landed rollouts, but the merged "
+            f"{str(run.layout.output)!r} holds {merged.coverage.landed}; the block folders are "
+            f"kept: merge them again with trollout aggregate '{where}/*/*.jsonl'"
+        )
+
+
 async def _merge(run: RayRun, deployment: Deployment) -> AggregateResult | None:
     """Merge the blocks into OUT and aggregate them as one run (unless disabled)."""
     if run.config.disable_aggregation:
@@ -333,9 +376,19 @@ async def _merge(run: RayRun, deployment: Deployment) -> AggregateResult | None:
         connect_timeout_s=config.connect_timeout_s, read_timeout_s=600.0
     ) as client:
         return await aggregate_shards(
-            [s for s in shards if s.exists()],
+            [s for s in shards if s.exists() and not _planned_nothing(s)],
             output=run.layout.output,
             options=options,
             targets=targets,
             client=client,
         )
+
+
+def _planned_nothing(block_output: Path) -> bool:
+    """Whether a block folder's plan is empty (hashing may give a block no task): it holds no
+    row to merge, and aggregation refuses a shard that holds no row."""
+    inputs = RunLayout.for_output(block_output).materialized_inputs
+    try:
+        return inputs.stat().st_size == 0
+    except FileNotFoundError:
+        return False  # not planned, or damaged: aggregation says which

@@ -9,8 +9,13 @@ A distributed run (`trollout.scaleout`: a Ray run, or the shards of a Slurm arra
 the sum of its shard folders (`sharded_status`), with one line per shard that is not complete.
 RUN is then the run's output file, manifest or folder (a Ray run), or its ``<stem>_shards``
 folder (a Slurm array, whose merged output does not exist until ``trollout aggregate``).
-Shards not started yet count as missing; when no manifest says how many rollouts they hold
-(a Slurm array), ``expected`` counts only the shards that started.
+Shards not started yet count as missing (and never started); when no manifest says how many
+rollouts they hold (a Slurm array), ``expected`` counts only the shards that started.
+
+``not_started`` (shown as "never started" under "missing") counts the missing rollouts of which
+no attempt ever started: no outcome row but drained ones, and no attempt number in the ledger
+that may have reached a server (numbers are reserved right before a request leaves). They are
+the rows a batch cut early, or a run stopped before its end, never sent.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ _SUMMED = (
     "landed",
     "failed",
     "missing",
+    "not_started",
     "at_cap",
     "terminal",
     "counts_as_zero",
@@ -79,7 +85,9 @@ def run_status(
     rules = ResumeRules(max_attempts=cap, retry_terminal_timeouts=retry_timeouts)
     tally = scan_run(layout, rules)
     doc = _document(layout, manifest, cap, tally.tally)
-    doc["export_metrics"] = run_exports(layout, cap)
+    # A folder that plans nothing (a Ray block given no task) has nothing to export, and the
+    # metrics reader refuses a rollouts file that holds no row.
+    doc["export_metrics"] = run_exports(layout, cap) if tally.tally.expected else {}
     return doc
 
 
@@ -145,6 +153,7 @@ def _sum_documents(
     unstarted = manifest.expected_rollouts - total["expected"] if manifest is not None else 0
     total["expected"] += unstarted
     total["missing"] += unstarted
+    total["not_started"] += unstarted
     total["to_dispatch"] += unstarted
     not_started = [i for i in range(count) if i not in started]
     pids = [doc["collector_pid"] for doc in docs.values() if doc["collector_pid"] is not None]
@@ -184,6 +193,7 @@ def _document(
         "landed": tally.count(Fate.LANDED),
         "failed": tally.count(Fate.FAILED),
         "missing": tally.count(Fate.MISSING),
+        "not_started": tally.not_started,
         "at_cap": tally.count(Fate.AT_CAP),
         "terminal": tally.count(Fate.TERMINAL),
         "counts_as_zero": tally.count(Fate.ZERO),
@@ -247,7 +257,10 @@ def _print_human(doc: dict[str, Any]) -> None:
 def _human_lines(doc: dict[str, Any]) -> list[str]:
     lines = [f"run {doc['run']}" + (f" (id {doc['run_id']})" if doc["run_id"] else "")]
     lines.append(f"  expected            {doc['expected']}")
-    lines += [f"  {label:<19} {doc[key]}" for label, key in _LINES]
+    for label, key in _LINES:
+        lines.append(f"  {label:<19} {doc[key]}")
+        if key == "missing" and doc["not_started"]:  # of them: never sent (cut, stopped)
+            lines.append(f"    never started     {doc['not_started']}")
     lines += [f"    {visible(name):<17} {n}" for name, n in doc["failures_by_class"].items()]
     if doc["duplicate_landed"] or doc["foreign_rows"]:
         lines.append(f"  duplicate landed    {doc['duplicate_landed']}")

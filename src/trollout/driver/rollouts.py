@@ -119,9 +119,7 @@ class Rollouts:
                 label=record_shard,
                 run_id=run_id,
             ) as shard,
-            self.collector.open_batch(
-                shard.rows, run_id=run_id, sink=shard.store, reserved=True
-            ) as batch,
+            self.collector.open_batch(shard.rows, run_id=run_id, sink=shard.store) as batch,
         ):
             yield batch
 

@@ -3,12 +3,26 @@
 A shard labelled ``L`` in folder ``D`` is the run folder of ``D/rollouts-L.jsonl``, opened with
 `recovery.run_folder.open_run_folder` like any run: the batch's stamped rows are its
 materialized inputs (and its input: the manifest names that file, so ``trollout resume
-D/rollouts-L.jsonl`` checks and dispatches exactly those rows), the manifest carries the batch's
-run id and the deployment, and every row's first attempt is reserved in the ledger before the
-first dispatch. The folder's lock is held while the batch runs, and the store checks before each
-write that it is still the folder's writer (`recovery.lock.RunLock.verify`), so two writers
-never interleave. Opening a label again replaces what the label held, once the new inputs are
-complete on disk (a replayed step never duplicates rows).
+D/rollouts-L.jsonl`` checks and dispatches exactly those rows), and the manifest carries the
+batch's run id and the deployment. Attempt numbers are reserved as in any run: by the worker,
+right before its request leaves (`collector.pool`), so a row the batch never sends spends none.
+The folder's lock is held while the batch runs, and the store checks before each write that it
+is still the folder's writer (`recovery.lock.RunLock.verify`), so two writers never interleave.
+Opening a label again replaces what the label held, once the new inputs are complete on disk (a
+replayed step never duplicates rows).
+
+Rows never started leave a trace. A batch cut early (the consumer left the block, closed it,
+stopped admission, or the budget closed the window) never starts some rows; when the batch has
+closed, the shard settles each row that has no outcome as drained (`records.Omitted`, reason
+``drained``, attempt 0: nothing was sent), before the folder closes. So the shard's status
+counts them (``not_started``; ``finished`` only when every row has an outcome), lists each
+(kind ``drained``), and with ``record_omitted_rollouts`` the sidecar holds NeMo Gym's
+omitted-rollout row for each (``_ng_omitted_rollout``, ``_ng_dispatch_drained``), as NeMo Gym's
+``_RunRecordWriter`` writes a never-started try. ``trollout resume`` of the shard runs them,
+``trollout status`` counts them as never started, and ``trollout aggregate`` as missing.
+Rejected: reserving every row's first attempt when the shard opens (what this replaced: a row
+never sent kept a reserved number and read as possibly sent), and leaving the rows unrecorded
+(the status then summed to fewer rows than the shard holds while saying it had finished).
 
 Shards of a training run aggregate without collisions: every rollout id carries its shard's run
 id (`collector.batch.shard_rollout_id`), so step 3's task 0 is never step 4's task 0.
@@ -18,23 +32,24 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import attrs
+import trio
 
 from ..collector.batch import BatchRows, RowStamper
 from ..collector.deployment import AGENTS, Deployment
 from ..config import RunConfig
-from ..errors import ConfigError
-from ..records import MaterializedRow
+from ..errors import ConfigError, TrolloutError
+from ..records import MaterializedRow, OmitReason, Omitted
 from ..recovery.layout import AUXILIARY_SUFFIXES, RunLayout
 from ..recovery.run_folder import MaterializedRows, open_run_folder
 from ..recovery.store import RunStore
 
-__all__ = ["SHARD_LABEL", "Shard", "open_shard", "shard_layout"]
+__all__ = ["SHARD_LABEL", "Shard", "open_shard", "settle_never_started", "shard_layout"]
 
 SHARD_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -106,7 +121,8 @@ async def open_shard(
         RunFolderError: the folder cannot be written.
 
     Cancellation: a checkpoint while opening (a cancelled open leaves an old shard whole);
-    exit flushes every accepted outcome and releases the lock, shielded.
+    exit settles the rows that never started (module docstring), flushes every accepted
+    outcome and releases the lock, shielded.
     """
     layout = shard_layout(output_dir, label)
     stamped = list(RowStamper(run_id).all(rows))  # refused rows: before a file is touched
@@ -116,5 +132,23 @@ async def open_shard(
     async with open_run_folder(
         settings, deployment, plan=MaterializedRows(stamped), run_id=run_id
     ) as run:
-        await run.store.reserve([(row.identity, 0) for row in stamped])
-        yield Shard(layout, run.store, stamped, run_id)
+        try:
+            yield Shard(layout, run.store, stamped, run_id)
+        except BaseException:
+            with trio.CancelScope(shield=True), suppress(TrolloutError):  # the first error wins
+                await settle_never_started(run.store, stamped)
+            raise
+        await settle_never_started(run.store, stamped)
+
+
+async def settle_never_started(store: RunStore, rows: Sequence[MaterializedRow]) -> int:
+    """Settle every row of a closed batch that has no outcome as drained; return how many.
+
+    Raises:
+        RunFolderWriteError: the shard cannot be written.
+    """
+    never = [Omitted(r.identity, 0, OmitReason.DRAINED, 0.0) for r in rows]
+    never = [outcome for outcome in never if not store.has_outcome(outcome.identity)]
+    if never:
+        await store.write(never)
+    return len(never)

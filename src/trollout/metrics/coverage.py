@@ -219,6 +219,16 @@ class Coverage:
         """Whether the score covers every planned rollout."""
         return self.covered == self.expected
 
+    def without_outcome(self) -> dict[str, int]:
+        """Return the planned rollouts with no outcome row (`MISSING`: none at all, or only a
+        never-started attempt's; `OMITTED`: the latest attempt was cut short) that no imputed
+        zero stands for: rows that went in and did not come out."""
+        left = {
+            MISSING: self.missing - self.imputed.get(MISSING, 0),
+            OMITTED: self.omitted - self.imputed.get(OMITTED, 0),
+        }
+        return {k: v for k, v in left.items() if v > 0}
+
     def did_not_land(self) -> dict[str, int]:
         """Return the rollouts that did not land, by failure class, `OMITTED` or `MISSING`."""
         reasons = dict(self.failed)

@@ -126,6 +126,8 @@ class RunTally:
         reserved_attempts: attempt numbers in the ledger.
         duplicate_landed: extra rows in the rollouts file for a rollout already there.
         foreign_rows: rows in either file for rollouts not in the materialized inputs.
+        not_started: the ``MISSING`` rollouts no attempt of which ever started: no outcome
+            row but drained ones, and no attempt number that may have reached a server.
     """
 
     expected: int
@@ -136,6 +138,7 @@ class RunTally:
     reserved_attempts: int
     duplicate_landed: int
     foreign_rows: int
+    not_started: int = 0
 
     def count(self, fate: Fate) -> int:
         """Return how many rollouts have ``fate``."""
@@ -289,7 +292,7 @@ class _Scanner:
         offsets, attempts, elapsed = array("q"), array("l"), array("d")
         statuses: list[RolloutStatus] = []
         landed, evidence = self.landed, self.evidence
-        landed_seen = 0
+        landed_seen = never_started = 0
         for offset, task, rollout in materialized_keys(self.layout.materialized_inputs):
             key = rollout_key(task, rollout)
             if key in landed:
@@ -298,6 +301,8 @@ class _Scanner:
             ev = evidence.pop(key, None)
             fate = self._fate(ev)
             fates[fate.value] += 1
+            if fate is Fate.MISSING and (ev is None or (ev.latest == _NONE and ev.largest < 0)):
+                never_started += 1
             if ev is not None and ev.latest == _FAILED:
                 classes[ev.failure_class or ""] += 1
             if ev is not None and ev.latest != _NONE:
@@ -310,6 +315,7 @@ class _Scanner:
             offsets, attempts = _longest_first(offsets, attempts, elapsed)
         fates[Fate.LANDED.value] = landed_seen
         tally = self._tally(fates, classes, len(offsets), landed_seen)
+        tally = attrs.evolve(tally, not_started=never_started)
         return ResumePlan(self.layout, tally, self.landed, offsets, attempts, statuses)
 
     def _tally(

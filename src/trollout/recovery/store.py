@@ -34,7 +34,9 @@ every batch (``row``: each acknowledged row is on disk when `write` returns), wh
 ``fsync_every_rows`` rows or ``fsync_every_s`` seconds have gone unsynced (``batch``), or never.
 fsync and the status file run in a worker thread so the event loop keeps serving rollouts. The
 batch status is replaced atomically (temp file, fsync, rename, fsync the folder) at most every
-``status_interval_s`` and once at close with ``finished=True``.
+``status_interval_s`` and once at close with ``closed=True`` (``finished`` too when every
+expected rollout has an outcome: the status counts the rest as ``not_started``, so a batch cut
+early or a run stopped before its end never reads as done).
 
 Design note: time-driven work (an fsync that is due although no new batch arrives, a status
 update after a quiet spell) is checked on every `write` and, when the caller runs it,
@@ -113,6 +115,7 @@ _Key: TypeAlias = int | tuple[int, int]
 _ROLLOUT_BITS = 32
 _ROLLOUT_LIMIT = 1 << _ROLLOUT_BITS
 _STOP_WAIT_S = 10.0  # how long a cancelled whole-file write may take to stop and clean up
+_DRAINED = OmitReason.DRAINED.value  # the kind of a never-started attempt's status
 
 
 @frozen
@@ -124,7 +127,7 @@ class StoreCounts:
         landed: rollouts landed (rows in the rollouts file written by this store).
         failed: rollouts whose latest outcome is a written failure.
         no_persist: rollouts whose latest outcome was kill-shaped (written nowhere).
-        omitted: rollouts whose latest attempt was interrupted or drained.
+        omitted: rollouts whose latest attempt was interrupted in flight.
         failure_rows: rows appended to the sidecar (one per failed attempt, plus omitted rows).
         duplicates_refused: landed outcomes refused because the rollout had already landed.
         failures_by_class: ``failed`` counted by failure class.
@@ -253,6 +256,11 @@ class RunStore:
             duplicates_refused=self._duplicates,
             failures_by_class=status.failures_by_class,
         )
+
+    def has_outcome(self, identity: Identity) -> bool:
+        """Whether the rollout has an outcome in this store (landed, or a latest state)."""
+        key = _key(identity)
+        return key in self._landed or key in self._pending
 
     def snapshot(self, *, finished: bool = False) -> BatchStatus:
         """Return the batch status as of now (what the status file would hold)."""
@@ -470,7 +478,7 @@ class RunStore:
             self._housekeeping = False
 
     async def aclose(self) -> None:
-        """Fsync what is written, save the final status (``finished=True``), close the files.
+        """Fsync what is written, save the final status (``closed=True``), close the files.
 
         `open_run_store` calls this at exit under a shielded scope; calling it twice is harmless.
 
@@ -742,30 +750,38 @@ def _clear_run_files(layout: RunLayout, status: BatchStatus, new_inputs: Path | 
 
 
 def _build_status(
-    expected: int, completed: int, pending: list[RolloutStatus], finished: bool
+    expected: int, completed: int, pending: list[RolloutStatus], closed: bool
 ) -> BatchStatus:
+    """Count the rollouts by latest state; the rest of ``expected`` never started (nothing of
+    them reached the store, or only a drained attempt), so the counts sum to ``expected``."""
     pending.sort(key=lambda s: (s.task_index, s.rollout_index))
     states = collections.Counter(s.state for s in pending)
     classes = collections.Counter(
         s.failure_class or "" for s in pending if s.state is RolloutState.FAILED
     )
+    drained = sum(1 for s in pending if s.state is RolloutState.OMITTED and s.kind == _DRAINED)
+    omitted = states[RolloutState.OMITTED] - drained
+    settled = completed + states[RolloutState.FAILED] + states[RolloutState.NO_PERSIST] + omitted
+    not_started = max(0, expected - settled)
     return BatchStatus(
         expected=expected,
         completed=completed,
         failed=states[RolloutState.FAILED],
         no_persist=states[RolloutState.NO_PERSIST],
-        omitted=states[RolloutState.OMITTED],
+        omitted=omitted,
+        not_started=not_started,
         failures_by_class=dict(sorted(classes.items())),
-        finished=finished,
+        finished=closed and not_started == 0,
+        closed=closed,
         updated_at=time.time(),
         rollouts=tuple(pending),
     )
 
 
 def _save_status(
-    path: Path, expected: int, completed: int, pending: list[RolloutStatus], finished: bool
+    path: Path, expected: int, completed: int, pending: list[RolloutStatus], closed: bool
 ) -> None:
-    _write_status_file(path, _build_status(expected, completed, pending, finished))
+    _write_status_file(path, _build_status(expected, completed, pending, closed))
 
 
 def _write_status_file(path: Path, status: BatchStatus) -> None:
