@@ -200,7 +200,6 @@ class Batch:
         *,
         run_id: str,
         sink: OutcomeSink | None,
-        reserved: bool,
     ) -> None:
         self.run_id = run_id
         self._collector = collector
@@ -210,7 +209,6 @@ class Batch:
             collector,
             sink=target,
             reserver=reserver,
-            reserve_first=not reserved,
             deliver=self._take,
         )
         self._pending: deque[BatchOutcome] = deque()
@@ -357,7 +355,6 @@ async def open_batch(
     *,
     run_id: str | None = None,
     sink: OutcomeSink | None = None,
-    reserved: bool = False,
 ) -> AsyncIterator[Batch]:
     """Open a batch of rollouts on a collector; leaving the block closes it (`Batch.aclose`).
 
@@ -367,8 +364,6 @@ async def open_batch(
             copied and stamped (module docstring). Read lazily, as workers free up.
         run_id: the batch's run id (default: a fresh one); it prefixes every rollout id.
         sink: where the batch's outcomes go (default: the collector's sink).
-        reserved: ``sink`` already holds every row's first attempt (a recorded shard), so
-            none is reserved again.
 
     Raises:
         ConfigError: ``run_id`` cannot prefix rollout ids.
@@ -385,7 +380,6 @@ async def open_batch(
         collector,
         run_id=check_run_id(run_id) if run_id is not None else new_run_id(),
         sink=sink,
-        reserved=reserved,
     )
     stamp = RowStamper(batch.run_id)
     await collector.start_pool(batch.pool)

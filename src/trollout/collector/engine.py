@@ -257,7 +257,6 @@ class Collector:
         *,
         run_id: str | None = None,
         sink: OutcomeSink | None = None,
-        reserved: bool = False,
     ) -> AbstractAsyncContextManager[Batch]:
         """Open a batch of rollouts: ``async with collector.open_batch(rows) as batch``.
 
@@ -265,7 +264,7 @@ class Collector:
         """
         from .batch import open_batch
 
-        return open_batch(self, rows, run_id=run_id, sink=sink, reserved=reserved)
+        return open_batch(self, rows, run_id=run_id, sink=sink)
 
     async def next_outcome(self) -> Outcome:
         """Wait for and return the oldest settled outcome not yet consumed.

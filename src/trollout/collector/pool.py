@@ -104,8 +104,6 @@ class Pool:
         engine: the collector whose limiter, transport and writer the workers share.
         sink: where the writer hands this pool's outcomes (None: nowhere).
         reserver: what reserves attempt numbers before they are sent (None: nothing does).
-        reserve_first: reserve each row's first attempt before it is sent; False when the
-            caller reserved them all already (a recorded shard).
         deliver: called by the writer with the outcomes it settled for this pool.
     """
 
@@ -115,15 +113,13 @@ class Pool:
         *,
         sink: OutcomeSink | None,
         reserver: AttemptReserver | None,
-        reserve_first: bool = True,
         deliver: Deliver,
     ) -> None:
         self.engine = engine
         self.sink = sink
         self.reserver = reserver
-        self._first_reserver = reserver if reserve_first else None  # for a row's own attempt
         # The reserver's path without a checkpoint, when it has one (`RunStore.reserve_now`).
-        self._reserve_now = getattr(self._first_reserver, "reserve_now", None)
+        self._reserve_now = getattr(reserver, "reserve_now", None)
         self._on_resend = sink.resent if isinstance(sink, ResendRecorder) else None
         self._deliver = deliver
         self.rows_tx, self._rows_rx = trio.open_memory_channel[_Job](0)
@@ -431,7 +427,7 @@ class Pool:
                 if not self.admitting:
                     return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
                 identity = row.identity
-                first = self._first_reserver
+                first = self.reserver
                 if first is not None and not (
                     self._reserve_now is not None and self._reserve_now(identity, attempt)
                 ):
