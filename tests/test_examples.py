@@ -71,8 +71,14 @@ def test_example_rl_loop_in_trio_records_shards_the_cli_resumes(
     assert again.exit_code == 0, again.output
     assert "dispatched 0" in again.output
     merged = tmp_path / "merged" / "all.jsonl"
+    shards = sorted(tmp_path.glob("rollouts-step-*[0-9].jsonl"))
+    landed = sum(len(read_jsonl(path)) for path in shards)
     result = invoke("aggregate", str(tmp_path / "rollouts-step-*.jsonl"), "-o", str(merged))
-    assert result.exit_code == 0, result.output
+    if landed == 3 * 32:  # a busy machine may land every straggler before its batch closed
+        assert result.exit_code == 0, result.output
+    else:  # the stragglers the loop cut off are missing, and aggregate says so
+        assert result.exit_code == 75, result.output
+        assert f"{96 - landed} of 96 planned rollouts have no outcome" in result.output
 
 
 def test_example_rl_loop_under_asyncio_run(fake: FakeUrls) -> None:

@@ -136,7 +136,9 @@ def test_a_run_where_nothing_landed_counts_its_plan_as_missing(
     coverage = orjson.loads(result.stdout)["coverage"]
     assert (coverage["expected"], coverage["landed"], coverage["missing"]) == (4, 4, 0)
     alone = invoke("aggregate", str(empty.output), "--json", "--no-report")
-    assert alone.exit_code == 0, alone.output
+    # Rows in, none out: written, said, and exit 75 (incomplete, a resume would run them).
+    assert alone.exit_code == 75, alone.output
+    assert "4 of 4 planned rollouts have no outcome" in alone.stderr
     coverage = orjson.loads(alone.stdout)["coverage"]
     assert (coverage["expected"], coverage["landed"], coverage["missing"]) == (4, 0, 4)
 
