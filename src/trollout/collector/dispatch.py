@@ -180,9 +180,8 @@ async def dispatch(
         row = MaterializedRow(identity, row.body, row.raw)
     start = trio.current_time() if started_at is None else started_at
     rollout = _Rollout(
-        transport, url, row, attempt_index, policy, rng, retry_state, new_attempt, start
+        transport, url, row, attempt_index, policy, rng, retry_state, new_attempt, on_resend, start
     )
-    rollout.on_resend = on_resend
     if observer is not None:
         return await _observed(rollout, observer)
     limit = policy.rollout_timeout_s
@@ -288,6 +287,7 @@ class _Rollout:
         rng: random.Random,
         state: RetryState | None,
         new_attempt: NewAttempt | None,
+        on_resend: OnResend | None,
         start: float,
     ) -> None:
         self.transport, self.url, self.row = transport, url, row
@@ -295,7 +295,7 @@ class _Rollout:
         self.state = state
         self.health = state.endpoint(url) if state is not None else None
         self.new_attempt = new_attempt
-        self.on_resend: OnResend | None = None
+        self.on_resend = on_resend
         self.start = start
         self.sent_at = start  # when the last request was sent (re-sends read the clock)
         self.answered_at = start  # when the last request ended (its outcome was built)
