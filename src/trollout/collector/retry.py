@@ -424,7 +424,10 @@ class EndpointHealth:
             if self.good_answers >= GOOD_ANSWERS_PER_TOKEN:
                 self.good_answers = 0
                 self.tokens = min(self.policy.budget, self.tokens + 1)
-        self.alive_at = max(self.alive_at, sent_at)
+        if sent_at > self.alive_at:
+            self.alive_at = sent_at
+        if self.down_since is None and not probe and self.state is BreakerState.CLOSED:
+            return  # the common case: answering, and nothing to reset (failures set down_since)
         if self.down_since is not None and sent_at < self.down_since:
             if probe:
                 self._notify()
