@@ -9,7 +9,7 @@ For each concurrency, the clients run in fresh subprocesses against the same fak
 - ``trollout``: the real engine (`open_collector`) writing a real run folder (`RunStore`, default
   fsync policy), exactly what ``trollout collect`` runs after planning.
 - ``episode``: the same engine on 0.7.0 materialized task rows, sent to an episode environment
-  server as episode requests (protocol.md section 3): the episode path's cost beside the flat
+  server as episode requests (docs/protocol.md section 3): the episode path's cost beside the flat
   path's (``trollout``), same server process, same run.
 - ``baseline``: asyncio + aiohttp written the way NeMo Gym's collector is: one coroutine per row,
   a semaphore, ``asyncio.as_completed`` over all of them, each result appended as a JSON line.

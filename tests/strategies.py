@@ -1,4 +1,4 @@
-"""Hypothesis strategies shared by the test suite (plural nouns, style.md).
+"""Hypothesis strategies shared by the test suite (plural nouns, docs/style.md).
 
 Input rows: `rows()` draws one NeMo Gym dataset row routed by ``agent_ref`` or ``task_source``
 (from `AGENTS` and `TASK_SOURCES`, dataset ``TASK_SOURCES[i]`` declared by ``AGENTS[i]``);

@@ -360,7 +360,7 @@ def test_load_config_precedence_is_file_then_options_then_overrides(tmp_path: Pa
 
 
 def test_load_config_accepts_nemo_gym_overrides() -> None:
-    """The overrides of protocol.md section 10 build the same config as NeMo Gym's flags."""
+    """The overrides of docs/protocol.md section 10 build the same config as NeMo Gym's flags."""
     config = load_config(
         overrides=[
             "+agent_name=A",

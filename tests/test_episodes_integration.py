@@ -1,4 +1,4 @@
-"""Episodes end to end (protocol.md section 3): the fake's episode servers, misbehaving.
+"""Episodes end to end (docs/protocol.md section 3): the fake's episode servers, misbehaving.
 
 - 1,000 task rows x 4 repeats against an episode server mixing every misbehaving mode into its
   first attempts: each rollout ends in exactly one file with the class its reply deserves, with
@@ -6,7 +6,7 @@
 - The violation stop through the CLI: it fires on exactly the N-th consecutive violation, the
   run exits 1, and resuming once the server behaves completes it.
 - A property test: any sequence of episode replies per attempt, over sessions resumed until
-  done, gives the outcome the rules say, and the run folder keeps design.md's invariants.
+  done, gives the outcome the rules say, and the run folder keeps docs/design.md's invariants.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ SERVER = "puzzle_env"
 VIOLATION = "environment_protocol_violation"
 
 # The keys of digest section 3.9 (NeMo Gym 0.7.0's names; trollout adds _ng_result_type,
-# elapsed_seconds and the failure-row extras protocol.md section 7 lists).
+# elapsed_seconds and the failure-row extras docs/protocol.md section 7 lists).
 MATERIALIZED_TASK_KEYS = {
     "task_id", "task_input", "task_data",
     "_ng_task_index", "_ng_rollout_index", "_ng_environment_server", "_ng_result_type",

@@ -1,4 +1,4 @@
-"""design.md's layering, enforced on the source: which of trollout's modules may import which.
+"""docs/architecture.md's layering, enforced on the source: which modules may import which.
 
 Every module of ``src/trollout`` is parsed with `ast` (no import runs) into a graph of the
 imports between our modules, lazy and ``TYPE_CHECKING`` ones included. The rules follow the

@@ -3,8 +3,8 @@
 A run is described by `RunConfig`, whose field names are NeMo Gym's config keys (so
 ``+num_repeats=4`` and ``num_repeats: 4`` in a YAML file mean what they mean in NeMo Gym) plus
 trollout's own settings. Sources of `load_config`, later wins: defaults < ``--config run.yaml``
-< options < ``+key=value`` / ``++key=value`` overrides (protocol.md section 10); the command line
-refuses one setting given by two of its sources (`nemo_keys.load_run_config`).
+< options < ``+key=value`` / ``++key=value`` overrides (docs/protocol.md section 10); the command
+line refuses one setting given by two of its sources (`nemo_keys.load_run_config`).
 
 Values of overrides use Hydra's flow syntax: ``{host:127.0.0.1,port:11000}`` is a mapping,
 ``[a,b]`` a list, ``true``/``false``/``null``, numbers, and quoted or bare strings. YAML's own flow
@@ -29,9 +29,9 @@ recurse without bound and a setting merged into a row keeps it within the rows' 
 (`jsonl.MAX_DEPTH`).
 
 Length: this module is longer than the house's ~400 lines on purpose. It is a leaf that may
-import only `errors` (design.md), so every check a setting needs (numbers, URLs, YAML, override
-syntax) lives here; the override parser and the YAML loader are the parts to move out if the
-layering ever allows a second leaf.
+import only `errors` (docs/architecture.md), so every check a setting needs (numbers, URLs, YAML,
+override syntax) lives here; the override parser and the YAML loader are the parts to move out if
+the layering ever allows a second leaf.
 """
 
 from __future__ import annotations
@@ -306,8 +306,9 @@ def _outage(value: Any) -> OutagePolicy:
 class RunConfig:
     """Every setting of a collection run (NeMo Gym key names where NeMo Gym has the setting).
 
-    Attributes are documented in ``trollout collect --help`` and README.md; the groups are input
-    and output, deployment, preprocessing (protocol.md section 5), dispatch and durability.
+    Attributes are documented in ``trollout collect --help`` and docs/user-guide.md; the groups
+    are input and output, deployment, preprocessing (docs/protocol.md section 5), dispatch and
+    durability.
     """
 
     # input and output
@@ -363,7 +364,7 @@ class RunConfig:
     max_connect_retries: int = attrs.field(default=4, validator=COUNT)  # own, per attempt
     on_endpoint_outage: OutagePolicy = attrs.field(default=OutagePolicy.STOP, converter=_outage)
     fail_fast: bool = attrs.field(default=False, validator=_flag)
-    # budget, drain and the run's wall clock (protocol.md section 9); a budget of 0 starts
+    # budget, drain and the run's wall clock (docs/protocol.md section 9); a budget of 0 starts
     # nothing (the engine's documented meaning), which the CLI refuses as an empty run
     dispatch_budget_s: float | None = attrs.field(default=None, validator=SECONDS.or_none)
     drain_margin_s: float | None = attrs.field(default=None, validator=SECONDS.or_none)
@@ -385,7 +386,7 @@ class RunConfig:
     breaker_open_s: float = attrs.field(default=5.0, validator=POSITIVE_SECONDS)  # the longest
     rollout_timeout_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
     timeout_is_terminal: bool = attrs.field(default=False, validator=_flag)
-    # the run timing report (protocol.md section 9; collector/timing.py)
+    # the run timing report (docs/protocol.md section 9; collector/timing.py)
     server_queue_metrics_urls: list[str] = attrs.field(factory=list)
     server_queue_sample_interval_s: float = attrs.field(default=10.0, validator=POSITIVE_SECONDS)
     server_queue_max_waiting_ratio: float = attrs.field(default=1.0, validator=RATIO)
@@ -423,7 +424,7 @@ class RunConfig:
     count_missing_rollouts_as_zero: bool = attrs.field(default=False, validator=_flag)
     # a NeMo Gym batch manifest: members checked before dispatch, batch_status.json beside it
     batch_manifest_fpath: str | None = None
-    # resume and attempts (protocol.md section 8); none changes the materialized rows, so none
+    # resume and attempts (docs/protocol.md section 8); none changes the materialized rows, so none
     # is fingerprinted: raising the cap or retrying terminal timeouts on resume is legitimate
     resume_from_cache: bool = attrs.field(default=False, validator=_flag)
     # resume, and send again what is done without having landed (``trollout resubmit``)

@@ -15,7 +15,7 @@ settles almost every row, and walks the parsed row only when the count could exc
 
 Torn tails: a hard kill can leave the last line of an appended file cut short. `repair_tail`
 drops a final line that does not parse, and adds the missing newline to one that does
-(protocol.md section 8). Only the *last* line is ever repaired; a bad line in the middle is an
+(docs/protocol.md section 8). Only the *last* line is ever repaired; a bad line in the middle is an
 error, because it means something other than a crash damaged the file.
 
 Wide integers: orjson keeps integers from -2**63 to 2**64-1 exact, parses any other as a float

@@ -377,8 +377,8 @@ def _shown(value: Any) -> str:
 # Design note: the sources of a run's settings meet here, once, for every command that builds a
 # `RunConfig` (collect, resume, resubmit, demo, sbatch, Ray). They are layers, lowest first:
 # `defaults`, the ``config_paths`` files, the ``--config`` file, a resumed run's saved settings,
-# the command line. The rule (README, "Collecting") is that two sources for one setting are an
-# error unless the README says which wins, and it says exactly this:
+# the command line. The rule (docs/user-guide.md, "Collecting") is that two sources for one
+# setting are an error unless the docs say which wins, and they say exactly this:
 #
 # - across layers, the higher wins, key by key, and a higher layer's key also replaces a lower
 #   layer's other spelling of the same setting (`ALTERNATIVES`), with one note line saying so
@@ -589,7 +589,7 @@ def _check_materialized(value: str, values: Mapping[str, Any]) -> None:
 def differences(config: RunConfig) -> list[str]:
     """Return where this run deliberately differs from NeMo Gym, one line each (for summaries).
 
-    README.md lists every difference; these are the ones the run's settings put in force.
+    docs/user-guide.md lists every difference; these are the ones the run's settings put in force.
     """
     out = []
     if config.num_repeats_add_seed and config.seed_mode is SeedMode.HASH:

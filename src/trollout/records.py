@@ -2,11 +2,11 @@
 
 Inside trollout, code passes these frozen attrs records; dict rows exist only at the edges. The
 module-level `converter` is the one place that maps records to and from the rows NeMo Gym writes
-and reads (protocol.md sections 2 and 7), with the exact key names:
+and reads (docs/protocol.md sections 2 and 7), with the exact key names:
 
 - `MaterializedRow` <-> a line of ``<stem>_materialized_inputs.jsonl``: a flat row is the `/run`
   request body; a 0.7.0 task row (``task_id`` + ``task_input``) goes out as an episode request
-  (protocol.md section 3, `MaterializedRow.request_body`).
+  (docs/protocol.md section 3, `MaterializedRow.request_body`).
 - `Landed` <-> a line of the rollouts file: the server's reply plus the collector's stamps.
 - `Failed` <-> a line of ``<stem>_failures.jsonl``.
 - `Omitted` <-> an ``_ng_omitted_rollout`` line (only with ``record_omitted_rollouts``).
@@ -64,7 +64,7 @@ __all__ = [
 COLLECTOR_KEY_PREFIX: Final = "_ng_"
 ROLLOUT_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-# Keys the collector stamps on every row it writes (protocol.md section 7).
+# Keys the collector stamps on every row it writes (docs/protocol.md section 7).
 TASK_INDEX: Final = "_ng_task_index"
 ROLLOUT_INDEX: Final = "_ng_rollout_index"
 ATTEMPT_INDEX: Final = "_ng_attempt_index"
@@ -97,12 +97,12 @@ STAMP_KEYS: Final = IDENTITY_KEYS | {
 """Every key the collector stamps on a record (a reply's own values for them are dropped)."""
 _STAMP_KEYS: Final = STAMP_KEYS
 
-# Materialized task rows (protocol.md section 3).
+# Materialized task rows (docs/protocol.md section 3).
 TASK_ID_FIELD: Final = "task_id"
 TASK_INPUT: Final = "task_input"
 TASK_DATA: Final = "task_data"
 
-# Failure-row keys (protocol.md sections 2 and 7).
+# Failure-row keys (docs/protocol.md sections 2 and 7).
 FAILURE_CLASS: Final = "_ng_failure_class"
 FAILURE_TERMINAL: Final = "_ng_failure_terminal"
 FAILURE_TYPE: Final = "_ng_failure_type"
@@ -139,7 +139,7 @@ Row: TypeAlias = dict[str, Any]
 
 
 class FailureClass(enum.StrEnum):
-    """Failure classes trollout assigns or knows (protocol.md section 2).
+    """Failure classes trollout assigns or knows (docs/protocol.md section 2).
 
     A producer may send any label in ``_ng_failure_class``; `Failed.failure_class` is therefore a
     plain string, and these members compare equal to their values.
@@ -372,7 +372,7 @@ class MaterializedRow:
 
     @property
     def is_episode(self) -> bool:
-        """Whether the row is a task row, sent as an episode request (protocol.md section 3)."""
+        """Whether the row is a task row, sent as an episode request (docs/protocol.md 3)."""
         return self.identity.task_id is not None
 
     def request_body(self, attempt_index: int = 0) -> Row:
@@ -673,7 +673,7 @@ converter.register_structure_hook(Omitted, _omitted_from_row)
 
 
 def outcome_to_row(outcome: Outcome) -> Row:
-    """Return the run-folder row of an outcome (protocol.md section 7)."""
+    """Return the run-folder row of an outcome (docs/protocol.md section 7)."""
     if type(outcome) is Landed:
         return _landed_to_row(outcome)
     if type(outcome) is Failed:

@@ -1,8 +1,8 @@
 """A head server's config holds API keys: no error of `trollout collect` ever shows one.
 
-protocol.md section 1: the config "may hold secrets (API keys): never log it". Each case serves
-a broken config from a real loopback head server and checks the secret appears nowhere in
-what `collect` prints; the error names key paths, positions and types instead.
+docs/protocol.md section 1: the config "may hold secrets (API keys), so it is never logged".
+Each case serves a broken config from a real loopback head server and checks the secret appears
+nowhere in what `collect` prints; the error names key paths, positions and types instead.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Two sources for one setting are an error unless the README says which wins (issue 22).
+"""Two sources for one setting are an error unless the docs say which wins (issue 22).
 
 Each case runs ``trollout collect`` (or ``aggregate``) in process. The refusals come before the
 deployment is asked or a file is written, so they point at an agent that is never reached
 (127.0.0.1:9) and check: exit 2, one line naming both sources, nothing written. The precedence
-the README states (a higher source replaces a lower one's other spelling, with a note) runs
+docs/user-guide.md states (a higher source replaces a lower one's other spelling, with a note) runs
 against the bundled fake deployment.
 """
 
@@ -167,7 +167,7 @@ def fake() -> Iterator[FakeUrls]:
 def test_the_command_line_replaces_a_files_other_spelling_with_a_note(
     tmp_path: Path, fake: FakeUrls
 ) -> None:
-    """agent_map in --config, --agent on the command line: the README's precedence, noted."""
+    """agent_map in --config, --agent on the command line: the user guide's precedence, noted."""
     settings = tmp_path / "run.yaml"
     settings.write_text("agent_map: {_default: alpha}\n", encoding="utf-8")
     result = collect(tmp_path, "-o", out(tmp_path), "--head-server", fake.head_url,

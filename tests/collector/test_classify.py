@@ -1,4 +1,4 @@
-"""Tests of reply and error classification: every row of protocol.md section 2."""
+"""Tests of reply and error classification: every row of docs/protocol.md section 2."""
 
 from __future__ import annotations
 

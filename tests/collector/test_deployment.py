@@ -1,4 +1,4 @@
-"""Tests of deployment discovery and routing (protocol.md section 1)."""
+"""Tests of deployment discovery and routing (docs/protocol.md section 1)."""
 
 from __future__ import annotations
 

@@ -344,7 +344,7 @@ async def test_dispatch_foreign_reply_fails_and_drops_its_connection(
     assert len(transport.connects) == 2
 
 
-# --- episodes (protocol.md section 3) -------------------------------------------------------
+# --- episodes (docs/protocol.md section 3) -------------------------------------------------------
 
 TASK_ROW = MaterializedRow.from_body(
     {

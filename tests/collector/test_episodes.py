@@ -1,4 +1,4 @@
-"""Episode requests and replies (protocol.md section 3): every rule of `collector.episodes`."""
+"""Episode requests and replies (docs/protocol.md section 3): every rule of `collector.episodes`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One test per preprocessing rule (protocol.md section 5, and sections 2-3 for routing)."""
+"""One test per preprocessing rule (docs/protocol.md section 5, and sections 2-3 for routing)."""
 
 from __future__ import annotations
 

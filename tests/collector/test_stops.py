@@ -66,7 +66,7 @@ def test_stops_ignore_ordinary_failures_and_kill_shaped() -> None:
     assert stops.check(failed(401, no_persist=True)) is None
 
 
-# --- the episode violation stop (protocol.md section 3) -----------------------------------------
+# --- the episode violation stop (docs/protocol.md section 3) ----------------------------------
 
 TASK_ID = {"taskset": "t", "task_id": "1"}
 VIOLATION = FailureClass.ENVIRONMENT_PROTOCOL_VIOLATION.value

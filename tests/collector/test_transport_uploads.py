@@ -175,7 +175,7 @@ async def test_upload_gzip_error_body_is_decoded_no_further_than_the_error_limit
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A 500 whose gzip body inflates to 64 MB is decoded only to max_error_body_bytes + 1
-    bytes (protocol.md: never decode more than ~8 kB of an error body), whatever
+    bytes (docs/protocol.md: never decode more than ~8 kB of an error body), whatever
     max_body_bytes allows; the reply keeps its first 8192 bytes, cut."""
     exchanges: list[Exchange] = []
 

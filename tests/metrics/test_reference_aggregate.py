@@ -5,8 +5,8 @@ from its ``rollout_infos``) aggregate to the reference entry key by key; and the
 folder (rollouts, failures sidecar, materialized inputs) aggregates to the reference's
 per-task entries for the tasks it holds (the same deterministic fake model produced both).
 
-Deliberate differences, listed in README.md: NeMo Gym's ``sample`` (a payload copy written by
-the server) and ``repeat_level_metrics`` are not written locally; trollout adds
+Deliberate differences, listed in docs/user-guide.md: NeMo Gym's ``sample`` (a payload copy
+written by the server) and ``repeat_level_metrics`` are not written locally; trollout adds
 ``export_metrics`` and ``trollout``.
 """
 

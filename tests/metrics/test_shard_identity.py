@@ -1,6 +1,6 @@
 """A rollout's identity across runs: chunks, copies and re-runs of separate collections.
 
-Each run numbers its tasks from 0 (protocol.md section 8), so shards of separate runs are
+Each run numbers its tasks from 0 (docs/protocol.md section 8), so shards of separate runs are
 written here the way a collector writes them: a run over questions ``qs`` has tasks 0, 1, ...
 and its materialized inputs hold each question with those stamps.
 """

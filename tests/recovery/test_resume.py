@@ -1,4 +1,4 @@
-"""Resume's decision (protocol.md section 8) on hand-built run folders, rule by rule."""
+"""Resume's decision (docs/protocol.md section 8) on hand-built run folders, rule by rule."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replay scripted failure sequences through collect and resume cycles (design.md, Durability).
+"""Replay scripted failure sequences through collect and resume cycles (docs/design.md, Durability).
 
 Each rollout gets a script: the outcome of its 1st, 2nd, ... completed request (success, every
 failure class, terminal, counted as zero, ``_ng_no_persist``, a hang, a refused connection, or

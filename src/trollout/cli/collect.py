@@ -1,6 +1,6 @@
 """`trollout collect`: compose plan, deployment, run folder and engine into one run.
 
-The order is the contract (design.md, Durability): everything that can refuse the run (config,
+The order is the contract (docs/design.md, Durability): everything that can refuse the run (config,
 deployment discovery, every input row, the folder's preflight checks, free space) is checked
 before a single file is touched; then `recovery.run_folder.open_run_folder` locks the folder and
 either starts the run (materialized inputs, then the manifest, both fsynced) or resumes it (the
@@ -124,7 +124,7 @@ async def collect_run(
 
     With ``resume_from_cache`` (or ``resubmit``), a folder holding a run is resumed: its
     manifest is checked against the input, plan settings and agent set, and only what
-    protocol.md section 8 says is not done is dispatched. A folder holding no outcome is
+    docs/protocol.md section 8 says is not done is dispatched. A folder holding no outcome is
     started afresh. A folder whose manifest or materialized inputs are missing while it holds
     outcomes is refused, never cleared.
 

@@ -1,7 +1,7 @@
 """Helpers shared by the commands: options, config assembly, exit codes, summaries.
 
-Exit codes (style.md): 0 done; 1 a failed or stopped run; 2 a usage error (bad option, bad input
-row, unknown agent: one line on stderr, nothing dispatched, nothing written); 130 SIGINT;
+Exit codes (docs/style.md): 0 done; 1 a failed or stopped run; 2 a usage error (bad option, bad
+input row, unknown agent: one line on stderr, nothing dispatched, nothing written); 130 SIGINT;
 143 SIGTERM. A user mistake never prints a traceback.
 """
 

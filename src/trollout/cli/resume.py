@@ -6,7 +6,7 @@ now (say a new ``--head-server`` after the deployment moved), and call `collect_
 ``resume_from_cache``. An override that changes the materialized rows (``+num_repeats=8``)
 is refused like any other change, unless ``--allow-unsafe-resume``.
 
-- ``resume`` dispatches what protocol.md section 8 says is not done: missing rollouts and
+- ``resume`` dispatches what docs/protocol.md section 8 says is not done: missing rollouts and
   retryable failures under the attempt cap, each with a new attempt number.
 - ``resubmit`` also dispatches rollouts that are done without having landed: terminal
   failures, failures counted as zero and rollouts at the attempt cap, once more each, past

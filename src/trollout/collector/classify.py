@@ -1,4 +1,4 @@
-"""Turn a `/run` reply or a transport error into an outcome (protocol.md section 2).
+"""Turn a `/run` reply or a transport error into an outcome (docs/protocol.md section 2).
 
 Pure functions, no I/O. A reply decides by status first, then, for a 200 whose body is a JSON
 object, by the identity it echoes and the sentinel keys:
@@ -63,7 +63,7 @@ as the next request's (another repeat of one task), and that arrives after the n
 written (in the microseconds between the checkout poll and the write, or while the request is in
 flight), is indistinguishable from that request's reply, and is taken as it. No mechanism at the
 HTTP level can tell them apart; closing every connection after one request would, at a TCP
-connect per rollout. The episode protocol (protocol.md section 3) makes the ``episode_id`` and
+connect per rollout. The episode protocol (docs/protocol.md section 3) makes the ``episode_id`` and
 ``task_id`` echo mandatory, which closes the gap for episodes through the same `echo_mismatches`
 (`expected_echo` of an episode request): there a wrong echo is the server's protocol violation
 (`episodes`).
@@ -209,7 +209,7 @@ def outcome_from_response(
     max_attempts: int | None,
     echo: Sequence[tuple[str, Any]] = (),
 ) -> Landed | Failed:
-    """Classify a `/run` reply (protocol.md section 2).
+    """Classify a `/run` reply (docs/protocol.md section 2).
 
     Args:
         identity: the rollout.
@@ -298,7 +298,7 @@ def _public_type_name(exc: BaseException) -> str:
 def expected_echo(request: Mapping[str, Any], *, check_input: bool = True) -> list[tuple[str, Any]]:
     """Return the (key, value sent) pairs of `request` that a reply may echo only unchanged.
 
-    For an episode request, the ``episode_id`` and the task's ``task_id`` (protocol.md
+    For an episode request, the ``episode_id`` and the task's ``task_id`` (docs/protocol.md
     section 3); for a flat row, the identity keys it carries and, with `check_input`, its
     ``responses_create_params`` when that holds an ``input`` (compared as a conversation: the
     module's design note).

@@ -1,7 +1,7 @@
 """The deployment: which servers a run talks to, and where each row's `/run` goes.
 
 A `Deployment` is an immutable list of `Server` records plus the routes derived from them. It is
-built in one of three ways (protocol.md section 1):
+built in one of three ways (docs/protocol.md section 1):
 
 - `discover`: ``GET {head}/global_config_dict_yaml`` (YAML text inside a JSON string), then
   `Deployment.from_config` on the parsed mapping;

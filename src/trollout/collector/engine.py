@@ -1,6 +1,6 @@
 """The engine: one nursery per collector, worker pools, and one writer.
 
-Shape (design.md, Concurrency)::
+Shape (docs/design.md, Concurrency)::
 
     submit()/collect() ──rows (zero-buffer)──▶ pool: N workers ──┐
     open_batch(rows) ──feeder──▶ batch pool: N workers ───────────┼─outcomes─▶ writer ─▶ sinks

@@ -1,4 +1,4 @@
-"""Classify an environment server's reply to an episode request (protocol.md section 3).
+"""Classify an environment server's reply to an episode request (docs/protocol.md section 3).
 
 A task row (``task_id: {taskset, task_id}`` plus ``task_input``) goes out as
 ``{"episode_id": {"rollout_id", "attempt"}, "task": {"task_id", "task_input"}}``

@@ -50,7 +50,7 @@ inflates past it); any other coding fails with `ContentEncodingError`, since a b
 read is no reply. A non-2xx body is kept only until it passes ``max_error_body_bytes`` (a
 decoded one by at most the one byte that proves it longer): later body bytes are framed but
 neither decoded nor kept, so an error body inflates no further than its caller reads it
-(protocol.md: never decode more than ~8 KB of an error body), whatever ``max_body_bytes``
+(docs/protocol.md: never decode more than ~8 KB of an error body), whatever ``max_body_bytes``
 allows. Pieces are kept in a list and joined once, dropping the pieces (``body``), so a body is
 never held twice except during that one join. Rejected alternative: a bytearray grown in place,
 which copies every piece once more (and again into bytes) for the common reply that

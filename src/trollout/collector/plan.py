@@ -1,4 +1,4 @@
-"""Preprocessing: input rows to materialized rows, streaming (protocol.md section 5).
+"""Preprocessing: input rows to materialized rows, streaming (docs/protocol.md section 5).
 
 `plan_rollouts` (a JSONL file) and `plan_rows` (in-memory rows, for embedding drivers) check the
 whole input and return a `Plan`: ``tasks``, ``expected`` rollouts, and ``rows()``, a re-iterable

@@ -3,7 +3,7 @@
 A *source* yields the rows of the input one at a time, each with a label for error messages
 (``path:line`` for a file, ``rows[i]`` for in-memory rows) and its canonical text (the raw line;
 for in-memory rows, JSON with sorted keys). Sources are re-iterable: orderings that need several
-passes read the input again rather than buffering rows (protocol.md section 5).
+passes read the input again rather than buffering rows (docs/protocol.md section 5).
 
 Task identity (`TaskTable`): a row that carries ``_ng_task_index`` keeps it; otherwise identical
 rows are one task, keyed by a 16-byte blake2b digest of the canonical text. Memory is one digest

@@ -15,7 +15,7 @@ five questions, and nothing else:
   ``_ng_result_type``; ``agent_server`` the agent it binds; ``resources_server`` its verifier);
   raises `DeploymentError` when there is none of that name.
 
-Rules (protocol.md sections 3 and 5, NeMo Gym 0.7.0), for a flat row whose agent is
+Rules (docs/protocol.md sections 3 and 5, NeMo Gym 0.7.0), for a flat row whose agent is
 ``agent_ref.name``:
 
 1. ``fan_out[row agent]``, else ``fan_out[task_source]``: the row runs once per listed agent.

@@ -53,7 +53,7 @@ its pool, and the writer hands it back to that pool (`Pool.deliver`) once the po
   (`Collector.unrecorded`) and logged by the collector.
 
 Rejected alternatives: one pool shared by every batch, each rollout under a cancel scope of its
-batch. A scope per rollout costs 8-10 us (design.md), and a pool per batch gets the same
+batch. A scope per rollout costs 8-10 us (docs/design.md), and a pool per batch gets the same
 isolation from the nursery Trio gives every task group, at no cost per rollout. For the
 numbers: the feeder reserving each batch before lending it (what this replaced: one write per
 256 rows, but a kill spent every queued row's number, so rollouts sent once landed as attempt

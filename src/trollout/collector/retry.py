@@ -1,7 +1,7 @@
 """What may be re-sent, when, and how often: one retry policy for every signal.
 
 Design note. A request's result is one of four signals, and each has one rule. The rules are
-this table (README.md "Retries and outages" and docs/ say the same in a user's words):
+this table (docs/retry-policy.md says the same in a user's words):
 
     signal                          re-sent                        wait before       breaker  budget
     ------------------------------  -----------------------------  ----------------  -------  ------

@@ -4,7 +4,7 @@ Prompt (``prompt_config``, `prompts`): a template builds ``responses_create_para
 first, from the row as given, held to the input line limit; everything below applies to the row
 it built.
 
-Seeds (protocol.md section 5, item 6). With ``num_repeats_add_seed`` (true, or per agent:
+Seeds (docs/protocol.md section 5, item 6). With ``num_repeats_add_seed`` (true, or per agent:
 ``{agent: true, _default: false}``, the dispatched agent's entry else ``_default``), each rollout's
 ``responses_create_params.metadata.extra_body`` becomes a JSON *string* holding ``seed``; an
 existing extra_body (an object, or a string holding one) is kept and extended, its ``seed``
@@ -34,7 +34,7 @@ are dataset fields already on the body; the `Identity` reads them from there, an
 of the rollout carries them (``_ng_task_id`` and the provenance keys at the top level).
 
 Stale collector keys: every ``_ng_*`` key of an input row is dropped except ``_ng_task_index``,
-``_ng_rollout_id`` (protocol.md section 2) and ``_ng_run_id`` (it names the run prefix of a
+``_ng_rollout_id`` (docs/protocol.md section 2) and ``_ng_run_id`` (it names the run prefix of a
 returned row's rollout id, which a driver's next batch replaces rather than nests), so an
 earlier run's failure sentinels, attempt numbers or ``_ng_no_persist`` never reach a server.
 Top-level ``reward`` and ``response`` are dataset fields like any other and are kept, *except*

@@ -1,7 +1,7 @@
 """The deployment config as a head server serves it: only the values trollout reads, resolved.
 
-A head server serves its merged config before OmegaConf resolves it (protocol.md section 1), so a
-real config holds ``${policy_base_url}``, ``${oc.env:VAR,default}`` and the like, mostly in
+A head server serves its merged config before OmegaConf resolves it (docs/protocol.md section
+1), so a real config holds ``${policy_base_url}``, ``${oc.env:VAR,default}`` and the like, mostly in
 model-server blocks trollout never reads. `parse_servers` builds the `Server` records from it:
 
 - Servers are found on the unresolved structure, by keys only: a top-level value is a server

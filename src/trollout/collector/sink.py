@@ -1,8 +1,8 @@
 """What the engine writes outcomes to: the `OutcomeSink` protocol.
 
-The collector never imports recovery (design.md): the engine's single writer task hands each
-batch of settled outcomes to a sink it was given. `recovery.store.RunStore` is the sink the CLI
-uses; an embedding driver may pass its own (a list, a channel, a database).
+The collector never imports recovery (docs/architecture.md): the engine's single writer task
+hands each batch of settled outcomes to a sink it was given. `recovery.store.RunStore` is the
+sink the CLI uses; an embedding driver may pass its own (a list, a channel, a database).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 settles) and by `RunTimer.run_queue_sampler`, which reads vLLM's Prometheus gauges
 ``vllm:num_requests_waiting`` and ``vllm:num_requests_running`` from every
 ``server_queue_metrics_urls`` entry and sums them over servers. `RunTimer.report` compares the
-run with the healthy bounds of protocol.md section 9 and returns a `RunTimingReport`, whose
+run with the healthy bounds of docs/protocol.md section 9 and returns a `RunTimingReport`, whose
 `render` is what the CLI prints at the end, every ``timing_summary_interval_s`` and on SIGTERM.
 The report is diagnostic: nothing here ever stops a run. The report's records live in
 `timing_report` and the sampling in `queues`; both are re-exported here.
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 MIN_FINISHED_FOR_STRAGGLERS: Final = 5  # no p90 worth comparing against before this
-_PRODUCER_TIMEOUT: Final = "timeout_exceeded"  # a producer's own per-rollout limit (protocol.md 2)
+_PRODUCER_TIMEOUT: Final = "timeout_exceeded"  # a producer's own limit (docs/protocol.md 2)
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -64,7 +64,7 @@ def percentile(ordered: Sequence[float], q: float) -> float:
 
 @frozen(kw_only=True)
 class TimingBounds:
-    """The healthy bounds a run is compared with (protocol.md section 9)."""
+    """The healthy bounds a run is compared with (docs/protocol.md section 9)."""
 
     rollout_timeout_s: float | None = None
     dispatch_start_report_within_s: float | None = None

@@ -1,7 +1,7 @@
 """When new rollouts may start: the dispatch budget and the drain margin.
 
-protocol.md section 9: new rollouts may start only during ``dispatch_budget_s`` seconds from the
-start of dispatch (0 means the budget is already spent). The check is made after a worker took a
+docs/protocol.md section 9: new rollouts may start only during ``dispatch_budget_s`` seconds from
+the start of dispatch (0 means the budget is already spent). The check is made after a worker took a
 concurrency slot, just before sending, so a rollout that waited for a slot past the deadline is
 drained rather than started late. ``drain_margin_s`` stops starting sooner, when less than the
 margin remains; by default, once 5 rollouts have finished, the margin is the p75 of their

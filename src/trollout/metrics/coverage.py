@@ -1,6 +1,6 @@
 """What a score covers: the latest failure of each rollout, imputed zeros, the coverage report.
 
-Rules (protocol.md section 8):
+Rules (docs/protocol.md section 8):
 
 - Per rollout the **latest** sidecar row stands, across classes: latest by attempt index, then by
   position (shard order, then line). A row for a never-started (drained) attempt does not
@@ -140,7 +140,7 @@ class FailureLedger:
     ) -> bool:
         """Whether a rollout whose latest row is ``mark`` is done without landing.
 
-        As resume decides (protocol.md section 8): terminal (a timeout is retried under
+        As resume decides (docs/protocol.md section 8): terminal (a timeout is retried under
         ``retry_timeouts``), marked ``_ng_failure_counts_as_zero``, or ``cap`` attempts spent.
         """
         if mark.failure_class == OMITTED:

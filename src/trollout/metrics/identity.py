@@ -1,6 +1,6 @@
 """A rollout's identity across runs: what it ran, not where a run numbered it.
 
-Each run numbers its tasks from 0 (protocol.md section 8), so ``(group, task, rollout)`` names
+Each run numbers its tasks from 0 (docs/protocol.md section 8), so ``(group, task, rollout)`` names
 a rollout only inside one run folder: two chunks of a dataset collected by separate runs both
 have a task 0, and they are different tasks. Across shards a task is therefore known by its
 *content*, and its metrics group. Two rows are the same rollout when their tasks have the same

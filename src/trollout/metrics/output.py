@@ -1,6 +1,6 @@
 """``<stem>_aggregate_metrics.json``: NeMo Gym's list shape, written as a stream.
 
-One entry per group (protocol.md section 4)::
+One entry per group (docs/protocol.md section 4)::
 
     {"agent_ref": {"name": ...}, "_ng_environment_server": ...,   # the latter when known
      "agent_metrics": {...}, "key_metrics": {...}, "group_level_metrics": [...],

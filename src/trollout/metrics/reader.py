@@ -154,7 +154,7 @@ def group_key(row: Mapping[str, Any]) -> GroupKey:
 
 
 def reduce_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """Return a row as ``/aggregate_metrics`` takes it (protocol.md section 4)."""
+    """Return a row as ``/aggregate_metrics`` takes it (docs/protocol.md section 4)."""
     out = {
         k: v for k, v in row.items() if k != "responses_create_params" and not k.startswith("ng_")
     }

@@ -1,4 +1,4 @@
-"""The file names of a run folder (protocol.md section 7), in one place.
+"""The file names of a run folder (docs/protocol.md section 7), in one place.
 
 With ``O`` the output path and ``stem`` its name without ``.jsonl``, every file of a run sits
 beside ``O``. Nothing else in trollout spells these names; the store, resume, status and
@@ -14,7 +14,7 @@ from attrs import frozen
 
 __all__ = ["AUXILIARY_SUFFIXES", "RunLayout", "is_auxiliary"]
 
-# Stems ending in these are siblings, never shards (protocol.md section 8).
+# Stems ending in these are siblings, never shards (docs/protocol.md section 8).
 AUXILIARY_SUFFIXES = ("_failures", "_materialized_inputs", "_attempts")
 
 

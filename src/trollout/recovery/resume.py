@@ -1,7 +1,7 @@
 """Resume: decide from the run folder alone what is done and what to dispatch next.
 
 `scan_run` reads the materialized inputs, the rollouts file, the failures sidecar and the
-attempt ledger (protocol.md section 8) and sorts every materialized rollout into one `Fate`:
+attempt ledger (docs/protocol.md section 8) and sorts every materialized rollout into one `Fate`:
 
 - ``LANDED``: a row in the rollouts file.
 - ``TERMINAL``: its latest failure says ``_ng_failure_terminal`` (a producer's
@@ -105,7 +105,7 @@ class Resubmit:
 
 @frozen
 class ResumeRules:
-    """How to decide: the attempt cap and the options of protocol.md section 8."""
+    """How to decide: the attempt cap and the options of docs/protocol.md section 8."""
 
     max_attempts: int = 3
     retry_terminal_timeouts: bool = False

@@ -11,7 +11,7 @@ In a subprocess (any caller)::
         urls.head_url
 
 or ``python -m trollout.testing serve --spec fixtures/demo_deployment.yaml``. It speaks
-protocol.md sections 1 to 4: episode environment servers (`EpisodeServerSpec`, `episodes`)
+docs/protocol.md sections 1 to 4: episode environment servers (`EpisodeServerSpec`, `episodes`)
 answer materialized task rows (`episode_task_rows`). Faults are scripted per request (`Fault`,
 `FaultPlan`, a row's ``fake_fault`` field, or the fault hook: a callable given the request's
 `FaultContext`, its index within its attempt included; `FaultScript` is the hook as a file,

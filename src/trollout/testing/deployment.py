@@ -156,7 +156,7 @@ def _episode_blocks(spec: DeploymentSpec, ports: Mapping[str, int]) -> dict[str,
 
 
 def build_config(spec: DeploymentSpec, ports: Mapping[str, int]) -> dict[str, Any]:
-    """Return the merged deployment config the head server hands out (protocol.md section 1).
+    """Return the merged deployment config the head server hands out (docs/protocol.md section 1).
 
     Like a real NeMo Gym head server's, it is served before OmegaConf resolves it: the model
     server block reads its URL, key (`FAKE_API_KEY`, the top-level ``policy_api_key``) and model

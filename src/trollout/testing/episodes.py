@@ -1,4 +1,4 @@
-"""How the fake's episode environment servers answer an episode request (protocol.md section 3).
+"""How the fake's episode environment servers answer an episode (docs/protocol.md section 3).
 
 An episode request is exactly ``{"episode_id": {"rollout_id", "attempt"}, "task": {"task_id":
 {"taskset", "task_id"}, "task_input"}}``. It is validated as NeMo Gym's episode models do (every

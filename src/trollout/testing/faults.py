@@ -18,7 +18,7 @@ order, by:
    and legacy environment servers): a pure function of (task, rollout, attempt), so a test can
    compute exactly which rollouts got which fault by calling `FaultPlan.fault_for` itself.
 
-The ``episode_*`` kinds are how an episode environment server (protocol.md section 3) answers
+The ``episode_*`` kinds are how an episode environment server (docs/protocol.md section 3) answers
 or misbehaves; only episode servers apply them. `EPISODE_VARIANTS` lists each one's
 ``variant`` values.
 
@@ -76,7 +76,7 @@ class FaultKind(enum.Enum):
     NO_PERSIST = "no_persist"  # 200 with `_ng_no_persist: true` (kill-shaped)
     JUDGE_FAILED = "judge_failed"  # 200, reward 0.0, masked, `_ng_failure_class: judge_failed`
     MASKED = "masked"  # 200 success with `mask_sample: true` and a failure_kind
-    # Episode servers only (protocol.md section 3):
+    # Episode servers only (docs/protocol.md section 3):
     EPISODE_FAILURE = "episode_failure"  # a `failure` (terminal, failure_kind, stage, partial)
     EPISODE_SHAPE = "episode_shape"  # a reply of another shape (`variant`)
     EPISODE_COLLECTOR_KEYS = "episode_collector_keys"  # a result using collector keys (`variant`)

@@ -7,7 +7,7 @@ A spec is loaded from YAML (see fixtures/demo_deployment.yaml) or built in code:
 Every agent gets an agent server, a resources server and (generation "0.7.0") an environment
 server fronting it; all agents share one model server that exposes vLLM-style ``/metrics``.
 
-Episode environment servers (protocol.md section 3) come in addition, in any generation: each
+Episode environment servers (docs/protocol.md section 3) come in addition, in any generation: each
 answers the materialized task rows of its ``tasksets`` (`DeploymentSpec.routes`, what a run
 passes as ``environment_server_routes``) and may bind one of the agents::
 
