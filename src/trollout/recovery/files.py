@@ -20,6 +20,10 @@ after the rename can leave an empty or absent file where the old one was, so no 
 them. Rejected alternatives: a copy per module (four existed, three without fsync, with
 pid-named temp files the next run's cleanup did not recognise); a leaf module for it, which
 nothing needs: every writer of whole files already imports `recovery`.
+
+One refusal of links, likewise: `check_replaceable` is the rule for every path trollout is about
+to write, a file (run files, ``sbatch --script``) or a folder it writes into (the shards folder):
+absent, or what trollout would have made there, never a symlink.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -46,6 +51,7 @@ __all__ = [
     "AtomicFile",
     "Stopped",
     "atomic_write",
+    "check_replaceable",
     "folder_error",
     "format_bytes",
     "free_space_text",
@@ -211,6 +217,60 @@ def replace_atomically(
     with atomic_write(path, before_replace=before_replace) as f:
         for chunk in chunks:
             f.write(chunk)
+
+
+_KINDS = (
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_replaceable(path: Path, what: str, instead: str, *, folder: bool = False) -> bool:
+    """Refuse to write ``path`` unless it is absent or what trollout makes there; return whether
+    it exists.
+
+    The one rule for every path trollout writes, run files and others (``sbatch --script``, the
+    shards folder): never through a symlink, never over a device, FIFO, socket or (for a file)
+    a directory, or (for a ``folder``) a file.
+
+    Args:
+        path: the file about to be written or replaced, or the folder about to be written into.
+        what: how messages name it (``"the run file"``).
+        instead: what to choose instead (``"another output file (-o)"``).
+        folder: ``path`` is a folder trollout writes into, not a file it replaces.
+
+    Raises:
+        RunFolderError: naming the path, what it is, and the remedy.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise RunFolderError(
+            f"cannot inspect {what} {str(path)!r}: {exc.strerror}; check the folder's permissions"
+        ) from exc
+    if stat.S_ISLNK(mode):
+        raise RunFolderError(
+            f"{what} {str(path)!r} is a symlink; trollout never writes through links (one could "
+            f"point outside the run folder); remove the link, or choose {instead}"
+        )
+    expected, made, fate = (
+        (stat.S_ISDIR, "a directory", "written into")
+        if folder
+        else (stat.S_ISREG, "a regular file", "replaced")
+    )
+    if not expected(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), f"not {made}")
+        raise RunFolderError(
+            f"{what} {str(path)!r} is {kind}, not {made} trollout made; it would be {fate}; "
+            f"choose {instead}"
+        )
+    return True
 
 
 def write_materialized(
