@@ -20,7 +20,7 @@ from endless_reply import endless_reply_server
 from trollout.telemetry.otlp_session import (
     MAX_TELEMETRY_REPLY_BYTES,
     TRACES_CREDENTIAL_VAR,
-    TelemetryReplyTooLarge,
+    TelemetryReplyTooLargeError,
     otlp_session,
 )
 from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment
@@ -42,7 +42,7 @@ def test_otlp_session_stops_reading_at_its_bound() -> None:
     with endless_reply_server(TOTAL) as (url, replies):
         with requests.Session() as plain, otlp_session(TRACES_CREDENTIAL_VAR) as session:
             assert type(session) is type(plain)
-            with pytest.raises(TelemetryReplyTooLarge) as caught:
+            with pytest.raises(TelemetryReplyTooLargeError) as caught:
                 session.post(f"{url}/v1/traces?k=s3cret", data=b"\x00", timeout=30)
         [(sent, left)] = replies.wait_for_replies(1)
     assert left

@@ -56,7 +56,7 @@ Errors are httpx's exception types, so httpx callers and the hot path share one 
 `httpx.ConnectError` / `httpx.ConnectTimeout` mean the request never left (`Delivery.NOT_SENT`),
 as does `httpx.LocalProtocolError` (a request that cannot be encoded is never sent); write and
 read failures mean it may have been delivered. Failures after the response's status line arrived
-are the `ResponseBegan` subclasses: the server certainly got the request (`Delivery.DELIVERED`)
+are the `ResponseBeganError` subclasses: the server certainly got the request (`Delivery.DELIVERED`)
 and a retry is never allowed.
 """
 
@@ -86,7 +86,7 @@ from .replies import (
     RawResponse,
     ReplyTimeout,
     ReplyTooLargeError,
-    ResponseBegan,
+    ResponseBeganError,
     began,
     delivery_of,
     response_began,
@@ -107,7 +107,7 @@ __all__ = [
     "RawResponse",
     "ReplyTimeout",
     "ReplyTooLargeError",
-    "ResponseBegan",
+    "ResponseBeganError",
     "delivery_of",
     "read_bounded",
     "response_began",
@@ -281,7 +281,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
             httpx.ConnectError, httpx.ConnectTimeout: the request was never sent.
             httpx.LocalProtocolError: `content_type` cannot be a header value (never sent).
             httpx.WriteError, httpx.WriteTimeout, httpx.ReadError, httpx.ReadTimeout,
-            httpx.RemoteProtocolError: it may have been delivered (`ResponseBegan` subclasses:
+            httpx.RemoteProtocolError: it may have been delivered (`ResponseBeganError` subclasses:
                 it was). `ReplyTimeout` is a ReadTimeout (the whole exchange took too long);
                 `ReplyTooLargeError` and `ContentDecodingError` are RemoteProtocolErrors.
 

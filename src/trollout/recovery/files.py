@@ -49,7 +49,7 @@ __all__ = [
     "REMEDY",
     "Appender",
     "AtomicFile",
-    "Stopped",
+    "WriteStoppedError",
     "atomic_write",
     "check_replaceable",
     "folder_error",
@@ -69,7 +69,7 @@ _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 _TEMP_SUFFIX = re.compile(r"\.[0-9a-f]{8}\.tmp")
 
 
-class Stopped(Exception):
+class WriteStoppedError(Exception):
     """A whole-file write was asked to stop (its caller was cancelled); nothing was replaced."""
 
 
@@ -191,7 +191,7 @@ def atomic_write(
 ) -> Iterator[IO[bytes]]:
     """Yield a file object whose content replaces ``path`` atomically when the block ends.
 
-    An error in the block (`Stopped` included) discards the new content; see `AtomicFile`.
+    An error in the block (`WriteStoppedError` included) discards the new content; see `AtomicFile`.
     """
     new = AtomicFile(path)
     try:
@@ -207,7 +207,7 @@ def replace_atomically(
 ) -> None:
     """Replace ``path`` with ``chunks``: temp file beside it, fsync, rename, fsync the folder.
 
-    Any error (`Stopped` included) removes the temp file and leaves ``path`` as it was.
+    Any error (`WriteStoppedError` included) removes the temp file and leaves ``path`` as it was.
 
     Args:
         path: the file to replace (see `AtomicFile`).
@@ -286,7 +286,7 @@ def write_materialized(
         path: the materialized-inputs file.
         rows: the rows, or their bodies (what the file holds), consumed once.
         stop: when set (by a cancelled caller in another thread), the write stops at the next
-            row with `Stopped` and removes its temp file.
+            row with `WriteStoppedError` and removes its temp file.
         before_replace: as for `replace_atomically`.
     """
     count = 0
@@ -295,7 +295,7 @@ def write_materialized(
         nonlocal count
         for row in rows:
             if stop is not None and count % 256 == 0 and stop.is_set():
-                raise Stopped(f"writing {str(path)!r} was stopped")
+                raise WriteStoppedError(f"writing {str(path)!r} was stopped")
             count += 1
             body = row.body if isinstance(row, MaterializedRow) else row  # as written, not copied
             yield jsonl.dumps(body if type(body) is dict else dict(body))
