@@ -16,6 +16,15 @@ def test_public_api_exports_exist() -> None:
     assert missing == []
 
 
+def test_the_transport_has_one_name() -> None:
+    """`Http11Transport` only: the alias from when it was h11 (`H11Transport`) is gone."""
+    from trollout.collector import transport
+
+    assert "Http11Transport" in trollout.__all__
+    assert not hasattr(trollout, "H11Transport")
+    assert not hasattr(transport, "H11Transport")
+
+
 async def test_public_api_embedding_driver_collects_over_loopback(tmp_path: Any) -> None:
     """A driver plans rows in memory and collects them with the public API alone."""
     rows = [

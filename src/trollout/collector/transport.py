@@ -3,8 +3,7 @@
 `Http11Transport` is the one HTTP client of the hot path. The engine calls its `post` directly
 (no httpx client layer: no URL objects, no header models, no event hooks), and every other
 caller wraps it as ``httpx.AsyncClient(transport=Http11Transport(...))``. The wire format is
-`http11`'s codec, our own strict HTTP/1.1 (http11.py says why it is not h11); `H11Transport`,
-the class's name from when it was h11, remains an alias.
+`http11`'s codec, our own strict HTTP/1.1 (http11.py says why it is not h11).
 
 Design note. Idle connections live in one list per ``(scheme, host, port)``: a request pops the
 most recently used one and a finished exchange appends it back, so checkout and checkin are O(1)
@@ -101,7 +100,6 @@ __all__ = [
     "BodyReplyTimeout",
     "BoundedReply",
     "ContentDecodingError",
-    "H11Transport",
     "Http11Transport",
     "PostTransport",
     "RawResponse",
@@ -459,10 +457,6 @@ class Http11Transport(httpx.AsyncBaseTransport):
             f"connecting to {public_url(url)} took longer than "
             f"connect_timeout_s={self._connect_timeout_s}"
         )
-
-
-H11Transport = Http11Transport
-"""The former name of `Http11Transport` (kept so existing code keeps working)."""
 
 
 @frozen
