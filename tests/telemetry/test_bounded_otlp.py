@@ -9,7 +9,6 @@ error.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,17 +22,10 @@ from trollout.telemetry.otlp_session import (
     TelemetryReplyTooLargeError,
     otlp_session,
 )
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment
+from trollout.testing import FakeUrls
 
 MIB = 1024 * 1024
 TOTAL = 64 * MIB
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment in its own process."""
-    with spawn_fake_deployment(DeploymentSpec(agents=(AgentSpec(name="math_agent"),))) as urls:
-        yield urls
 
 
 def test_otlp_session_stops_reading_at_its_bound() -> None:
