@@ -1,4 +1,4 @@
-"""Measure client CPU per request: H11Transport.post versus httpx.AsyncClient on Trio.
+"""Measure client CPU per request: Http11Transport.post versus httpx.AsyncClient on Trio.
 
 A minimal keep-alive HTTP/1.1 server (a raw asyncio Protocol) runs in a separate process, so the
 client process's ``time.process_time`` (user + system) counts only the client's own work. For
@@ -6,7 +6,7 @@ each client and each concurrency, ``--requests`` POSTs of a small JSON body are 
 many Trio tasks (after a warm-up that opens the connections), and the CPU time per request is
 printed.
 
-Clients: ``h11`` is `H11Transport.post` (the name is historical: it now runs trollout's own
+Clients: ``h11`` is `Http11Transport.post` (the key is historical: it runs trollout's own
 codec, collector/http11.py); ``httpx`` is ``httpx.AsyncClient`` with its default transport
 (httpcore), given ``Limits(max_connections=concurrency)`` so that neither client queues for a
 connection; ``bare`` is one h11 connection per task in a plain loop, no pool, no timeouts, no
@@ -33,7 +33,7 @@ import httpx
 import orjson
 import trio
 
-from trollout.collector.transport import H11Transport
+from trollout.collector.transport import Http11Transport
 
 _REPLY = orjson.dumps({"responses_create_params": {"input": []}, "response": {}, "reward": 1.0})
 _RESPONSE = (
@@ -153,7 +153,7 @@ async def _measure(client: str, url: str, concurrency: int, requests: int) -> tu
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         return cpu * 1000 / requests, requests / wall
     if client == "h11":
-        async with H11Transport(connect_timeout_s=10, read_timeout_s=60) as transport:
+        async with Http11Transport(connect_timeout_s=10, read_timeout_s=60) as transport:
 
             async def post() -> None:
                 response = await transport.post(url, _BODY)
@@ -183,7 +183,7 @@ async def _timed(
 _NAMES = {
     "raw": "raw socket loop",
     "bare": "bare h11 loop",
-    "h11": "H11Transport.post",
+    "h11": "Http11Transport.post",
     "httpx": "httpx.AsyncClient",
 }
 

@@ -1,4 +1,10 @@
-"""Shared fixtures: hypothesis profiles and small builders."""
+"""Shared fixtures: hypothesis profiles, the fake deployment, and small builders.
+
+`fake` is the one fixture for the bundled fake deployment in its own process, one per module.
+It serves `fake_spec` (one agent, ``math_agent``); a module whose deployment differs overrides
+`fake_spec` alone, so what differs is stated there and nowhere else. Fixtures that differ in
+kind (one deployment per test, one following a fault script) have names of their own.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment
 
 settings.register_profile(
     "ci", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -25,3 +33,16 @@ def listener() -> Iterator[socket.socket]:
     sock.setblocking(False)
     yield sock
     sock.close()
+
+
+@pytest.fixture(scope="module")
+def fake_spec() -> DeploymentSpec:
+    """The deployment `fake` serves: one agent, ``math_agent`` (a module overrides this)."""
+    return DeploymentSpec(agents=(AgentSpec(name="math_agent"),))
+
+
+@pytest.fixture(scope="module")
+def fake(fake_spec: DeploymentSpec) -> Iterator[FakeUrls]:
+    """The fake deployment serving `fake_spec` in its own process, shared by a module's tests."""
+    with spawn_fake_deployment(fake_spec) as urls:
+        yield urls

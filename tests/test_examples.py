@@ -4,32 +4,29 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from builders import HANG_GUARD_S, invoke, read_jsonl
 from trollout.recovery.layout import RunLayout
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, Latency, spawn_fake_deployment
+from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, Latency
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """The bundled fake in its own process, shared by the examples.
+def fake_spec() -> DeploymentSpec:
+    """Unlike the shared fake's: replies take 0-300 ms, hashed per rollout.
 
-    Replies take 0-300 ms, hashed per rollout: in the examples' batches of 8 tasks x 4 the 29th
-    reply comes 25 ms before the 30th, so a batch left at 90 % has stragglers to cancel however
-    the rollouts are scheduled. With instant replies every rollout of a small batch could land
-    before its consumer reads the 29th, leaving resume nothing to finish.
+    In the examples' batches of 8 tasks x 4 the 29th reply comes 25 ms before the 30th, so a
+    batch left at 90 % has stragglers to cancel however the rollouts are scheduled. With
+    instant replies every rollout of a small batch could land before its consumer reads the
+    29th, leaving resume nothing to finish.
     """
-    spec = DeploymentSpec(
+    return DeploymentSpec(
         agents=(AgentSpec(name="math_agent"),), latency=Latency(jitter_s=0.3, seed=19)
     )
-    with spawn_fake_deployment(spec) as urls:
-        yield urls
 
 
 def run_example(name: str, *args: str) -> str:

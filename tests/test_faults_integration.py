@@ -23,7 +23,7 @@ from trollout.collector.engine import open_collector
 from trollout.collector.retry import RetryPolicy, RetryState
 from trollout.collector.sink import ListSink
 from trollout.collector.timing import RunTimer, TimingBounds
-from trollout.collector.transport import H11Transport
+from trollout.collector.transport import Http11Transport
 from trollout.config import RunConfig
 from trollout.records import Delivery, Failed, Landed, MaterializedRow
 from trollout.testing import (
@@ -236,7 +236,7 @@ async def busy_deployment(hanging: int) -> AsyncIterator[str]:
             all_in.set()
         return Fault(kind="hang")
 
-    transport = H11Transport(connect_timeout_s=2, read_timeout_s=30)
+    transport = Http11Transport(connect_timeout_s=2, read_timeout_s=30)
     async with (
         open_fake_deployment(QUEUED, fault_fn=hang) as fake,
         httpx.AsyncClient(transport=transport) as client,
@@ -254,7 +254,7 @@ async def test_timing_report_sums_vllm_queues_over_servers() -> None:
     """The sampler sums waiting/running over two model servers; the report warns on the ratio."""
     timer = RunTimer(TimingBounds(server_queue_max_waiting_ratio=1.0), expected=5)
     async with busy_deployment(3) as first, busy_deployment(2) as second:
-        transport = H11Transport(connect_timeout_s=2, read_timeout_s=2)
+        transport = Http11Transport(connect_timeout_s=2, read_timeout_s=2)
         async with httpx.AsyncClient(transport=transport) as client, trio.open_nursery() as n:
             await n.start(timer.run_queue_sampler, client, [first, second], 0.2)
             await wait_until(lambda: len(timer.samples) >= 2, "two queue samples")

@@ -32,7 +32,7 @@ from .collector.engine import Collector, open_collector, url_resolver
 from .collector.plan import Plan, plan_rollouts, plan_rows
 from .collector.progress import Progress
 from .collector.sink import ListSink, OutcomeSink
-from .collector.transport import H11Transport, Http11Transport, PostTransport, RawResponse
+from .collector.transport import Http11Transport, PostTransport, RawResponse
 from .config import FsyncPolicy, RunConfig, SeedMode, load_config
 from .driver.rollouts import Rollouts, open_rollouts
 from .errors import (
@@ -98,7 +98,6 @@ __all__ = [
     "Failed",
     "FailureClass",
     "FsyncPolicy",
-    "H11Transport",
     "Http11Transport",
     "Identity",
     "InputError",

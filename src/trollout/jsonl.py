@@ -185,7 +185,7 @@ def wide_integer_problem(line: bytes) -> str | None:
         return None
     try:
         json.loads(line, parse_int=_int64)
-    except _WideInt as exc:
+    except _WideIntError as exc:
         shown = exc.text if len(exc.text) <= 40 else exc.text[:40] + "..."
         return (
             f"integer {shown} is outside the 64-bit range (-2**63 to 2**64-1) and would not be "
@@ -194,18 +194,18 @@ def wide_integer_problem(line: bytes) -> str | None:
     return None
 
 
-class _WideInt(Exception):
+class _WideIntError(Exception):
     def __init__(self, text: str) -> None:
         self.text = text
 
 
 def _int64(text: str) -> int:
-    """Parse an integer literal of the range orjson keeps exact, or raise `_WideInt`."""
+    """Parse an integer literal of the range orjson keeps exact, or raise `_WideIntError`."""
     if len(text) > 20:  # 2**64 - 1 has 20 digits, -2**63 has 19 and a sign
-        raise _WideInt(text)
+        raise _WideIntError(text)
     value = int(text)
     if not _INT_MIN <= value <= _INT_MAX:
-        raise _WideInt(text)
+        raise _WideIntError(text)
     return value
 
 

@@ -20,15 +20,14 @@ import pytest
 
 from builders import HANG_GUARD_S, cli_command, read_jsonl, write_tasks_input
 from trollout import jsonl
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment
+from trollout.testing import DeploymentSpec, FakeUrls, spawn_fake_deployment
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment in its own process; faults come from each row's ``fake_fault``. One
-    per test: the fake numbers requests per rollout for the whole of its life."""
-    spec = DeploymentSpec(agents=(AgentSpec(name="math_agent"),))
-    with spawn_fake_deployment(spec) as urls:
+def fake_per_test(fake_spec: DeploymentSpec) -> Iterator[FakeUrls]:
+    """Unlike the shared `fake` (one per module): one per test, since the fake numbers requests
+    per rollout for the whole of its life. Faults come from each row's ``fake_fault``."""
+    with spawn_fake_deployment(fake_spec) as urls:
         yield urls
 
 
@@ -105,16 +104,16 @@ def test_a_dead_port_stops_the_run_in_one_line_and_loses_nothing(tmp_path: Path)
 
 
 def test_429_forever_fails_each_rollout_after_a_bounded_number_of_requests(
-    fake: FakeUrls, tmp_path: Path
+    fake_per_test: FakeUrls, tmp_path: Path
 ) -> None:
     """Every request answered 429 (no Retry-After): each rollout fails http_429 after at most
     1 + 3 requests, and the run ends on its own, exit 0."""
-    before = received(fake)["/run"]
+    before = received(fake_per_test)["/run"]
     done, output = collect(
         tmp_path,
         40,
         "--head-server",
-        fake.head_url,
+        fake_per_test.head_url,
         "--agent",
         "math_agent",
         "--concurrency",
@@ -123,23 +122,23 @@ def test_429_forever_fails_each_rollout_after_a_bounded_number_of_requests(
         faults={task: {"kind": "status", "status": 429} for task in range(40)},
     )
     assert done.returncode == 0, done.stderr
-    sent = received(fake)["/run"] - before
+    sent = received(fake_per_test)["/run"] - before
     assert 40 < sent <= 40 * 4
     assert failure_kinds(output) == Counter({"http_429": 40})
 
 
 def test_a_polite_server_is_waited_for_and_every_rollout_lands(
-    fake: FakeUrls, tmp_path: Path
+    fake_per_test: FakeUrls, tmp_path: Path
 ) -> None:
     """16 rollouts, each answered 429 + Retry-After: 0.05 twice, then 200: all 16 land, no
     failure row, the server took exactly 48 requests."""
     polite = {"kind": "status", "status": 429, "retry_after": 0.05, "requests": [0, 1]}
-    before = received(fake)["/run"]
+    before = received(fake_per_test)["/run"]
     done, output = collect(
         tmp_path,
         16,
         "--head-server",
-        fake.head_url,
+        fake_per_test.head_url,
         "--agent",
         "math_agent",
         "--concurrency",
@@ -149,11 +148,13 @@ def test_a_polite_server_is_waited_for_and_every_rollout_lands(
     assert done.returncode == 0, done.stderr
     assert len(read_jsonl(output)) == 16
     assert failure_kinds(output) == Counter()
-    assert received(fake)["/run"] - before == 48
+    assert received(fake_per_test)["/run"] - before == 48
     assert "retries 32" in done.stdout
 
 
-def test_a_mixed_fault_day_ends_with_every_rollout_settled(fake: FakeUrls, tmp_path: Path) -> None:
+def test_a_mixed_fault_day_ends_with_every_rollout_settled(
+    fake_per_test: FakeUrls, tmp_path: Path
+) -> None:
     """20 tasks x 3 repeats: 503 on a first request (retried, lands), 500, a reset after the
     request, a body that is not JSON, in the issue's shares: every rollout lands or fails typed,
     exit 0; the 503s all land."""
@@ -168,7 +169,7 @@ def test_a_mixed_fault_day_ends_with_every_rollout_settled(fake: FakeUrls, tmp_p
         tmp_path,
         20,
         "--head-server",
-        fake.head_url,
+        fake_per_test.head_url,
         "--agent",
         "math_agent",
         "--num-repeats",

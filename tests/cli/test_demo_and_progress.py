@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from click.testing import CliRunner
 
+import trollout
 from builders import materialized_rows, read_jsonl
 from trollout.cli.main import cli
 from trollout.cli.progress import ProgressReporter, format_duration
@@ -52,6 +54,31 @@ def test_demo_collects_the_example_dataset_and_prints_metrics(tmp_path: Path) ->
     assert {row["_ng_environment_server"] for row in episodes} == {"puzzle_environment_server"}
     landed = read_jsonl(out)
     assert any(row.get("_ng_task_id", {}).get("taskset") == "puzzles" for row in landed)
+
+
+def test_demo_runs_from_any_directory_with_its_bundled_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``trollout demo`` with no arguments, run from a folder that is not the repository: the
+    dataset and the spec are the package's own; the output goes under this folder."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["demo", "--progress", "plain"])
+    assert result.exit_code == 0, result.output + result.stderr
+    status = json.loads((tmp_path / "runs" / "demo" / "rollouts_batch_status.json").read_text())
+    assert (status["expected"], status["finished"]) == (192, True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
+def test_demo_files_are_package_data() -> None:
+    """The bundled files live in the package (shipped by pyproject.toml's package-data), and
+    the repository's fixtures/ names the same files."""
+    bundled = Path(trollout.__file__).parent / "testing" / "demo"
+    for name in ("example_tasks.jsonl", "demo_deployment.yaml"):
+        assert (bundled / name).is_file()
+        assert (FIXTURES / name).resolve() == (bundled / name).resolve()
+    assert '"testing/demo/*.yaml", "testing/demo/*.jsonl"' in (
+        FIXTURES.parent / "pyproject.toml"
+    ).read_text(encoding="utf-8")
 
 
 def test_demo_missing_spec_exits_2() -> None:

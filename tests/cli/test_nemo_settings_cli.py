@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +10,15 @@ import orjson
 import pytest
 
 from builders import invoke, read_jsonl, write_jsonl
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment
+from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls
 
 AGENTS = ("agent_a", "agent_b")
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake 0.7.0 deployment with agent_a and agent_b."""
-    spec = DeploymentSpec(agents=tuple(AgentSpec(name=a) for a in AGENTS))
-    with spawn_fake_deployment(spec) as urls:
-        yield urls
+def fake_spec() -> DeploymentSpec:
+    """Unlike the shared fake's: a fake 0.7.0 deployment with agent_a and agent_b."""
+    return DeploymentSpec(agents=tuple(AgentSpec(name=a) for a in AGENTS))
 
 
 def rows(n: int, agent: str, **extra: Any) -> list[dict[str, Any]]:

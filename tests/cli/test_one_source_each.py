@@ -9,14 +9,13 @@ against the bundled fake deployment.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from builders import invoke, read_jsonl, write_jsonl
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment
+from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls
 
 NOWHERE = "http://127.0.0.1:9"
 
@@ -157,11 +156,9 @@ def test_aggregate_output_option_and_override_together_are_refused(tmp_path: Pat
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment with agents alpha and beta."""
-    spec = DeploymentSpec(agents=(AgentSpec(name="alpha"), AgentSpec(name="beta")))
-    with spawn_fake_deployment(spec) as urls:
-        yield urls
+def fake_spec() -> DeploymentSpec:
+    """Unlike the shared fake's: agents alpha and beta."""
+    return DeploymentSpec(agents=(AgentSpec(name="alpha"), AgentSpec(name="beta")))
 
 
 def test_the_command_line_replaces_a_files_other_spelling_with_a_note(

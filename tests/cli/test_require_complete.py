@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from trollout.cli.main import cli
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment in its own process (no scripted faults: rows script their own)."""
-    with spawn_fake_deployment(DeploymentSpec(agents=(AgentSpec(name="math_agent"),))) as urls:
-        yield urls
+from trollout.testing import FakeUrls
 
 
 def write_rows(path: Path, fault: dict[str, object] | None) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +11,17 @@ from click.testing import Result
 
 from builders import invoke, without_hanging
 from trollout import jsonl
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment, task_rows
+from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, task_rows
 
-SPEC = DeploymentSpec(agents=(AgentSpec(name="math_agent"), AgentSpec(name="string_agent")))
+SPEC = DeploymentSpec(
+    agents=(AgentSpec(name="math_agent"), AgentSpec(name="string_agent")), record_runs=False
+)
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment with two agents in its own process."""
-    with spawn_fake_deployment(SPEC, record_runs=False) as urls:
-        yield urls
+def fake_spec() -> DeploymentSpec:
+    """Unlike the shared fake's: two agents, no detailed /run log (record_runs=False)."""
+    return SPEC
 
 
 def first_run(tmp_path: Path, fake: FakeUrls, *extra: str) -> tuple[Path, Path]:

@@ -8,23 +8,21 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
 from trollout import jsonl
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment, task_rows
+from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, task_rows
 
-SPEC = DeploymentSpec(agents=(AgentSpec(name="math_agent"),))
+SPEC = DeploymentSpec(agents=(AgentSpec(name="math_agent"),), record_runs=False)
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment with one agent in its own process."""
-    with spawn_fake_deployment(SPEC, record_runs=False) as urls:
-        yield urls
+def fake_spec() -> DeploymentSpec:
+    """Unlike the shared fake's: no detailed /run log (record_runs=False)."""
+    return SPEC
 
 
 def invoke(*args: str) -> Result:

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from builders import connections, invoke, read_jsonl, serve_head_config
-from trollout.testing import AgentSpec, DeploymentSpec, spawn_fake_deployment
+from trollout.testing import FakeUrls
 
 SECRET = "2130706433"  # 127.0.0.1 as one decimal number: distinctive, and it connects
 SHOWN = "${oc.env:TROLLOUT_TEST_SECRET_HOST}"
@@ -52,12 +52,10 @@ def server_blocks(cfg: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[str, dict[str, Any]]]:
-    """A fake deployment (own process) and its served config, parsed."""
-    spec = DeploymentSpec(agents=(AgentSpec(name="math_agent"),))
-    with spawn_fake_deployment(spec) as urls:
-        text = httpx.get(urls.head_url + "/global_config_dict_yaml").json()
-        yield urls.head_url, yaml.safe_load(text)
+def fake_served_config(fake: FakeUrls) -> tuple[str, dict[str, Any]]:
+    """The shared `fake`'s head URL and its served config, parsed."""
+    text = httpx.get(fake.head_url + "/global_config_dict_yaml").json()
+    return fake.head_url, yaml.safe_load(text)
 
 
 def with_hosts(cfg: dict[str, Any], host: str) -> dict[str, Any]:
@@ -98,10 +96,10 @@ def assert_nowhere(secret: str, result: Any, folder: Path) -> None:
 
 
 def test_an_environment_variable_not_allowed_is_refused_naming_key_and_setting(
-    tmp_path: Path, fake: tuple[str, dict[str, Any]], listener: socket.socket
+    tmp_path: Path, fake_served_config: tuple[str, dict[str, Any]], listener: socket.socket
 ) -> None:
     """Default: no variable is allowed; ${oc.env:X} is one line naming the key and the fix."""
-    cfg = with_hosts(fake[1], SHOWN)
+    cfg = with_hosts(fake_served_config[1], SHOWN)
     with serve_head_config(served(cfg)) as head:
         result = collect(tmp_path, head)
     assert result.exit_code == 2, result.output
@@ -119,11 +117,11 @@ def test_an_environment_variable_not_allowed_is_refused_naming_key_and_setting(
 
 
 def test_a_default_is_taken_when_the_variable_is_not_allowed(
-    tmp_path: Path, fake: tuple[str, dict[str, Any]]
+    tmp_path: Path, fake_served_config: tuple[str, dict[str, Any]]
 ) -> None:
     """${oc.env:X,default} with X set but not allowed reads as unset: the default is used."""
     secret = "sk@SECRET-4f1c9a7e2b"  # an API key: as a host it would be refused, not used
-    cfg = with_hosts(fake[1], "${oc.env:TROLLOUT_TEST_SECRET_HOST,127.0.0.1}")
+    cfg = with_hosts(fake_served_config[1], "${oc.env:TROLLOUT_TEST_SECRET_HOST,127.0.0.1}")
     with serve_head_config(served(cfg)) as head:
         result = collect(tmp_path, head, secret=secret)
     assert result.exit_code == 0, result.output
@@ -132,10 +130,10 @@ def test_a_default_is_taken_when_the_variable_is_not_allowed(
 
 
 def test_an_allowed_variable_resolves_and_its_value_is_never_shown(
-    tmp_path: Path, fake: tuple[str, dict[str, Any]]
+    tmp_path: Path, fake_served_config: tuple[str, dict[str, Any]]
 ) -> None:
     """--allow-env: the run reaches the servers through the value, and nothing shows it."""
-    cfg = with_hosts(fake[1], SHOWN)
+    cfg = with_hosts(fake_served_config[1], SHOWN)
     with serve_head_config(served(cfg)) as head:
         result = collect(tmp_path, head, "--allow-env", "TROLLOUT_TEST_SECRET_HOST")
     assert result.exit_code == 0, result.output
@@ -145,12 +143,12 @@ def test_an_allowed_variable_resolves_and_its_value_is_never_shown(
 
 
 def test_an_allowed_value_in_a_failure_is_shown_as_its_interpolation(
-    tmp_path: Path, fake: tuple[str, dict[str, Any]]
+    tmp_path: Path, fake_served_config: tuple[str, dict[str, Any]]
 ) -> None:
     """Servers that refuse connections: every failure names ${oc.env:...}, never the value."""
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))  # bound, never listening: connecting is refused
-    cfg = with_hosts(fake[1], SHOWN)
+    cfg = with_hosts(fake_served_config[1], SHOWN)
     for block in server_blocks(cfg):
         block["port"] = closed.getsockname()[1]
     try:

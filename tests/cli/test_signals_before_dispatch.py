@@ -14,25 +14,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import builders
 from trollout import jsonl
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment, task_rows
+from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, task_rows
 
 ROWS, REPEATS = 2_000, 5_000  # 10M rollouts: minutes to materialize, seconds to plan
 HANG_GUARD_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment with one agent in its own process."""
-    spec = DeploymentSpec(agents=(AgentSpec(name="math_agent"),), record_runs=False)
-    with spawn_fake_deployment(spec) as urls:
-        yield urls
+def fake_spec() -> DeploymentSpec:
+    """Unlike the shared fake's: no detailed /run log (record_runs=False)."""
+    return DeploymentSpec(agents=(AgentSpec(name="math_agent"),), record_runs=False)
 
 
 def command(source: Path, out: Path, fake: FakeUrls, *extra: str) -> list[str]:

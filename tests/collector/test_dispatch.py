@@ -16,7 +16,7 @@ import trio.testing
 
 from trollout.collector.dispatch import DispatchPolicy, check_run_url, dispatch
 from trollout.collector.retry import RetryPolicy, RetryState
-from trollout.collector.transport import H11Transport, RawResponse
+from trollout.collector.transport import Http11Transport, RawResponse
 from trollout.config import RunConfig
 from trollout.errors import ConfigError
 from trollout.records import Delivery, Failed, Identity, Landed, MaterializedRow
@@ -37,7 +37,7 @@ Handler = Callable[[trio.SocketStream], Awaitable[None]]
 Step = Handler | str  # a server for the connection, "refuse" or "hang"
 
 
-class ScriptedTransport(H11Transport):
+class ScriptedTransport(Http11Transport):
     """A transport whose successive connects follow a script; connections are socket pairs."""
 
     def __init__(self, nursery: trio.Nursery, script: list[Step], policy: DispatchPolicy) -> None:
@@ -269,7 +269,7 @@ async def test_dispatch_lets_cancellation_through(autojump_clock: trio.testing.M
 
 async def test_dispatch_refuses_https_url() -> None:
     """A URL the transport cannot speak is a ConfigError naming it, not a failed rollout."""
-    async with H11Transport(connect_timeout_s=1, read_timeout_s=1) as transport:
+    async with Http11Transport(connect_timeout_s=1, read_timeout_s=1) as transport:
         with pytest.raises(ConfigError, match="https://agent/run"):
             await dispatch(transport, "https://agent/run", ROW, 0, POLICY, rng=random.Random(0))
 

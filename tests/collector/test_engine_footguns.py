@@ -10,7 +10,7 @@ import trio
 
 from builders import HANG_GUARD_S, URLS, ScriptedTransport, materialized_row, materialized_rows
 from trollout.collector.engine import open_collector
-from trollout.collector.transport import H11Transport, RawResponse
+from trollout.collector.transport import Http11Transport, RawResponse
 from trollout.errors import ConfigError, UnknownAgentError
 from trollout.records import Delivery, Failed, Landed
 from trollout.testing import AgentSpec, DeploymentSpec, open_fake_deployment
@@ -86,7 +86,7 @@ async def test_transport_timeout_watcher_ends_when_its_transport_closes() -> Non
 
 
 async def _one_request(url: str, body: bytes) -> None:
-    transport = H11Transport(connect_timeout_s=10, read_timeout_s=60)
+    transport = Http11Transport(connect_timeout_s=10, read_timeout_s=60)
     try:
         response = await transport.post(url, body)
         assert response.status == 200, response.body

@@ -19,7 +19,7 @@ from trollout.collector.transport import (
     BodyProtocolError,
     BodyReadError,
     BodyReadTimeout,
-    H11Transport,
+    Http11Transport,
     RawResponse,
     delivery_of,
     response_began,
@@ -30,9 +30,9 @@ Handler = Callable[[trio.SocketStream], Awaitable[None]]
 SETTINGS: dict[str, float] = {"connect_timeout_s": 10.0, "read_timeout_s": 10.0}
 
 
-def new_transport(**settings: float) -> H11Transport:
-    """Return an H11Transport with 10 s timeouts unless `settings` say otherwise."""
-    return H11Transport(**(SETTINGS | settings))  # type: ignore[arg-type]
+def new_transport(**settings: float) -> Http11Transport:
+    """Return an Http11Transport with 10 s timeouts unless `settings` say otherwise."""
+    return Http11Transport(**(SETTINGS | settings))  # type: ignore[arg-type]
 
 
 # --- tiny HTTP/1.1 servers -------------------------------------------------------------------
@@ -106,7 +106,7 @@ async def serving(handler: Handler) -> AsyncIterator[Server]:
         nursery.cancel_scope.cancel(reason="test over")
 
 
-class PairTransport(H11Transport):
+class PairTransport(Http11Transport):
     """A transport whose connections are socket pairs served in-process (fake-clock safe)."""
 
     def __init__(self, nursery: trio.Nursery, serve: Handler | None, **settings: float) -> None:
@@ -491,7 +491,7 @@ async def test_transport_cancelled_request_is_not_pooled() -> None:
 async def test_transport_max_idle_per_host_closes_extras() -> None:
     """Connections beyond max_idle_per_host are closed when they come back."""
     async with serving(echo) as server:
-        async with H11Transport(
+        async with Http11Transport(
             connect_timeout_s=10.0, read_timeout_s=10.0, max_idle_per_host=2
         ) as transport:
             async with trio.open_nursery() as nursery:
@@ -522,7 +522,7 @@ async def test_transport_512_concurrent_posts_succeed() -> None:
 
 
 async def test_transport_serves_httpx_client_get() -> None:
-    """httpx.AsyncClient(transport=H11Transport(...)) does a GET round-trip with a query."""
+    """httpx.AsyncClient(transport=Http11Transport(...)) does a GET round-trip with a query."""
     seen: list[bytes] = []
 
     async def config(stream: trio.SocketStream) -> None:

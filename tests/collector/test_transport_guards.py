@@ -18,7 +18,7 @@ from trollout.collector.classify import error_kind
 from trollout.collector.transport import (
     BodyReplyTimeout,
     ContentDecodingError,
-    H11Transport,
+    Http11Transport,
     ReplyTimeout,
     ReplyTooLargeError,
     delivery_of,
@@ -49,7 +49,7 @@ async def test_guard_declared_length_over_the_limit_fails_at_once() -> None:
 
     async with (
         serving(huge) as server,
-        H11Transport(connect_timeout_s=10, read_timeout_s=10, max_body_bytes=MIB) as transport,
+        Http11Transport(connect_timeout_s=10, read_timeout_s=10, max_body_bytes=MIB) as transport,
     ):
         with pytest.raises(ReplyTooLargeError) as caught:
             await transport.post(server.url, b"{}")
@@ -77,7 +77,9 @@ async def test_guard_endless_body_fails_past_the_limit(chunked: bool) -> None:
 
     async with (
         serving(endless) as server,
-        H11Transport(connect_timeout_s=10, read_timeout_s=10, max_body_bytes=4 * MIB) as transport,
+        Http11Transport(
+            connect_timeout_s=10, read_timeout_s=10, max_body_bytes=4 * MIB
+        ) as transport,
     ):
         with pytest.raises(
             ReplyTooLargeError, match=r"\d+ body bytes received, over max_reply_bytes=4194304"
@@ -98,7 +100,7 @@ async def test_guard_gzip_reply_is_decoded_on_both_paths() -> None:
 
     async with (
         serving(gzipped) as server,
-        H11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
+        Http11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
     ):
         assert (await transport.post(server.url, b"{}")).body == body
         async with httpx.AsyncClient(transport=transport) as client:
@@ -166,7 +168,7 @@ async def test_guard_deadlines_of_many_exchanges_are_exact(
     a silent one still ends at its silence timer, the shorter of the two."""
     failed: dict[int, tuple[float, str]] = {}
 
-    async def post_at(transport: H11Transport, start: int) -> None:
+    async def post_at(transport: Http11Transport, start: int) -> None:
         await trio.sleep_until(start)
         with pytest.raises(httpx.ReadTimeout) as caught:
             await transport.post(URL, b"{}")
@@ -216,7 +218,7 @@ async def test_guard_early_413_then_close_is_returned() -> None:
 
     async with (
         serving(refuse) as server,
-        H11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
+        Http11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
     ):
         raw = await transport.post(server.url, b"x" * 50_000_000)
         assert (raw.status, raw.body, raw.truncated) == (413, b"too big", False)
@@ -292,7 +294,7 @@ async def test_guard_stray_bytes_after_a_response_end_its_connection() -> None:
 
     async with (
         serving(stray) as server,
-        H11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
+        Http11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
     ):
         assert (await transport.post(server.url, b"one")).body == b"one"
         assert transport.idle_connections() == 0
@@ -318,7 +320,7 @@ async def test_guard_stray_bytes_while_idle_discard_the_connection() -> None:
 
     async with (
         serving(stray_later) as server,
-        H11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
+        Http11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
     ):
         assert (await transport.post(server.url, b"one")).body == b"one"
         assert transport.idle_connections() == 1
@@ -331,7 +333,7 @@ async def test_guard_discard_connection_spares_a_reused_one() -> None:
     """discard_connection() closes the idle connection, but not one already lent again."""
     async with (
         serving(echo) as server,
-        H11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
+        Http11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
     ):
         first = await transport.post(server.url, b"1")
         assert first.discard_connection is not None

@@ -21,7 +21,7 @@ from builders import HANG_GUARD_S
 from trollout.collector import transport as transport_module
 from trollout.collector.classify import error_kind
 from trollout.collector.exchange import Exchange
-from trollout.collector.transport import H11Transport, delivery_of, response_began
+from trollout.collector.transport import Http11Transport, delivery_of, response_began
 from trollout.records import Delivery
 
 URL = "http://agent:8000/run"
@@ -88,7 +88,7 @@ async def test_upload_flooded_with_interim_heads_ends_at_its_timer() -> None:
 
     with flooding() as flood:
         async with (
-            H11Transport(
+            Http11Transport(
                 connect_timeout_s=10, read_timeout_s=1.0, reply_timeout_s=HANG_GUARD_S
             ) as transport,
             trio.open_nursery() as nursery,
@@ -121,7 +121,7 @@ async def test_upload_stray_200_during_the_next_upload_is_a_failure_not_its_repl
 
     async with (
         serving(stray) as server,
-        H11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
+        Http11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
     ):
         assert (await transport.post(server.url, b"{}")).body == b'{"response": {"id": "A"}}'
         assert transport.idle_connections() == 1
@@ -194,7 +194,7 @@ async def test_upload_gzip_error_body_is_decoded_no_further_than_the_error_limit
 
     async with (
         serving(error) as server,
-        H11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
+        Http11Transport(connect_timeout_s=10, read_timeout_s=10) as transport,
     ):
         raw = await transport.post(server.url, b"{}")
     assert (raw.status, raw.body, raw.truncated) == (500, bytes(8192), True)

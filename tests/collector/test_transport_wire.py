@@ -20,7 +20,7 @@ from test_transport import (
 )
 
 from trollout.collector.exchange import Deadlines, Exchange
-from trollout.collector.transport import BodyReadTimeout, H11Transport, delivery_of
+from trollout.collector.transport import BodyReadTimeout, Http11Transport, delivery_of
 from trollout.records import Delivery
 
 URL = "http://agent:8000/run"
@@ -38,7 +38,7 @@ async def test_transport_never_pipelines(autojump_clock: trio.testing.MockClock)
             overlaps.extend([bytes(buffer)] if buffer else [])
             await stream.send_all(response(200, request[1]))
 
-    async def three_posts(transport: H11Transport, index: int) -> None:
+    async def three_posts(transport: Http11Transport, index: int) -> None:
         for attempt in range(3):
             body = b"%d-%d" % (index, attempt)
             assert (await transport.post(URL, body)).body == body
@@ -101,7 +101,7 @@ async def test_transport_timeouts_of_many_exchanges_are_exact(
         await read_request(stream, bytearray())
         await trio.sleep_forever()
 
-    async def post_at(transport: H11Transport, start: int) -> None:
+    async def post_at(transport: Http11Transport, start: int) -> None:
         await trio.sleep(start)
         with pytest.raises(httpx.ReadTimeout):
             await transport.post(URL, b"{}")

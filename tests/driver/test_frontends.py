@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +20,12 @@ import trollout
 from builders import HANG_GUARD_S, read_jsonl
 from trollout.errors import ConfigError, UnknownAgentError
 from trollout.recovery.layout import RunLayout
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment, task_rows
+from trollout.testing import FakeUrls, task_rows
 
-SPEC = DeploymentSpec(agents=(AgentSpec(name="math_agent"),))
 CONFIG = trollout.RunConfig(
     agent_name="math_agent", num_samples_in_parallel=8, record_omitted_rollouts=True
 )
 HANG = {"kind": "hang"}
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment with one agent in its own process."""
-    with spawn_fake_deployment(SPEC) as urls:
-        yield urls
 
 
 def dataset(n: int, *, hanging: frozenset[int] = frozenset()) -> list[dict[str, Any]]:

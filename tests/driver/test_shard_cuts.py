@@ -59,8 +59,8 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fake(script: Path) -> Iterator[FakeUrls]:
-    """The fake deployment in its own process, following `script`."""
+def scripted_fake(script: Path) -> Iterator[FakeUrls]:
+    """Unlike the shared `fake`: it follows the fault script `script`."""
     with spawn_fake_deployment(SPEC, fault_script=script) as urls:
         yield urls
 
@@ -142,13 +142,13 @@ def test_trio_batch_left_early_records_the_rows_it_never_started(tmp_path: Path)
 
 
 def test_sync_batch_closed_early_records_the_rows_it_never_started(
-    fake: FakeUrls, script: Path, tmp_path: Path
+    scripted_fake: FakeUrls, script: Path, tmp_path: Path
 ) -> None:
     """trollout.sync: ``close()`` a recorded batch after 8 outcomes."""
     hang_first_attempts(script)
     with (
         trollout.sync.open_rollouts(
-            fake.run_urls, config=CONFIG, record_output_dir=tmp_path
+            scripted_fake.run_urls, config=CONFIG, record_output_dir=tmp_path
         ) as rollouts,
         rollouts.open_batch(rollouts.plan(dataset()), record_shard="step-1") as batch,
     ):
@@ -159,7 +159,7 @@ def test_sync_batch_closed_early_records_the_rows_it_never_started(
 
 
 def test_aio_batch_left_early_is_counted_then_resumed_to_completion(
-    fake: FakeUrls, script: Path, tmp_path: Path
+    scripted_fake: FakeUrls, script: Path, tmp_path: Path
 ) -> None:
     """trollout.aio: ``break`` after 8 outcomes; then ``trollout resume`` of the shard runs
     exactly the rows without an outcome, and its status says finished."""
@@ -168,7 +168,7 @@ def test_aio_batch_left_early_is_counted_then_resumed_to_completion(
     async def record() -> None:
         async with (
             trollout.aio.open_rollouts(
-                fake.run_urls, config=CONFIG, record_output_dir=tmp_path
+                scripted_fake.run_urls, config=CONFIG, record_output_dir=tmp_path
             ) as rollouts,
             rollouts.open_batch(rollouts.plan(dataset()), record_shard="step-1") as batch,
         ):

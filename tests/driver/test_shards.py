@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,10 @@ from builders import invoke, read_jsonl
 from trollout.errors import ConfigError, RunFolderLockedError, RunFolderWriteError
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.ledger import read_ledger
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment, task_rows
+from trollout.testing import FakeUrls, task_rows
 
-SPEC = DeploymentSpec(agents=(AgentSpec(name="math_agent"),))
 CONFIG = trollout.RunConfig(agent_name="math_agent", num_samples_in_parallel=8)
 FAIL_FIRST = {"kind": "status", "status": 500, "attempts": [0]}
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment with one agent in its own process."""
-    with spawn_fake_deployment(SPEC) as urls:
-        yield urls
 
 
 def dataset(n: int, *, failing: frozenset[int] = frozenset(), seed: int = 3) -> list[Any]:

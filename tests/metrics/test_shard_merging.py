@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -157,3 +158,40 @@ async def test_several_shards_need_an_output(tmp_path: Path) -> None:
     b = write_run(tmp_path / "b.jsonl", [landed(1, 0)])
     with pytest.raises(ConfigError, match=r"-o merged\.jsonl"):
         await aggregate_shards([a.output, b.output])
+
+
+async def test_every_file_an_aggregation_writes_is_fsynced_around_its_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The merged files, the metrics file and the report go through the one atomic replace:
+    each temp file is fsynced before its rename and the folder after it (a crash never leaves
+    an empty file where a whole one was), and no temp file is left."""
+    write_run(
+        tmp_path / "s" / "a.jsonl", [landed(0, 0)], failures=[failed(1, 0)], plan=plan_for(2, 1)
+    )
+    write_run(tmp_path / "s" / "b.jsonl", [landed(2, 0)], plan=plan_for(3, 1)[2:])
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any) -> None:
+        events.append(("replace", f"{src} {dst}"))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    merged = tmp_path / "m" / "merged.jsonl"
+    await aggregate_shards(resolve_inputs(f"{tmp_path}/s/*.jsonl"), output=merged)
+    layout = RunLayout.for_output(merged)
+    replaced = [i for i, (kind, _) in enumerate(events) if kind == "replace"]
+    targets = {events[i][1].split(" ")[1] for i in replaced}
+    wanted = (layout.rollouts, layout.failures, layout.materialized_inputs)
+    assert {str(p) for p in (*wanted, layout.aggregate_metrics, layout.report)} <= targets
+    for i in replaced:
+        temp, target = events[i][1].split(" ")
+        assert ("fsync", temp) in events[:i], f"{target} renamed before its content was synced"
+        assert events[i + 1] == ("fsync", str(Path(target).parent)), f"{target}'s folder"
+    assert not list(merged.parent.glob(".*.tmp"))

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,7 @@ from builders import HANG_GUARD_S, cli_command, count_lines, wait_for, write_tas
 from trollout import jsonl
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.ledger import read_ledger
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, Latency, spawn_fake_deployment
+from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, Latency
 from trollout.testing.tasks import task_rows
 
 TASKS, REPEATS = 500, 4  # 2,000 rollouts
@@ -39,10 +38,9 @@ ALWAYS_500 = {"kind": "status", "status": 500, "body": "boom"}
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """The fake deployment in its own process."""
-    with spawn_fake_deployment(SPEC) as urls:
-        yield urls
+def fake_spec() -> DeploymentSpec:
+    """Unlike the shared fake's: replies take 50-200 ms (seeded)."""
+    return SPEC
 
 
 def write_input(path: Path) -> tuple[set[int], set[int]]:

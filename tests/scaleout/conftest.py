@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, Latency, spawn_fake_deployment
+from trollout.testing import AgentSpec, DeploymentSpec, Latency
 
 # A Ray cluster of this machine binds loopback only when this is set before Ray is imported.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 @pytest.fixture(scope="package")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment whose /run takes 20 ms, in its own process."""
-    spec = DeploymentSpec(
+def fake_spec() -> DeploymentSpec:
+    """Unlike the shared fake's: every /run takes 20 ms, no detailed /run log."""
+    return DeploymentSpec(
         agents=(AgentSpec(name="math_agent"),), latency=Latency(fixed_s=0.02), record_runs=False
     )
-    with spawn_fake_deployment(spec) as urls:
-        yield urls

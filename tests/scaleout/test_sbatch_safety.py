@@ -78,6 +78,33 @@ def test_sbatch_refuses_a_symlinked_script_even_with_overwrite(tmp_path: Path) -
     assert link.is_symlink()
 
 
+@pytest.mark.parametrize(
+    ("kind", "needles"),
+    [
+        ("link", ("is a symlink; trollout never writes through links", "remove the link, or")),
+        ("file", ("is a regular file, not a directory trollout made", "written into")),
+    ],
+)
+def test_sbatch_refuses_a_shards_folder_that_is_a_link_or_a_file_by_the_one_rule(
+    tmp_path: Path, kind: str, needles: tuple[str, ...]
+) -> None:
+    """<stem>_shards as a symlink or a file: refused by the rule every path trollout writes
+    gets (the --script file's, the run files'): what the path is, and the same remedy."""
+    script = tmp_path / "job.sh"
+    root = tmp_path / "runs" / "eval_shards"
+    root.parent.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if kind == "link":
+        root.symlink_to(elsewhere)
+    else:
+        root.write_text("")
+    result = make_script(tmp_path, "--script", str(script))
+    one_error_line(result, f"the shards folder {str(root)!r}", *needles, "choose another output")
+    assert not script.exists()
+    assert not any(elsewhere.iterdir())
+
+
 def test_sbatch_refuses_an_existing_script_unless_asked_and_then_replaces_it_atomically(
     tmp_path: Path,
 ) -> None:

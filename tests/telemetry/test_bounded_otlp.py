@@ -9,7 +9,6 @@ error.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,20 +19,13 @@ from endless_reply import endless_reply_server
 from trollout.telemetry.otlp_session import (
     MAX_TELEMETRY_REPLY_BYTES,
     TRACES_CREDENTIAL_VAR,
-    TelemetryReplyTooLarge,
+    TelemetryReplyTooLargeError,
     otlp_session,
 )
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment
+from trollout.testing import FakeUrls
 
 MIB = 1024 * 1024
 TOTAL = 64 * MIB
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment in its own process."""
-    with spawn_fake_deployment(DeploymentSpec(agents=(AgentSpec(name="math_agent"),))) as urls:
-        yield urls
 
 
 def test_otlp_session_stops_reading_at_its_bound() -> None:
@@ -42,7 +34,7 @@ def test_otlp_session_stops_reading_at_its_bound() -> None:
     with endless_reply_server(TOTAL) as (url, replies):
         with requests.Session() as plain, otlp_session(TRACES_CREDENTIAL_VAR) as session:
             assert type(session) is type(plain)
-            with pytest.raises(TelemetryReplyTooLarge) as caught:
+            with pytest.raises(TelemetryReplyTooLargeError) as caught:
                 session.post(f"{url}/v1/traces?k=s3cret", data=b"\x00", timeout=30)
         [(sent, left)] = replies.wait_for_replies(1)
     assert left

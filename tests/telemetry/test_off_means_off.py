@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from builders import HANG_GUARD_S, count_lines, write_tasks_input
 from trollout.config import RunConfig
 from trollout.errors import ConfigError
 from trollout.telemetry import TelemetrySettings, telemetry_settings
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment
+from trollout.testing import FakeUrls
 
 # Runs `trollout collect` in this interpreter, then prints which telemetry modules it loaded.
 PROBE = """
@@ -27,13 +26,6 @@ finally:
     loaded = [m for m in sys.modules if m.split(".")[0] in ("opentelemetry", "prometheus_client")]
     print("LOADED " + json.dumps(sorted(loaded)))
 """
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment in its own process."""
-    with spawn_fake_deployment(DeploymentSpec(agents=(AgentSpec(name="math_agent"),))) as urls:
-        yield urls
 
 
 def run_probe(tmp_path: Path, fake: FakeUrls, *extra: str) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import socket
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +17,13 @@ import pytest
 from otlp_receiver import otlp_receiver
 
 from builders import count_lines, invoke, read_jsonl, write_tasks_input
-from trollout.testing import AgentSpec, DeploymentSpec, FakeUrls, spawn_fake_deployment
+from trollout.testing import FakeUrls
 
 TASKS = 8
 FAULTS = {
     1: {"kind": "status", "status": 500, "body": "boom"},
     2: {"kind": "failure_class", "failure_class": "transient"},
 }
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUrls]:
-    """A fake deployment in its own process."""
-    with spawn_fake_deployment(DeploymentSpec(agents=(AgentSpec(name="math_agent"),))) as urls:
-        yield urls
 
 
 def collect(tmp_path: Path, fake: FakeUrls, endpoint: str, name: str) -> Any:

@@ -7,6 +7,13 @@ prints the summary. The dataset mixes flat rows, routed by agent, with one tasks
 materialized task rows, routed to the episode server by the spec's tasksets (what
 ``+environment_server_routes`` says in a real run). It is what ``make run`` runs, and the
 quickest way to see every file a run writes.
+
+It runs from any directory: the example dataset and the deployment spec are package data
+(``trollout/testing/demo/``, listed in pyproject.toml), found beside this module, not under the
+current directory; ``fixtures/`` in the repository links to them, so the README's paths still
+name them. Only the output (``runs/demo/``) is relative to the current directory, like every
+``-o``. Rejected: looking for ``fixtures/`` upwards from the current directory (works only
+inside a checkout, never from an installed wheel).
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ if TYPE_CHECKING:  # the fake deployment is imported by the demo only, not by ev
 
 __all__ = ["demo"]
 
-DEFAULT_INPUT = "fixtures/example_tasks.jsonl"
-DEFAULT_SPEC = "fixtures/demo_deployment.yaml"
+BUNDLED = Path(__file__).resolve().parents[1] / "testing" / "demo"  # package data
+DEFAULT_INPUT = str(BUNDLED / "example_tasks.jsonl")
+DEFAULT_SPEC = str(BUNDLED / "demo_deployment.yaml")
 DEFAULT_OUTPUT = "runs/demo/rollouts.jsonl"
 
 
@@ -38,7 +46,7 @@ DEFAULT_OUTPUT = "runs/demo/rollouts.jsonl"
     "--spec",
     "spec_path",
     default=DEFAULT_SPEC,
-    show_default=True,
+    show_default="the bundled demo_deployment.yaml",
     type=click.Path(dir_okay=False),
     help="Fake deployment to start (YAML spec).",
 )
@@ -46,9 +54,10 @@ DEFAULT_OUTPUT = "runs/demo/rollouts.jsonl"
 def demo(args: tuple[str, ...], spec_path: str, live: str, **options: Any) -> None:
     """Start the bundled fake deployment, collect INPUT from it, print the summary.
 
-    INPUT defaults to fixtures/example_tasks.jsonl, the output to runs/demo/rollouts.jsonl
-    (replaced by each demo; a folder given with -o is replaced only with --overwrite), the
-    run to 4 seeded repeats per task, and environment_server_routes to the spec's tasksets.
+    INPUT defaults to the bundled example_tasks.jsonl (from any directory), the output to
+    runs/demo/rollouts.jsonl (replaced by each demo; a folder given with -o is replaced only
+    with --overwrite), the run to 4 seeded repeats per task, and environment_server_routes to
+    the spec's tasksets.
     """
     options = {k: v for k, v in options.items() if v is not None and v != ()}
     if "output_jsonl_fpath" not in options:  # the demo's own folder: each demo replaces it
@@ -71,7 +80,7 @@ def demo(args: tuple[str, ...], spec_path: str, live: str, **options: Any) -> No
 def _load_spec(path: str) -> DeploymentSpec:
     if not Path(path).is_file():
         raise ConfigError(
-            f"fake deployment spec {path!r} not found; run from the repository root or pass --spec"
+            f"fake deployment spec {path!r} not found; pass an existing spec with --spec"
         )
     from ..testing import load_spec
 

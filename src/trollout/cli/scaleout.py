@@ -25,12 +25,11 @@ import click
 from ..config import RunConfig
 from ..errors import ConfigError, TrolloutError
 from ..metrics.batch import status_path
-from ..recovery.files import replace_atomically
+from ..recovery.files import check_replaceable, replace_atomically
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import read_manifest
 from ..recovery.preflight import (
     check_input,
-    check_replaceable,
     check_run_paths,
     run_paths,
     same_file,

@@ -83,7 +83,7 @@ import orjson
 from .. import records
 from ..records import Delivery, Failed, FailureClass, Identity, Landed
 from ..text import public_url
-from .transport import RawResponse, ResponseBegan, delivery_of
+from .transport import RawResponse, ResponseBeganError, delivery_of
 
 __all__ = [
     "ECHOED_IDENTITY_KEYS",
@@ -259,7 +259,7 @@ def outcome_from_error(
         elapsed_seconds: wall time of the attempt.
         max_attempts: the attempt cap in force.
     """
-    began = exc.status_code if isinstance(exc, ResponseBegan) else None
+    began = exc.status_code if isinstance(exc, ResponseBeganError) else None
     return Failed(
         identity=identity,
         attempt_index=attempt_index,
@@ -283,11 +283,11 @@ def error_kind(exc: BaseException) -> str:
     if own is not None:
         return own
     kind = next((word for cls, word in _KINDS if isinstance(exc, cls)), "transport")
-    return f"body_{kind}" if isinstance(exc, ResponseBegan) else kind
+    return f"body_{kind}" if isinstance(exc, ResponseBeganError) else kind
 
 
 def _public_type_name(exc: BaseException) -> str:
-    # Our ResponseBegan subclasses report the httpx class they stand for, or, for a class that
+    # Our ResponseBeganError subclasses report the httpx class they stand for, or, for a class that
     # names its own failure_kind, the class that named it.
     for cls in type(exc).__mro__:
         if "failure_kind" in vars(cls) or cls.__module__.startswith("httpx"):

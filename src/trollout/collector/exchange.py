@@ -63,7 +63,7 @@ from .replies import (
     began,
 )
 
-__all__ = ["Deadlines", "Exchange", "Expired"]
+__all__ = ["Deadlines", "Exchange", "ExpiredError"]
 
 _RECEIVE_BYTES: Final = 65536
 _wait_readable = trio.lowlevel.wait_readable
@@ -73,7 +73,7 @@ _SILENCE: Final = 1  # why an exchange expired: the silence timer ...
 _REPLY: Final = 2  # ... or the whole-exchange deadline
 
 
-class Expired(Exception):
+class ExpiredError(Exception):
     """An exchange's timer ran out (raised inside the exchange, never outside)."""
 
 
@@ -247,7 +247,7 @@ class Exchange:
                 raise self._early_success()
             if not self.parser.complete:
                 await self._read(limit)
-        except Expired:
+        except ExpiredError:
             self._timed_out(limit)
         except httpx.TransportError:
             if not self._bounded(limit):
@@ -291,7 +291,7 @@ class Exchange:
         raise began(BodyReadTimeout, message, status)
 
     def _early_success(self) -> httpx.RemoteProtocolError:
-        # Not a ResponseBegan: the reply is not this request's, so nothing proves delivery.
+        # Not a ResponseBeganError: the reply is not this request's, so nothing proves delivery.
         return httpx.RemoteProtocolError(
             f"{self.shown} answered HTTP {self.parser.status} before the whole request was sent;"
             " a success cannot precede its request (a stray or replayed reply), so it is not"
@@ -324,7 +324,7 @@ class Exchange:
                 raise httpx.WriteError(message) from exc
             if progress and waited:
                 if self.expired:
-                    raise Expired  # expired while this task was running: no timer to restart
+                    raise ExpiredError  # expired while this task was running: no timer to restart
                 self.deadlines.push(self)  # the server is reading: it is not silent
             sent += progress
             if sent >= len(data):
@@ -380,14 +380,14 @@ class Exchange:
         parser = self.parser
         while True:
             if self.expired:
-                raise Expired
+                raise ExpiredError
             try:
                 await _wait_readable(sock)
                 data = sock.recv(_RECEIVE_BYTES)
             except BlockingIOError:
                 continue
             except trio.ClosedResourceError:
-                raise Expired from None  # only `expire` wakes a wait on our own socket
+                raise ExpiredError from None  # only `expire` wakes a wait on our own socket
             except OSError as exc:
                 raise self._broken(exc) from exc
             try:
@@ -400,7 +400,7 @@ class Exchange:
             if parser.complete or self._cut(limit):
                 return
             if self.expired:
-                raise Expired  # expired while this task was running: no timer to restart
+                raise ExpiredError  # expired while this task was running: no timer to restart
             self.deadlines.push(self)
 
     async def _wait(self, wait: Callable[[Any], Awaitable[None]], on: object) -> None:
@@ -410,7 +410,7 @@ class Exchange:
                 return
             except trio.ClosedResourceError:
                 pass  # only `expire` wakes a wait on our own socket or epoll
-        raise Expired
+        raise ExpiredError
 
     @property
     def shown(self) -> str:

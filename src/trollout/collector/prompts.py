@@ -80,7 +80,7 @@ class Expansion(NamedTuple):
     problem: str | None
 
 
-class _Over(Exception):
+class _OverLimitError(Exception):
     """The expansion passed its limit (internal: `PromptTemplate.expand` reports it)."""
 
 
@@ -95,7 +95,7 @@ class _Budget:
         """Refuse a piece that will take ``size`` bytes at least, before it is built."""
         if self.used + size > self.limit:
             self.used += size
-            raise _Over
+            raise _OverLimitError
 
     def take(self, size: int) -> None:
         """Count a built piece of ``size`` bytes (refused when it passes the limit)."""
@@ -147,9 +147,9 @@ class PromptTemplate:
             for role, template in roles:
                 content = _fill(template, row, budget, keep)
                 messages.append({"role": role, "content": content})
-        except _Over:
+        except _OverLimitError:
             return Expansion(None, budget.used, self._too_large(max_bytes))
-        except _Unfillable as exc:
+        except _UnfillableError as exc:
             return Expansion(None, budget.used, str(exc).format(source=self.source))
         if not keep:
             return Expansion(None, budget.used, None)
@@ -170,7 +170,7 @@ class PromptTemplate:
         return {_root(name) for text in texts for _, name, _, _ in _parse(text) if name}
 
 
-class _Unfillable(Exception):
+class _UnfillableError(Exception):
     """A placeholder the row cannot fill (the message has a ``{source}`` slot)."""
 
 
@@ -178,9 +178,9 @@ def _fill(template: str, row: Mapping[str, Any], budget: _Budget, keep: bool) ->
     """Fill ``template`` from ``row`` piece by piece, counting each piece in ``budget``.
 
     Raises:
-        _Over: a piece would pass the budget's limit (it is not built when its width or
+        _OverLimitError: a piece would pass the budget's limit (it is not built when its width or
             precision already does).
-        _Unfillable: a placeholder the row cannot fill.
+        _UnfillableError: a placeholder the row cannot fill.
     """
     parts: list[str] = []
     for literal, field, spec, conversion in _FORMATTER.parse(template):
@@ -194,10 +194,10 @@ def _fill(template: str, row: Mapping[str, Any], budget: _Budget, keep: bool) ->
             spec = _FORMATTER.vformat(spec, (), row) if spec and "{" in spec else spec or ""
             budget.reserve(_spec_bytes(spec, value))
             piece = format(value, spec)
-        except _Over:
+        except _OverLimitError:
             raise
         except (LookupError, AttributeError, ValueError, TypeError, OverflowError) as exc:
-            raise _Unfillable(
+            raise _UnfillableError(
                 f"prompt_config {{source}} cannot fill {{{{{field}}}}} from this row "
                 f"({type(exc).__name__}); fix the template or the row's field"
             ) from None
@@ -209,7 +209,7 @@ def _count(budget: _Budget, piece: str, parts: list[str], keep: bool) -> None:
     try:
         size = len(orjson.dumps(piece)) - 2
     except orjson.JSONEncodeError:
-        raise _Unfillable(
+        raise _UnfillableError(
             "prompt_config {source} builds text that is not valid Unicode for this row; fix "
             "the template or the row"
         ) from None

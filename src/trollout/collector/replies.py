@@ -1,7 +1,7 @@
 """What the transport's callers see: `RawResponse`, and the errors of an exchange.
 
 Errors are httpx's exception types, so httpx callers and the hot path share one vocabulary.
-Failures after the response's status line arrived are `ResponseBegan` subclasses: the server
+Failures after the response's status line arrived are `ResponseBeganError` subclasses: the server
 certainly got the request (`Delivery.DELIVERED`). A class with a ``failure_kind`` names its own
 ``failure_kind`` in the outcome (classify.py), where httpx's class would say less.
 """
@@ -26,7 +26,7 @@ __all__ = [
     "RawResponse",
     "ReplyTimeout",
     "ReplyTooLargeError",
-    "ResponseBegan",
+    "ResponseBeganError",
     "began",
     "delivery_of",
     "response_began",
@@ -95,7 +95,7 @@ def _shape(headers: object) -> str:
     return type(headers).__name__
 
 
-class ResponseBegan(httpx.TransportError):
+class ResponseBeganError(httpx.TransportError):
     """Base mixin of failures that came after the response's status line arrived.
 
     Attributes:
@@ -105,25 +105,25 @@ class ResponseBegan(httpx.TransportError):
     status_code: int = 0
 
 
-class BodyReadError(ResponseBegan, httpx.ReadError):
+class BodyReadError(ResponseBeganError, httpx.ReadError):
     """The connection broke while a 2xx body was being read."""
 
 
-class BodyReadTimeout(ResponseBegan, httpx.ReadTimeout):
+class BodyReadTimeout(ResponseBeganError, httpx.ReadTimeout):
     """A 2xx body stopped arriving for longer than the read timeout."""
 
 
-class BodyProtocolError(ResponseBegan, httpx.RemoteProtocolError):
+class BodyProtocolError(ResponseBeganError, httpx.RemoteProtocolError):
     """A 2xx body broke HTTP/1.1 framing."""
 
 
-class ReplyTooLargeError(ResponseBegan, httpx.RemoteProtocolError):
+class ReplyTooLargeError(ResponseBeganError, httpx.RemoteProtocolError):
     """The body is longer than the transport's ``max_body_bytes`` (declared or received)."""
 
     failure_kind: ClassVar[str] = "reply_too_large"
 
 
-class ContentDecodingError(ResponseBegan, httpx.RemoteProtocolError):
+class ContentDecodingError(ResponseBeganError, httpx.RemoteProtocolError):
     """The body has a Content-Encoding that is not supported, or does not decode."""
 
     failure_kind: ClassVar[str] = "content_encoding"
@@ -135,13 +135,13 @@ class ReplyTimeout(httpx.ReadTimeout):
     failure_kind: ClassVar[str] = "reply_timeout"
 
 
-class BodyReplyTimeout(ResponseBegan, ReplyTimeout):
+class BodyReplyTimeout(ResponseBeganError, ReplyTimeout):
     """As `ReplyTimeout`, after the response's status line arrived."""
 
 
 def response_began(exc: BaseException) -> bool:
     """Return whether `exc` happened after a response began (never retry then)."""
-    return isinstance(exc, ResponseBegan)
+    return isinstance(exc, ResponseBeganError)
 
 
 def delivery_of(exc: BaseException) -> Delivery:
@@ -151,12 +151,12 @@ def delivery_of(exc: BaseException) -> Delivery:
         httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.LocalProtocolError,
     ):
         return Delivery.NOT_SENT
-    if isinstance(exc, ResponseBegan):
+    if isinstance(exc, ResponseBeganError):
         return Delivery.DELIVERED
     return Delivery.POSSIBLY_DELIVERED
 
 
-Began = TypeVar("Began", bound=ResponseBegan)
+Began = TypeVar("Began", bound=ResponseBeganError)
 
 
 def began(cls: type[Began], message: str, status: int) -> Began:

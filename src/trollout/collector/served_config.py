@@ -396,7 +396,7 @@ class _Guard:
                 "(an exponential chain such as x1: ${x0}${x0})"
             )
         if self.refusal is not None:  # omegaconf swallowed a refusal (oc.select): stop again
-            raise _Refused(self.refusal)
+            raise _RefusedError(self.refusal)
 
     def _check(self, result: Any) -> None:
         from omegaconf import Container
@@ -415,10 +415,10 @@ class _Guard:
     def _refuse(self, why: str) -> None:
         if self.refusal is None:
             self.refusal = why
-        raise _Refused(why)
+        raise _RefusedError(why)
 
 
-class _Refused(Exception):
+class _RefusedError(Exception):
     """Raised by a hook; its reason is kept on the `_Guard` (omegaconf wraps exceptions)."""
 
 

@@ -3,8 +3,7 @@
 `Http11Transport` is the one HTTP client of the hot path. The engine calls its `post` directly
 (no httpx client layer: no URL objects, no header models, no event hooks), and every other
 caller wraps it as ``httpx.AsyncClient(transport=Http11Transport(...))``. The wire format is
-`http11`'s codec, our own strict HTTP/1.1 (http11.py says why it is not h11); `H11Transport`,
-the class's name from when it was h11, remains an alias.
+`http11`'s codec, our own strict HTTP/1.1 (http11.py says why it is not h11).
 
 Design note. Idle connections live in one list per ``(scheme, host, port)``: a request pops the
 most recently used one and a finished exchange appends it back, so checkout and checkin are O(1)
@@ -56,7 +55,7 @@ Errors are httpx's exception types, so httpx callers and the hot path share one 
 `httpx.ConnectError` / `httpx.ConnectTimeout` mean the request never left (`Delivery.NOT_SENT`),
 as does `httpx.LocalProtocolError` (a request that cannot be encoded is never sent); write and
 read failures mean it may have been delivered. Failures after the response's status line arrived
-are the `ResponseBegan` subclasses: the server certainly got the request (`Delivery.DELIVERED`)
+are the `ResponseBeganError` subclasses: the server certainly got the request (`Delivery.DELIVERED`)
 and a retry is never allowed.
 """
 
@@ -86,7 +85,7 @@ from .replies import (
     RawResponse,
     ReplyTimeout,
     ReplyTooLargeError,
-    ResponseBegan,
+    ResponseBeganError,
     began,
     delivery_of,
     response_began,
@@ -101,13 +100,12 @@ __all__ = [
     "BodyReplyTimeout",
     "BoundedReply",
     "ContentDecodingError",
-    "H11Transport",
     "Http11Transport",
     "PostTransport",
     "RawResponse",
     "ReplyTimeout",
     "ReplyTooLargeError",
-    "ResponseBegan",
+    "ResponseBeganError",
     "delivery_of",
     "read_bounded",
     "response_began",
@@ -281,7 +279,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
             httpx.ConnectError, httpx.ConnectTimeout: the request was never sent.
             httpx.LocalProtocolError: `content_type` cannot be a header value (never sent).
             httpx.WriteError, httpx.WriteTimeout, httpx.ReadError, httpx.ReadTimeout,
-            httpx.RemoteProtocolError: it may have been delivered (`ResponseBegan` subclasses:
+            httpx.RemoteProtocolError: it may have been delivered (`ResponseBeganError` subclasses:
                 it was). `ReplyTimeout` is a ReadTimeout (the whole exchange took too long);
                 `ReplyTooLargeError` and `ContentDecodingError` are RemoteProtocolErrors.
 
@@ -459,10 +457,6 @@ class Http11Transport(httpx.AsyncBaseTransport):
             f"connecting to {public_url(url)} took longer than "
             f"connect_timeout_s={self._connect_timeout_s}"
         )
-
-
-H11Transport = Http11Transport
-"""The former name of `Http11Transport` (kept so existing code keeps working)."""
 
 
 @frozen

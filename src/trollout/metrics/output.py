@@ -21,7 +21,6 @@ the file is renamed into place once complete.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -29,6 +28,7 @@ from typing import IO, Any
 import orjson
 
 from ..records import AGENT_REF, ENVIRONMENT_SERVER
+from ..recovery.files import atomic_write
 from .default_metrics import group_level_metrics, key_metrics
 from .reader import Collection
 from .summary import GroupSummary
@@ -86,14 +86,9 @@ def _ours(summary: GroupSummary) -> dict[str, Any]:
 
 def write_metrics_file(path: Path, entries: Iterable[Mapping[str, Any]]) -> None:
     """Write entries as an indented JSON list, streaming generator values; replace atomically."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temp, "wb") as f:
-            _write_list(f, entries, _write_entry, indent=0)
-            f.write(b"\n")
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
+    with atomic_write(path) as f:
+        _write_list(f, entries, _write_entry, indent=0)
+        f.write(b"\n")
 
 
 def _write_entry(f: IO[bytes], entry: Mapping[str, Any], indent: int) -> None:

@@ -11,11 +11,11 @@ invisible, or invalid, in HTML), then HTML-escaped.
 from __future__ import annotations
 
 import html
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..recovery.files import replace_atomically
 from ..text import visible
 from .coverage import coverage_lines
 from .summary import GroupSummary, Histogram
@@ -47,9 +47,7 @@ svg text{font:11px system-ui,sans-serif;fill:#3b434d}svg .title{font-size:13px;f
 
 def write_report(path: Path, result: AggregateResult) -> None:
     """Write the report atomically."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(render_report(result, title=path.name), encoding="utf-8")
-    os.replace(temp, path)
+    replace_atomically(path, [render_report(result, title=path.name).encode()])
 
 
 def render_report(result: AggregateResult, *, title: str = "trollout report") -> str:

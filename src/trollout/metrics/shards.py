@@ -46,7 +46,7 @@ import orjson
 
 from ..errors import ConfigError, RunFolderLockedError
 from ..jsonl import read_appended
-from ..recovery.files import replace_atomically
+from ..recovery.files import AtomicFile, replace_atomically
 from ..recovery.layout import RunLayout, is_auxiliary
 from ..recovery.lock import RunLock
 from ..recovery.manifest import sha256_file
@@ -237,51 +237,63 @@ class MergeWriter:
     def __init__(self, layout: RunLayout) -> None:
         self.layout = layout
         self._targets = (layout.rollouts, layout.failures, layout.materialized_inputs)
-        self._files: list[IO[bytes]] = []
+        self._files: list[AtomicFile] = []
 
     def __enter__(self) -> MergeWriter:
         self.layout.output.parent.mkdir(parents=True, exist_ok=True)
-        self._files = [open(self._temp(p), "wb") for p in self._targets]  # noqa: SIM115
+        try:
+            for path in self._targets:
+                self._files.append(AtomicFile(path))
+        except BaseException:
+            self.discard()
+            raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for f in self._files:
-            f.close()
         if exc_info[0] is not None:
             self.discard()
-
-    def _temp(self, path: Path) -> Path:
-        return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            return
+        try:
+            for new in self._files:
+                new.close()  # complete and synced; `commit` renames them later
+        except BaseException:
+            self.discard()
+            raise
 
     @property
     def rollouts(self) -> IO[bytes]:
         """The merged rollouts file being written."""
-        return self._files[0]
+        return self._files[0].file
 
     @property
     def failures(self) -> IO[bytes]:
         """The merged failures sidecar being written."""
-        return self._files[1]
+        return self._files[1].file
 
     @property
     def materialized(self) -> IO[bytes]:
         """The merged materialized inputs being written."""
-        return self._files[2]
+        return self._files[2].file
 
     def commit(self) -> None:
         """Move the written files into place (an empty sidecar is not created)."""
-        for path in self._targets:
-            temp = self._temp(path)
-            if path is not self.layout.rollouts and temp.stat().st_size == 0:
-                temp.unlink()
-                path.unlink(missing_ok=True)
-                continue
-            os.replace(temp, path)
+        files, self._files = self._files, []
+        try:
+            while files:
+                new = files.pop(0)
+                if new.path is not self.layout.rollouts and os.stat(new.temp).st_size == 0:
+                    new.discard()
+                    new.path.unlink(missing_ok=True)
+                else:
+                    new.commit()
+        finally:
+            self._files = files  # any left after an error are for `discard`
 
     def discard(self) -> None:
         """Remove the temporary files."""
-        for path in self._targets:
-            self._temp(path).unlink(missing_ok=True)
+        files, self._files = self._files, []
+        for new in files:
+            new.discard()
 
 
 def shard_statuses(shards: Iterable[Path]) -> tuple[list[RunLayout], list[str]]:

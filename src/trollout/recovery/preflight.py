@@ -24,12 +24,11 @@ run folder is ours to clear on ``--overwrite``; a link's target never is.
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import RunFolderError
-from .files import temp_files
+from .files import check_replaceable, temp_files
 from .layout import RunLayout
 from .lock import RunLock
 from .manifest import FolderState, folder_state
@@ -37,20 +36,11 @@ from .manifest import FolderState, folder_state
 __all__ = [
     "check_fresh",
     "check_input",
-    "check_replaceable",
     "check_run_folder",
     "check_run_paths",
     "run_paths",
     "same_file",
 ]
-
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-)
 
 
 def check_run_folder(layout: RunLayout, config: RunConfig, *, fresh: bool) -> None:
@@ -88,42 +78,6 @@ def check_run_paths(layout: RunLayout) -> None:
     """
     for path in run_paths(layout):
         check_replaceable(path, "the run file", "another output file (-o)")
-
-
-def check_replaceable(path: Path, what: str, instead: str) -> bool:
-    """Refuse to replace ``path`` unless it is absent or a regular file; return whether it exists.
-
-    The one rule for every file trollout writes, run files and others (``sbatch --script``):
-    never through a symlink, never over a device, FIFO, socket or directory.
-
-    Args:
-        path: the file about to be written or replaced.
-        what: how messages name it (``"the run file"``).
-        instead: what to choose instead (``"another output file (-o)"``).
-
-    Raises:
-        RunFolderError: naming the path, what it is, and the remedy.
-    """
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise RunFolderError(
-            f"cannot inspect {what} {str(path)!r}: {exc.strerror}; check the folder's permissions"
-        ) from exc
-    if stat.S_ISLNK(mode):
-        raise RunFolderError(
-            f"{what} {str(path)!r} is a symlink; trollout never writes through links (one could "
-            f"point outside the run folder); remove the link, or choose {instead}"
-        )
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-        raise RunFolderError(
-            f"{what} {str(path)!r} is {kind}, not a regular file trollout made; it would be "
-            f"replaced; choose {instead}"
-        )
-    return True
 
 
 def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

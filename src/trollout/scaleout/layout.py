@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Final
 
 from attrs import frozen
 
-from ..errors import RunFolderError
+from ..recovery.files import check_replaceable
 from ..recovery.layout import RunLayout
 
 __all__ = ["ShardFolder", "check_shards_root", "shard_folders", "shard_output", "shards_root"]
@@ -81,21 +80,8 @@ def check_shards_root(output: str | os.PathLike[str]) -> None:
     """Refuse a shards folder that is a symlink or not a directory (read-only).
 
     Raises:
-        RunFolderError: naming the path, what it is, and the remedy.
+        RunFolderError: naming the path, what it is, and the remedy (`check_replaceable`).
     """
-    root = shards_root(output)
-    try:
-        mode = os.lstat(root).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(mode):
-        raise RunFolderError(
-            f"the shards folder {str(root)!r} is a symlink; trollout never writes through links "
-            "(one could point outside the run folder); remove the link, or collect into "
-            "another output file (-o)"
-        )
-    if not stat.S_ISDIR(mode):
-        raise RunFolderError(
-            f"the shards folder {str(root)!r} is not a directory trollout made; it would be "
-            "written into; move it away, or collect into another output file (-o)"
-        )
+    check_replaceable(
+        shards_root(output), "the shards folder", "another output file (-o)", folder=True
+    )

@@ -7,7 +7,7 @@ answers 2 GB takes the collector's memory with it (3.5 GB RSS measured). The exp
 reply as a stream and stops past the bound. An OTLP reply is a small protobuf or JSON message
 (an empty success, or a partial-success count and text), so 1 MiB is far above any honest one.
 
-A reply past the bound raises `TelemetryReplyTooLarge`, a ``requests`` error that is not a
+A reply past the bound raises `TelemetryReplyTooLargeError`, a ``requests`` error that is not a
 connection error: the exporter gives up on that batch (no retry) and logs one line, which
 runtime.py's filter shows once per run as ``trollout: telemetry: Failed to export ...`` naming
 the URL (without credentials) and the bound. The connection is closed, not drained. Telemetry
@@ -35,7 +35,7 @@ from requests.adapters import HTTPAdapter
 
 from ..text import public_url
 
-__all__ = ["MAX_TELEMETRY_REPLY_BYTES", "TelemetryReplyTooLarge", "otlp_session"]
+__all__ = ["MAX_TELEMETRY_REPLY_BYTES", "TelemetryReplyTooLargeError", "otlp_session"]
 
 MAX_TELEMETRY_REPLY_BYTES: Final = 1024 * 1024
 """The longest OTLP receiver reply read (an honest one is a few bytes to a few KB)."""
@@ -44,7 +44,7 @@ METRICS_CREDENTIAL_VAR: Final = "OTEL_PYTHON_EXPORTER_OTLP_HTTP_METRICS_CREDENTI
 _CHUNK_BYTES: Final = 65536
 
 
-class TelemetryReplyTooLarge(requests.exceptions.RequestException):
+class TelemetryReplyTooLargeError(requests.exceptions.RequestException):
     """An OTLP receiver's reply is longer than `MAX_TELEMETRY_REPLY_BYTES`."""
 
 
@@ -65,7 +65,7 @@ class BoundedAdapter(HTTPAdapter):
         """Send `request`; return its response with the body read (`stream` is ignored).
 
         Raises:
-            TelemetryReplyTooLarge: the body is longer than `limit` (its connection closed).
+            TelemetryReplyTooLargeError: the body is longer than `limit` (its connection closed).
             requests.RequestException: as `HTTPAdapter.send`.
         """
         response = super().send(request, stream=True, **kwargs)
@@ -74,7 +74,7 @@ class BoundedAdapter(HTTPAdapter):
             for chunk in response.iter_content(_CHUNK_BYTES):
                 body += chunk
                 if len(body) > self.limit:
-                    raise TelemetryReplyTooLarge(
+                    raise TelemetryReplyTooLargeError(
                         f"the reply to {request.method} {public_url(str(request.url))} is "
                         f"larger than {self.limit} bytes (MAX_TELEMETRY_REPLY_BYTES), so it was "
                         "not read"
