@@ -67,8 +67,8 @@ def child(stage: str, folder: Path, n: int, head_port: int) -> None:
 
     import trio
 
-    from trollout.collector.deployment import Deployment
-    from trollout.collector.plan import plan_rollouts
+    from trollout.collector.deployment.discovery import Deployment
+    from trollout.collector.planning.plan import plan_rollouts
     from trollout.config import RunConfig
     from trollout.recovery import run_folder
     from trollout.recovery.files import write_materialized
@@ -129,8 +129,8 @@ async def _engine(rows_path: Path, out: Path, n: int) -> None:
     import orjson
     import trio
 
-    from trollout.collector.engine import open_collector
-    from trollout.collector.transport import RawResponse
+    from trollout.collector.engine.collector import open_collector
+    from trollout.collector.http.transport import RawResponse
     from trollout.config import RunConfig
     from trollout.recovery.layout import RunLayout
     from trollout.recovery.store import open_run_store

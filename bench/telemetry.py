@@ -45,7 +45,7 @@ def run_client(mode: str, url: str, rows_path: Path, out: Path, concurrency: int
     import trio
 
     from trollout import jsonl
-    from trollout.collector.engine import open_collector
+    from trollout.collector.engine.collector import open_collector
     from trollout.config import RunConfig
     from trollout.records import MaterializedRow
     from trollout.recovery.layout import RunLayout
@@ -86,7 +86,7 @@ def run_client(mode: str, url: str, rows_path: Path, out: Path, concurrency: int
 async def _observed(mode: str, config: Any, url: str, store: Any, rows: Any, n: int) -> Any:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from trollout.collector.engine import open_collector
+    from trollout.collector.engine.collector import open_collector
     from trollout.telemetry import TelemetrySettings
     from trollout.telemetry.runtime import open_telemetry
 

@@ -99,7 +99,7 @@ def run_trollout(
     import trio
 
     from trollout import jsonl
-    from trollout.collector.engine import open_collector
+    from trollout.collector.engine.collector import open_collector
     from trollout.config import RunConfig
     from trollout.records import MaterializedRow
     from trollout.recovery.layout import RunLayout

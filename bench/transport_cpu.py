@@ -7,7 +7,7 @@ many Trio tasks (after a warm-up that opens the connections), and the CPU time p
 printed.
 
 Clients: ``h11`` is `Http11Transport.post` (the key is historical: it runs trollout's own
-codec, collector/http11.py); ``httpx`` is ``httpx.AsyncClient`` with its default transport
+codec, collector/http/http11.py); ``httpx`` is ``httpx.AsyncClient`` with its default transport
 (httpcore), given ``Limits(max_connections=concurrency)`` so that neither client queues for a
 connection; ``bare`` is one h11 connection per task in a plain loop, no pool, no timeouts, no
 error mapping (its figure includes opening its connections); ``raw`` is the floor of any Trio
@@ -33,7 +33,7 @@ import httpx
 import orjson
 import trio
 
-from trollout.collector.transport import Http11Transport
+from trollout.collector.http.transport import Http11Transport
 
 _REPLY = orjson.dumps({"responses_create_params": {"input": []}, "response": {}, "reward": 1.0})
 _RESPONSE = (

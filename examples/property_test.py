@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trollout
-from trollout.collector.sink import ListSink
+from trollout.collector.engine.sink import ListSink
 from trollout.testing import AgentSpec, DeploymentSpec, FaultScript, open_fake_deployment, task_rows
 from trollout.testing.strategies import fault_scripts
 

@@ -26,9 +26,9 @@ import trio
 from click.testing import CliRunner, Result
 
 from trollout import jsonl
-from trollout.collector.engine import Collector, open_collector
-from trollout.collector.sink import OutcomeSink
-from trollout.collector.transport import RawResponse
+from trollout.collector.engine.collector import Collector, open_collector
+from trollout.collector.engine.sink import OutcomeSink
+from trollout.collector.http.transport import RawResponse
 from trollout.config import RunConfig
 from trollout.records import Failed, Identity, Landed, MaterializedRow, OmitReason, Omitted
 from trollout.testing import Fault, FaultContext, task_rows

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trollout.collector.dispatch import DispatchPolicy
-from trollout.collector.retry import RetryPolicy
+from trollout.collector.dispatch.request import DispatchPolicy
+from trollout.collector.dispatch.retry import RetryPolicy
 from trollout.config import (
     NULL_MEANS_DEFAULT,
     FsyncPolicy,

@@ -10,7 +10,7 @@ and hold:
   citation written against one version of the page still points at the right rules;
 - every named section ("docs/design.md, Durability") is a heading of that page;
 - every relative link of the README and of ``docs/`` reaches a file;
-- every source file a page names (``collector/retry.py``) exists, so the newcomer's map
+- every source file a page names (``collector/dispatch/retry.py``) exists, so the newcomer's map
   cannot drift from the tree;
 - the architecture page names every package under ``src/trollout``.
 """
@@ -129,7 +129,7 @@ def test_docs_relative_links_reach_files() -> None:
 
 
 def test_docs_name_only_source_files_that_exist() -> None:
-    """A page naming ``collector/retry.py`` (or ``tests/...``) names a file of the tree."""
+    """A page naming ``collector/dispatch/retry.py`` (or ``tests/...``) names a file of the tree."""
     named = re.compile(r"`((?:[\w.-]+/)+[\w.-]+\.py)`")
     bases = (ROOT, SRC, ROOT / "src")
     missing = []

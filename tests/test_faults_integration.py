@@ -18,12 +18,12 @@ import httpx
 import trio
 
 from builders import HANG_GUARD_S, materialized_rows, wait_until
-from trollout.collector.dispatch import DispatchPolicy, dispatch
-from trollout.collector.engine import open_collector
-from trollout.collector.retry import RetryPolicy, RetryState
-from trollout.collector.sink import ListSink
-from trollout.collector.timing import RunTimer, TimingBounds
-from trollout.collector.transport import Http11Transport
+from trollout.collector.dispatch.request import DispatchPolicy, dispatch
+from trollout.collector.dispatch.retry import RetryPolicy, RetryState
+from trollout.collector.engine.collector import open_collector
+from trollout.collector.engine.sink import ListSink
+from trollout.collector.engine.timing import RunTimer, TimingBounds
+from trollout.collector.http.transport import Http11Transport
 from trollout.config import RunConfig
 from trollout.records import Delivery, Failed, Landed, MaterializedRow
 from trollout.testing import (
@@ -173,7 +173,7 @@ async def test_dead_and_hanging_endpoints_fail_typed_while_others_complete() -> 
     }
     # Ended by the limit (the timeout path names it). That it fires at the limit exactly, never
     # earlier, is timed on the fake clock: test_dispatch_rollout_timeout_ends_a_hang_at_the_limit
-    # in tests/collector/test_retry.py.
+    # in tests/collector/dispatch/test_retry.py.
     assert all("rollout_timeout_s=1.0" in (o.message or "") for o in stuck)
     assert len(sink.outcomes) == 12
 

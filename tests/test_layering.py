@@ -102,10 +102,11 @@ def reaching(sources: Iterable[str], forbidden: tuple[str, ...]) -> list[str]:
 def test_layering_graph_sees_every_module_and_relative_import() -> None:
     """The parser finds the layers and resolves relative imports (a guard on the guard)."""
     edges = graph()
-    assert {"trollout", "trollout.collector.engine", "trollout.cli.main"} <= set(edges)
-    assert "trollout.collector.dispatch" in edges["trollout.collector.engine"]  # from .dispatch
+    assert {"trollout", "trollout.collector.engine.collector", "trollout.cli.main"} <= set(edges)
+    engine = edges["trollout.collector.engine.collector"]
+    assert "trollout.collector.dispatch.request" in engine  # from ..dispatch.request
     assert "trollout.errors" in edges["trollout.config"]  # from .errors
-    assert "trollout.collector.engine" in edges["trollout"]  # from .collector.engine
+    assert "trollout.collector.engine.collector" in edges["trollout"]  # from .collector.engine...
 
 
 def test_layering_leaves_import_only_errors() -> None:
@@ -130,7 +131,7 @@ def test_layering_only_cli_imports_cli() -> None:
 
 def test_layering_metrics_imports_neither_cli_nor_the_engine() -> None:
     """Aggregation reads run folders; it reaches neither cli nor collector.engine."""
-    forbidden = ("trollout.cli", "trollout.collector.engine")
+    forbidden = ("trollout.cli", "trollout.collector.engine.collector")
     assert reaching(modules_in("trollout.metrics"), forbidden) == []
 
 

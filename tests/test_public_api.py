@@ -18,7 +18,7 @@ def test_public_api_exports_exist() -> None:
 
 def test_the_transport_has_one_name() -> None:
     """`Http11Transport` only: the alias from when it was h11 (`H11Transport`) is gone."""
-    from trollout.collector import transport
+    from trollout.collector.http import transport
 
     assert "Http11Transport" in trollout.__all__
     assert not hasattr(trollout, "H11Transport")

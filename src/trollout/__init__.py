@@ -26,13 +26,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .collector.batch import Batch, BatchOutcome, shard_rollout_id
-from .collector.deployment import Deployment, Route, discover
-from .collector.engine import Collector, open_collector, url_resolver
-from .collector.plan import Plan, plan_rollouts, plan_rows
-from .collector.progress import Progress
-from .collector.sink import ListSink, OutcomeSink
-from .collector.transport import Http11Transport, PostTransport, RawResponse
+from .collector.deployment.discovery import Deployment, Route, discover
+from .collector.engine.batch import Batch, BatchOutcome, shard_rollout_id
+from .collector.engine.collector import Collector, open_collector, url_resolver
+from .collector.engine.progress import Progress
+from .collector.engine.sink import ListSink, OutcomeSink
+from .collector.http.transport import Http11Transport, PostTransport, RawResponse
+from .collector.planning.plan import Plan, plan_rollouts, plan_rows
 from .config import FsyncPolicy, RunConfig, SeedMode, load_config
 from .driver.rollouts import Rollouts, open_rollouts
 from .errors import (

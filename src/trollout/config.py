@@ -122,7 +122,7 @@ class FsyncPolicy(enum.Enum):
 
 
 class OutagePolicy(enum.Enum):
-    """What the run does once an endpoint is down (collector/retry.py's design note)."""
+    """What the run does once an endpoint is down (collector/dispatch/retry.py's design note)."""
 
     STOP = "stop"  # stop the run, exit 1, resumable: one line names the endpoint (default)
     FAIL = "fail"  # fail its rollouts (endpoint_down, not sent) and go on with the others
@@ -356,10 +356,10 @@ class RunConfig:
     reply_timeout_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
     max_reply_bytes: int = attrs.field(default=256 * 1024 * 1024, validator=POSITIVE_COUNT)
     # a 200 whose echoed responses_create_params.input is another conversation is
-    # identity_mismatch (collector/classify.py); false for agents that rewrite their input
+    # identity_mismatch (collector/classify/outcomes.py); false for agents that rewrite their input
     check_echoed_input: bool = attrs.field(default=True, validator=_flag)
     max_rollouts: int = attrs.field(default=10_000_000, validator=POSITIVE_COUNT)  # a plan's size
-    # the outage grace: an endpoint that gave no answer this long is down (collector/retry.py)
+    # the outage grace: an endpoint that gave no answer this long is down (dispatch/retry.py)
     dispatch_connect_grace_s: float = attrs.field(default=30.0, validator=SECONDS)
     max_connect_retries: int = attrs.field(default=4, validator=COUNT)  # own, per attempt
     on_endpoint_outage: OutagePolicy = attrs.field(default=OutagePolicy.STOP, converter=_outage)
@@ -376,7 +376,7 @@ class RunConfig:
         default=5, validator=POSITIVE_COUNT.or_none
     )
     require_complete: bool = attrs.field(default=False, validator=_flag)
-    # retries, budgets, breaker and the per-rollout limit (collector/retry.py's design note)
+    # retries, budgets, breaker and the per-rollout limit (dispatch/retry.py design note)
     retry_requests: bool = attrs.field(default=False, validator=_flag)  # new attempt numbers
     max_request_retries: int = attrs.field(default=3, validator=COUNT)  # per rollout
     retry_backoff_base_s: float = attrs.field(default=0.5, validator=SECONDS)
@@ -386,7 +386,7 @@ class RunConfig:
     breaker_open_s: float = attrs.field(default=5.0, validator=POSITIVE_SECONDS)  # the longest
     rollout_timeout_s: float | None = attrs.field(default=None, validator=POSITIVE_SECONDS.or_none)
     timeout_is_terminal: bool = attrs.field(default=False, validator=_flag)
-    # the run timing report (docs/protocol.md section 9; collector/timing.py)
+    # the run timing report (docs/protocol.md section 9; collector/engine/timing.py)
     server_queue_metrics_urls: list[str] = attrs.field(factory=list)
     server_queue_sample_interval_s: float = attrs.field(default=10.0, validator=POSITIVE_SECONDS)
     server_queue_max_waiting_ratio: float = attrs.field(default=1.0, validator=RATIO)

@@ -1,7 +1,7 @@
 """The four bad days of issue 21 through the real `trollout collect` against the bundled fake in
 its own process: what the command exits with, what lands, what fails, what the server took.
 
-How long each takes is asserted on the fake clock in tests/collector/test_bad_days.py and
+How long each takes is asserted on the fake clock in tests/collector/dispatch/test_bad_days.py and
 measured on the wall clock by bench/retry_days.py; here nothing waits on time.
 """
 

@@ -15,8 +15,8 @@ import trollout
 from builders import materialized_rows, read_jsonl
 from trollout.cli.main import cli
 from trollout.cli.progress import ProgressReporter, format_duration
-from trollout.collector.engine import open_collector
-from trollout.collector.transport import RawResponse
+from trollout.collector.engine.collector import open_collector
+from trollout.collector.http.transport import RawResponse
 from trollout.config import RunConfig
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"

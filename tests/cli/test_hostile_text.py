@@ -21,9 +21,9 @@ from click.testing import CliRunner, Result
 from trollout.cli.common import fail, report_errors
 from trollout.cli.main import cli
 from trollout.cli.progress import ProgressReporter
-from trollout.collector.engine import open_collector
-from trollout.collector.timing_report import Straggler
-from trollout.collector.transport import RawResponse
+from trollout.collector.engine.collector import open_collector
+from trollout.collector.engine.timing_report import Straggler
+from trollout.collector.http.transport import RawResponse
 from trollout.config import RunConfig
 from trollout.errors import DeploymentError, RunStoppedError
 from trollout.records import Identity, MaterializedRow

@@ -25,7 +25,7 @@ from builders import (
     read_jsonl,
     wait_for,
 )
-from trollout.collector.transport import RawResponse
+from trollout.collector.http.transport import RawResponse
 from trollout.driver.bridge import BatchTask, RolloutsThread
 from trollout.driver.sync import SyncBatch
 from trollout.errors import TrolloutError

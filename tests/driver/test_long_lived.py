@@ -17,7 +17,7 @@ import trio
 
 import trollout
 from builders import HANG_GUARD_S
-from trollout.collector.sink import ListSink
+from trollout.collector.engine.sink import ListSink
 from trollout.records import Landed, OmitReason, Omitted
 from trollout.testing import AgentSpec, DeploymentSpec, open_fake_deployment, task_rows
 
@@ -76,7 +76,7 @@ def _traced_bytes(skip: str) -> int:
 async def test_two_thousand_batches_leave_no_task_fd_or_memory_behind() -> None:
     """Tasks and descriptors after 2,000 batches equal those after 1,100, and traced memory
     is flat but for the timing report's 8 bytes per finished rollout, by design
-    (collector/timing.py's design note), which is left out of the count.
+    (collector/engine/timing.py's design note), which is left out of the count.
 
     The warm-up fills what is bounded but fills slowly: the pooled connections, and the 4,096
     recent durations the dispatch window keeps for its p75 (window.py).

@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from builders import materialized_rows
-from trollout.collector.engine import open_collector
-from trollout.collector.transport import RawResponse
+from trollout.collector.engine.collector import open_collector
+from trollout.collector.http.transport import RawResponse
 from trollout.config import FsyncPolicy, RunConfig
 from trollout.errors import RunFolderError
 from trollout.records import Failed, Identity, Landed

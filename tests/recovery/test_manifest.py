@@ -7,7 +7,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from trollout.collector.deployment import Deployment
+from trollout.collector.deployment.discovery import Deployment
 from trollout.config import RunConfig
 from trollout.errors import ConfigError, RunChangedError, RunFolderError
 from trollout.recovery.layout import RunLayout

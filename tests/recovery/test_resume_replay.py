@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 
 from trollout import jsonl
 from trollout.cli.collect import collect_run
-from trollout.collector.deployment import Deployment
-from trollout.collector.transport import RawResponse
+from trollout.collector.deployment.discovery import Deployment
+from trollout.collector.http.transport import RawResponse
 from trollout.config import FsyncPolicy, RunConfig
 from trollout.records import Failed, Landed, Omitted, Outcome
 from trollout.recovery.layout import RunLayout

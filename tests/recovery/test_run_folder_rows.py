@@ -12,8 +12,8 @@ import trio
 from attrs import frozen
 
 from builders import served_block
-from trollout.collector.deployment import Deployment
-from trollout.collector.plan import Plan, plan_rollouts
+from trollout.collector.deployment.discovery import Deployment
+from trollout.collector.planning.plan import Plan, plan_rollouts
 from trollout.config import RunConfig
 from trollout.errors import InputError
 from trollout.records import MaterializedRow

@@ -38,8 +38,8 @@ from builders import (  # noqa: E402
 from trollout.cli import ray_run  # noqa: E402
 from trollout.cli.ray_block import WIND_DOWN, BlockReport, Control, _run_block  # noqa: E402
 from trollout.cli.ray_handout import HandoutEnd, RayRun  # noqa: E402
-from trollout.collector.deployment import Deployment  # noqa: E402
-from trollout.collector.progress import Progress  # noqa: E402
+from trollout.collector.deployment.discovery import Deployment  # noqa: E402
+from trollout.collector.engine.progress import Progress  # noqa: E402
 from trollout.config import RunConfig  # noqa: E402
 from trollout.errors import RunFolderLockedError, RunStoppedError  # noqa: E402
 from trollout.recovery.layout import RunLayout  # noqa: E402

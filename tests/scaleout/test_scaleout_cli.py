@@ -196,7 +196,7 @@ def test_ray_progress_sums_ended_hand_outs_and_running_snapshots() -> None:
 
     from trollout.cli.ray_block import BlockReport
     from trollout.cli.ray_handout import HandoutEnd, total_progress
-    from trollout.collector.progress import Progress
+    from trollout.collector.engine.progress import Progress
 
     ended = Progress(landed=3, reward_sum=2.0, scored=3)
     end = HandoutEnd(reports={(0, 1): BlockReport(0, ended, None, 11)})

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from builders import HANG_GUARD_S, invoke, read_jsonl, wait_for, write_jsonl
-from trollout.collector.task_selection import task_shard
+from trollout.collector.planning.task_selection import task_shard
 from trollout.testing import FakeUrls, task_rows
 
 pytestmark = pytest.mark.slow

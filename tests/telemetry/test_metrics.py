@@ -10,7 +10,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from builders import failed, landed, omitted
-from trollout.collector.retry import BreakerState, RetryState
+from trollout.collector.dispatch.retry import BreakerState, RetryState
 from trollout.telemetry.metrics import RunMetrics, metric_failure_class
 
 

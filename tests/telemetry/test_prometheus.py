@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from builders import collect_config, count_lines, read_jsonl, wait_until, write_tasks_input
 from trollout.cli.collect import collect_run
-from trollout.collector.engine import Collector
+from trollout.collector.engine.collector import Collector
 from trollout.testing import AgentSpec, DeploymentSpec, Fault, FaultContext, open_fake_deployment
 
 TASKS, HANGING = 12, 3

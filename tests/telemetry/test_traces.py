@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from builders import AGENT, materialized_rows
-from trollout.collector.engine import open_collector
+from trollout.collector.engine.collector import open_collector
 from trollout.config import RunConfig
 from trollout.records import Failed, Landed
 from trollout.telemetry import TelemetrySettings

@@ -12,8 +12,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from builders import materialized_rows
-from trollout.collector.engine import open_collector
-from trollout.collector.retry import endpoint_of, public_url
+from trollout.collector.dispatch.retry import endpoint_of, public_url
+from trollout.collector.engine.collector import open_collector
 from trollout.config import RunConfig
 from trollout.telemetry import TelemetrySettings
 from trollout.telemetry.runtime import open_telemetry
@@ -75,7 +75,7 @@ async def test_failure_rows_never_carry_an_agent_urls_secrets() -> None:
 
     import trio
 
-    from trollout.collector.sink import ListSink
+    from trollout.collector.engine.sink import ListSink
     from trollout.records import Failed
 
     closed = socket.socket()

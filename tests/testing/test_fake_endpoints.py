@@ -12,7 +12,7 @@ import trio
 import yaml
 
 from builders import wait_until
-from trollout.collector.deployment import Deployment
+from trollout.collector.deployment.discovery import Deployment
 from trollout.testing import (
     FAKE_API_KEY,
     AgentSpec,

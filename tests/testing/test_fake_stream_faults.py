@@ -11,7 +11,7 @@ import orjson
 import pytest
 import trio
 
-from trollout.collector.http11 import ResponseParser
+from trollout.collector.http.http11 import ResponseParser
 from trollout.testing import (
     DeploymentSpec,
     FakeDeployment,

@@ -32,7 +32,7 @@ import orjson
 import trio
 from rich.console import Console
 
-from ..collector.deployment import discover
+from ..collector.deployment.discovery import discover
 from ..config import DEFAULT_MAX_INPUT_LINE_BYTES, head_server_url, parse_override
 from ..errors import ConfigError, DeploymentError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_shards, print_report

@@ -28,11 +28,11 @@ import click
 import trio
 from rich.console import Console
 
-from ..collector.deployment import Deployment, discover
-from ..collector.plan import Plan, plan_rollouts
-from ..collector.plan_input import FileSource
-from ..collector.progress import Progress
-from ..collector.transport import PostTransport
+from ..collector.deployment.discovery import Deployment, discover
+from ..collector.engine.progress import Progress
+from ..collector.http.transport import PostTransport
+from ..collector.planning.input_file import FileSource
+from ..collector.planning.plan import Plan, plan_rollouts
 from ..config import RunConfig
 from ..errors import ConfigError, IncompleteEvaluationError, RunFolderError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report

@@ -19,7 +19,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
-from ..collector.transport import Http11Transport
+from ..collector.http.transport import Http11Transport
 from ..config import RunConfig
 from ..errors import (
     ConfigError,

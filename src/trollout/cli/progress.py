@@ -21,8 +21,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ..collector.engine import Collector
-from ..collector.progress import Progress
+from ..collector.engine.collector import Collector
+from ..collector.engine.progress import Progress
 from ..text import visible
 
 __all__ = ["ProgressReporter", "format_duration", "summary_table"]

@@ -32,10 +32,10 @@ import attrs
 import ray
 import trio
 
-from ..collector.deployment import Deployment
-from ..collector.engine import Collector
-from ..collector.progress import Progress
-from ..collector.served_config import Server
+from ..collector.deployment.discovery import Deployment
+from ..collector.deployment.served_config import Server
+from ..collector.engine.collector import Collector
+from ..collector.engine.progress import Progress
 from ..config import RunConfig
 from ..errors import ConfigError, DeploymentError, RunFolderError, RunStoppedError, TrolloutError
 from .collect import RunResult, collect_run

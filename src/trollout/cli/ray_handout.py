@@ -31,8 +31,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from ..collector.deployment import Deployment
-from ..collector.progress import Progress
+from ..collector.deployment.discovery import Deployment
+from ..collector.engine.progress import Progress
 from ..config import RunConfig
 from ..recovery.layout import RunLayout
 from ..scaleout.layout import shard_output

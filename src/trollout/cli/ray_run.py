@@ -61,8 +61,8 @@ import attrs
 import ray
 import trio
 
-from ..collector.deployment import Deployment
-from ..collector.plan import Plan, plan_rollouts
+from ..collector.deployment.discovery import Deployment
+from ..collector.planning.plan import Plan, plan_rollouts
 from ..config import RunConfig
 from ..errors import (
     ConfigError,

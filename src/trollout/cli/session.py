@@ -27,8 +27,8 @@ from typing import IO, TYPE_CHECKING
 import attrs
 import trio
 
-from ..collector.engine import Collector, open_collector
-from ..collector.transport import PostTransport
+from ..collector.engine.collector import Collector, open_collector
+from ..collector.http.transport import PostTransport
 from ..config import RunConfig
 from ..records import Identity, MaterializedRow
 from ..recovery.store import RunStore

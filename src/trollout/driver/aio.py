@@ -23,8 +23,8 @@ from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..collector.batch import BatchOutcome, BatchRows
-from ..collector.deployment import Deployment
+from ..collector.deployment.discovery import Deployment
+from ..collector.engine.batch import BatchOutcome, BatchRows
 from .bridge import BatchCallbacks, FrontEndBatch, FrontEndRollouts, RolloutsThread
 
 __all__ = ["AioBatch", "AioRollouts", "open_rollouts"]

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from ..collector.transport import RawResponse
+from ..collector.http.transport import RawResponse
 from ..errors import UnknownAgentError
 
 __all__ = ["AsyncioAgent", "AsyncioAgentTransport", "open_asyncio_agents"]

@@ -36,9 +36,9 @@ from typing import Any
 
 import trio
 
-from ..collector.batch import BatchOutcome, BatchRows
-from ..collector.deployment import Deployment
-from ..collector.plan import plan_rows
+from ..collector.deployment.discovery import Deployment
+from ..collector.engine.batch import BatchOutcome, BatchRows
+from ..collector.planning.plan import plan_rows
 from ..config import RunConfig
 from ..errors import TrolloutError
 from ..records import MaterializedRow

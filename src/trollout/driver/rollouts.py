@@ -23,12 +23,12 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ..collector.batch import Batch, BatchOutcome, BatchRows, check_run_id, new_run_id
-from ..collector.deployment import Deployment
-from ..collector.engine import Collector, open_collector
-from ..collector.plan import plan_rows
-from ..collector.served_config import kind
-from ..collector.transport import PostTransport
+from ..collector.deployment.discovery import Deployment
+from ..collector.deployment.served_config import kind
+from ..collector.engine.batch import Batch, BatchOutcome, BatchRows, check_run_id, new_run_id
+from ..collector.engine.collector import Collector, open_collector
+from ..collector.http.transport import PostTransport
+from ..collector.planning.plan import plan_rows
 from ..config import RunConfig
 from ..errors import ArgumentTypeError, ConfigError
 from ..records import MaterializedRow

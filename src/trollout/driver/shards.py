@@ -40,8 +40,8 @@ from typing import Any
 import attrs
 import trio
 
-from ..collector.batch import BatchRows, RowStamper
-from ..collector.deployment import AGENTS, Deployment
+from ..collector.deployment.discovery import AGENTS, Deployment
+from ..collector.engine.batch import BatchRows, RowStamper
 from ..config import RunConfig
 from ..errors import ConfigError, TrolloutError
 from ..records import MaterializedRow, OmitReason, Omitted

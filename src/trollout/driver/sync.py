@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
-from ..collector.batch import BatchOutcome, BatchRows
-from ..collector.deployment import Deployment
+from ..collector.deployment.discovery import Deployment
+from ..collector.engine.batch import BatchOutcome, BatchRows
 from .bridge import BatchCallbacks, FrontEndBatch, FrontEndRollouts, RolloutsThread
 
 __all__ = ["SyncBatch", "SyncRollouts", "open_rollouts"]

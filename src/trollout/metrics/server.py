@@ -26,7 +26,7 @@ import httpx
 import orjson
 from attrs import frozen
 
-from ..collector.transport import read_bounded
+from ..collector.http.transport import read_bounded
 from ..text import concealed, public_url
 from .coverage import GroupKey
 

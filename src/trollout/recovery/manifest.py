@@ -31,13 +31,12 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from attrs import frozen
 
 from .._version import __version__
-from ..collector.deployment import ENVIRONMENTS, Deployment
 from ..config import RunConfig, plan_differences
 from ..config import converter as config_converter
 from ..errors import ConfigError, RunChangedError, RunFolderError
@@ -46,6 +45,7 @@ from .files import replace_atomically
 from .layout import RunLayout
 
 __all__ = [
+    "Deployment",
     "FolderState",
     "ManifestCheck",
     "build_manifest",
@@ -109,10 +109,21 @@ def saved_settings(config: RunConfig) -> dict[str, Any]:
     return settings
 
 
-def agent_set(deployment: Deployment) -> dict[str, Any]:
-    """Return the names a manifest keeps to explain a changed deployment fingerprint."""
-    envs = sorted(s.name for s in deployment.servers if s.server_type == ENVIRONMENTS)
-    return {"agents": sorted(deployment.known_agents), "environment_servers": envs}
+class Deployment(Protocol):
+    """What the run folder needs of a deployment: `collector.deployment.Deployment` is one.
+
+    A protocol, not an import: the run folder sits beside the collector and never reaches into
+    its stages (docs/architecture.md); the run layer hands it the deployment it discovered.
+    """
+
+    def fingerprint(self) -> str:
+        """Return sha256 of the agent set and routes (names and types, never hosts or ports)."""
+
+    def agent_set(self) -> dict[str, Any]:
+        """Return the names a manifest keeps to explain a changed fingerprint."""
+
+    def policy_model_servers(self) -> dict[str, str]:
+        """Return agent or environment server name -> the model server of the agent it runs."""
 
 
 def build_manifest(
@@ -135,7 +146,7 @@ def build_manifest(
         expected_rollouts=expected,
         tasks=tasks,
         settings=saved_settings(config),
-        deployment=agent_set(deployment),
+        deployment=deployment.agent_set(),
     )
 
 
@@ -247,7 +258,7 @@ class ManifestCheck:
             settings_sha256=config.plan_fingerprint(),
             deployment_sha256=deployment.fingerprint(),
             settings=saved_settings(config),
-            deployment=agent_set(deployment),
+            deployment=deployment.agent_set(),
         )
 
 

@@ -35,13 +35,13 @@ import trio
 from attrs import define, frozen
 
 from .. import jsonl
-from ..collector.deployment import Deployment
-from ..collector.plan_input import regular_file
 from ..config import RunConfig
 from ..errors import ConfigError, InputError, RunFolderError
+from ..paths import regular_file
 from ..records import MaterializedRow, RunManifest
 from .layout import RunLayout
 from .manifest import (
+    Deployment,
     FolderState,
     ManifestCheck,
     build_manifest,

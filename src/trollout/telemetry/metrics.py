@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Final
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 
-from ..collector.retry import BreakerState
+from ..collector.dispatch.retry import BreakerState
 from ..records import Failed, FailureClass, Landed, OmitReason, Outcome
 
 if TYPE_CHECKING:
-    from ..collector.engine import Collector
+    from ..collector.engine.collector import Collector
 
 __all__ = ["LATENCY_BUCKETS_S", "RunMetrics", "metric_failure_class"]
 

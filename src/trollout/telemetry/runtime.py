@@ -1,7 +1,7 @@
 """The run's telemetry: providers, exporters, the Prometheus endpoint, the engine's observer.
 
 `open_telemetry` builds what `TelemetrySettings` asks for and yields a `Telemetry`, which is the
-collector's `Observer` (collector/observer.py). Telemetry never fails a rollout: every hook
+collector's `Observer` (collector/engine/observer.py). Telemetry never fails a rollout: every hook
 catches its own errors (the first is logged, the rest are not), and exporting happens in the
 SDK's threads. Closing ends the job span and flushes, bounded by `SHUTDOWN_S`: an unreachable
 OTLP receiver delays the end of a run by at most that, and never changes an outcome. The OTLP
@@ -30,8 +30,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
-from ..collector.engine import Collector
-from ..collector.observer import AttemptTrace
+from ..collector.engine.collector import Collector
+from ..collector.engine.observer import AttemptTrace
 from ..records import Failed, Landed, MaterializedRow, Outcome
 from . import TelemetrySettings
 from .metrics import RunMetrics
@@ -109,7 +109,7 @@ class Telemetry:
         if self.tracing is not None:
             self.tracing.start_job({"trollout.rollouts.expected": expected, **(attributes or {})})
 
-    # --- the Observer hooks (collector/observer.py) ---------------------------------------
+    # --- the Observer hooks (collector/engine/observer.py) ---------------------------------------
 
     def attempt_started(self, row: MaterializedRow, attempt: int, url: str) -> AttemptTrace:
         """Open the attempt's span (its context goes out as ``traceparent``)."""

@@ -22,7 +22,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from ..collector.retry import public_url
+from ..collector.dispatch.retry import public_url
 from ..records import Failed, Landed, MaterializedRow
 
 __all__ = ["ROLLOUT_REPEAT_ATTRIBUTE", "TASK_ID_ATTRIBUTE", "AttemptSpan", "Tracing"]
