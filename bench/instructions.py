@@ -69,10 +69,10 @@ def child(stage: str, folder: Path, n: int, head_port: int) -> None:
 
     from trollout.collector.deployment.discovery import Deployment
     from trollout.collector.planning.plan import plan_rollouts
-    from trollout.config import RunConfig
     from trollout.recovery import run_folder
     from trollout.recovery.files import write_materialized
     from trollout.recovery.layout import RunLayout
+    from trollout.settings import RunConfig
 
     source = folder / f"in{n}.jsonl"
     out = folder / f"{stage}{n}"
@@ -131,9 +131,9 @@ async def _engine(rows_path: Path, out: Path, n: int) -> None:
 
     from trollout.collector.engine.collector import open_collector
     from trollout.collector.http.transport import RawResponse
-    from trollout.config import RunConfig
     from trollout.recovery.layout import RunLayout
     from trollout.recovery.store import open_run_store
+    from trollout.settings import RunConfig
 
     class Answering:
         """Answers every POST at its next checkpoint with the reply, echoing the request's

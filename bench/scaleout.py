@@ -41,7 +41,7 @@ import trio
 from trollout import jsonl
 from trollout.cli.collect import collect_run
 from trollout.cli.ray_run import collect_on_ray
-from trollout.config import RunConfig
+from trollout.settings import RunConfig
 from trollout.testing import (
     AgentSpec,
     DeploymentSpec,

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import trio
 
-from trollout.config import FsyncPolicy, RunConfig
 from trollout.records import Failed, Identity, Landed, MaterializedRow, Outcome
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.store import open_run_store
+from trollout.settings import FsyncPolicy, RunConfig
 
 
 def outcomes(rows: int) -> list[Outcome]:

@@ -46,10 +46,10 @@ def run_client(mode: str, url: str, rows_path: Path, out: Path, concurrency: int
 
     from trollout import jsonl
     from trollout.collector.engine.collector import open_collector
-    from trollout.config import RunConfig
     from trollout.records import MaterializedRow
     from trollout.recovery.layout import RunLayout
     from trollout.recovery.store import open_run_store
+    from trollout.settings import RunConfig
 
     config = RunConfig(num_samples_in_parallel=concurrency, output_jsonl_fpath=str(out))
     n = sum(1 for _ in rows_path.open())

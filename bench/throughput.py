@@ -100,10 +100,10 @@ def run_trollout(
 
     from trollout import jsonl
     from trollout.collector.engine.collector import open_collector
-    from trollout.config import RunConfig
     from trollout.records import MaterializedRow
     from trollout.recovery.layout import RunLayout
     from trollout.recovery.store import open_run_store
+    from trollout.settings import RunConfig
 
     config = RunConfig(num_samples_in_parallel=concurrency, output_jsonl_fpath=str(out))
     n = sum(1 for _ in rows_path.open())

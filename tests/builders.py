@@ -29,8 +29,8 @@ from trollout import jsonl
 from trollout.collector.engine.collector import Collector, open_collector
 from trollout.collector.engine.sink import OutcomeSink
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.records import Failed, Identity, Landed, MaterializedRow, OmitReason, Omitted
+from trollout.settings import RunConfig
 from trollout.testing import Fault, FaultContext, task_rows
 
 HANG_GUARD_S = 120.0  # a wait this long is a hung test, not a slow machine

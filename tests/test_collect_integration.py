@@ -15,8 +15,8 @@ from builders import HangArrivals, cancel_when, collect_config, write_tasks_inpu
 from builders import read_jsonl as read
 from trollout import jsonl
 from trollout.cli.collect import collect_run
-from trollout.config import RunConfig
 from trollout.recovery.layout import RunLayout
+from trollout.settings import RunConfig
 from trollout.testing import (
     AgentSpec,
     DeploymentSpec,

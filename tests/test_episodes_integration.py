@@ -29,8 +29,8 @@ from builders import invoke, read_jsonl, served_block, write_jsonl
 from trollout.cli.collect import collect_run
 from trollout.collector.deployment.discovery import Deployment
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.recovery.layout import RunLayout
+from trollout.settings import RunConfig
 from trollout.testing import (
     AgentSpec,
     DeploymentSpec,

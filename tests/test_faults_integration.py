@@ -24,8 +24,8 @@ from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.sink import ListSink
 from trollout.collector.engine.timing import RunTimer, TimingBounds
 from trollout.collector.http.transport import Http11Transport
-from trollout.config import RunConfig
 from trollout.records import Delivery, Failed, Landed, MaterializedRow
+from trollout.settings import RunConfig
 from trollout.testing import (
     AgentSpec,
     DeploymentSpec,

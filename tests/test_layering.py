@@ -16,10 +16,10 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 ROOT = "trollout"
 # Leaves import nothing of ours but `trollout.errors`; a leaf added later goes here.
-LEAVES = frozenset(
-    {"trollout.records", "trollout.errors", "trollout.jsonl", "trollout.config", "trollout.text"}
-)
+LEAVES = frozenset({"trollout.records", "trollout.errors", "trollout.jsonl", "trollout.text"})
 LEAF_MAY_IMPORT = frozenset({"trollout.errors"})
+# Leaf packages: each of their modules imports only `trollout.errors` and the package itself.
+LEAF_PACKAGES = ("trollout.settings",)
 
 Graph = dict[str, frozenset[str]]
 
@@ -105,7 +105,8 @@ def test_layering_graph_sees_every_module_and_relative_import() -> None:
     assert {"trollout", "trollout.collector.engine.collector", "trollout.cli.main"} <= set(edges)
     engine = edges["trollout.collector.engine.collector"]
     assert "trollout.collector.dispatch.request" in engine  # from ..dispatch.request
-    assert "trollout.errors" in edges["trollout.config"]  # from .errors
+    assert "trollout.errors" in edges["trollout.settings.record"]  # from ..errors
+    assert "trollout.settings.fields" in edges["trollout.settings.record"]  # from .fields
     assert "trollout.collector.engine.collector" in edges["trollout"]  # from .collector.engine...
 
 
@@ -115,6 +116,17 @@ def test_layering_leaves_import_only_errors() -> None:
     assert edges["trollout.errors"] == frozenset()
     for leaf in sorted(LEAVES & set(edges)):
         assert edges[leaf] <= LEAF_MAY_IMPORT, f"{leaf} imports {sorted(edges[leaf])}"
+
+
+def test_layering_leaf_packages_import_only_errors_and_themselves() -> None:
+    """settings (the run record, its checks and the one loader) is a leaf package: every
+    layer may read settings, and settings reads nothing of the layers (not the run folder)."""
+    for package in LEAF_PACKAGES:
+        modules = modules_in(package)
+        assert len(modules) > 1, package
+        for module in modules:
+            outside = {m for m in graph()[module] if not within(m, package)}
+            assert outside <= LEAF_MAY_IMPORT, f"{module} imports {sorted(outside)}"
 
 
 def test_layering_collector_never_imports_recovery_or_cli() -> None:

@@ -33,7 +33,6 @@ from .collector.engine.progress import Progress
 from .collector.engine.sink import ListSink, OutcomeSink
 from .collector.http.transport import Http11Transport, PostTransport, RawResponse
 from .collector.planning.plan import Plan, plan_rollouts, plan_rows
-from .config import FsyncPolicy, RunConfig, SeedMode, load_config
 from .driver.rollouts import Rollouts, open_rollouts
 from .errors import (
     ArgumentTypeError,
@@ -65,6 +64,7 @@ from .records import (
 from .recovery.layout import RunLayout
 from .recovery.run_folder import MaterializedRows, RunFolder, open_run_folder
 from .recovery.store import RunStore, check_run_folder, open_run_store
+from .settings import FsyncPolicy, RunConfig, SeedMode, load_config
 
 if TYPE_CHECKING:
     from . import aio, sync

@@ -17,7 +17,7 @@ from trollout.cli.main import cli
 from trollout.cli.progress import ProgressReporter, format_duration
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
+from trollout.settings import RunConfig
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 

@@ -24,9 +24,9 @@ from trollout.cli.progress import ProgressReporter
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.timing_report import Straggler
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.errors import DeploymentError, RunStoppedError
 from trollout.records import Identity, MaterializedRow
+from trollout.settings import RunConfig
 from trollout.testing import AgentSpec, DeploymentSpec, spawn_fake_deployment
 
 # Each hostile class and how it must read on the terminal.

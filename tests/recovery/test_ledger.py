@@ -14,13 +14,13 @@ import trio
 from builders import materialized_rows
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.http.transport import RawResponse
-from trollout.config import FsyncPolicy, RunConfig
 from trollout.errors import RunFolderError
 from trollout.records import Failed, Identity, Landed
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.ledger import encode_reservation, read_entries, read_ledger
 from trollout.recovery.resume import ResumeRules, scan_run
 from trollout.recovery.store import open_run_store
+from trollout.settings import FsyncPolicy, RunConfig
 
 
 class LedgerCheckingTransport:

@@ -8,7 +8,6 @@ import attrs
 import pytest
 
 from trollout.collector.deployment.discovery import Deployment
-from trollout.config import RunConfig
 from trollout.errors import ConfigError, RunChangedError, RunFolderError
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.manifest import (
@@ -22,6 +21,7 @@ from trollout.recovery.manifest import (
     sha256_file,
     write_manifest,
 )
+from trollout.settings import RunConfig
 
 URLS = {"math_agent": "http://127.0.0.1:1"}
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from resume_folders import Folder, failure, landed, omitted
-from trollout.config import RunConfig
 from trollout.errors import RunFolderError
 from trollout.records import Identity, Landed, RolloutState
 from trollout.recovery.resume import Resubmit, ResumeRules, scan_run
 from trollout.recovery.store import open_run_store
+from trollout.settings import RunConfig
 
 KEYS = [(t, r) for t in range(3) for r in range(2)]
 

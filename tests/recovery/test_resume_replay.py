@@ -33,12 +33,12 @@ from trollout import jsonl
 from trollout.cli.collect import collect_run
 from trollout.collector.deployment.discovery import Deployment
 from trollout.collector.http.transport import RawResponse
-from trollout.config import FsyncPolicy, RunConfig
 from trollout.records import Failed, Landed, Omitted, Outcome
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.ledger import read_ledger
 from trollout.recovery.resume import Fate, ResumeRules, scan_run
 from trollout.recovery.store import RunStore
+from trollout.settings import FsyncPolicy, RunConfig
 
 URL = "http://127.0.0.1:9"
 OUTCOMES = ("success", "run_error", "transient", "terminal", "terminal_timeout", "zero",

@@ -15,10 +15,10 @@ import pytest
 from builders import HangArrivals, cancel_when, collect_config, write_tasks_input
 from builders import read_jsonl as read
 from trollout.cli.collect import collect_run
-from trollout.config import RunConfig
 from trollout.errors import RunChangedError, RunFolderError
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.resume import Resubmit
+from trollout.settings import RunConfig
 from trollout.testing import AgentSpec, DeploymentSpec, open_fake_deployment
 
 SPEC = DeploymentSpec(agents=(AgentSpec(name="math_agent"),), record_runs=True)

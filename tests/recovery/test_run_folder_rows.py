@@ -14,11 +14,11 @@ from attrs import frozen
 from builders import served_block
 from trollout.collector.deployment.discovery import Deployment
 from trollout.collector.planning.plan import Plan, plan_rollouts
-from trollout.config import RunConfig
 from trollout.errors import InputError
 from trollout.records import MaterializedRow
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.run_folder import _materialized, open_run_folder
+from trollout.settings import RunConfig
 
 
 def test_rows_keep_their_line_so_the_first_attempt_is_not_serialized_again(

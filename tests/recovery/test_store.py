@@ -20,7 +20,6 @@ import trio.testing
 
 import builders
 from builders import identity
-from trollout.config import FsyncPolicy, RunConfig
 from trollout.errors import RunFolderError, RunFolderLockedError, RunFolderWriteError
 from trollout.records import (
     BatchStatus,
@@ -38,6 +37,7 @@ from trollout.recovery.files import replace_atomically
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.lock import RunLock
 from trollout.recovery.store import open_run_store
+from trollout.settings import FsyncPolicy, RunConfig
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "nemo_gym_0.7.0"
 STATUS_ROLLOUT_KEYS = {

@@ -18,8 +18,8 @@ from ray.exceptions import WorkerCrashedError
 from trollout.cli.ray_block import WIND_DOWN, BlockReport
 from trollout.cli.ray_handout import _MAX_CRASHES, HandoutEnd, RayRun, _hand_out
 from trollout.collector.engine.progress import Progress
-from trollout.config import RunConfig
 from trollout.recovery.layout import RunLayout
+from trollout.settings import RunConfig
 
 Script = dict[tuple[int, int], "BlockReport | BaseException"]
 SIGTERMED = "its worker received SIGTERM"

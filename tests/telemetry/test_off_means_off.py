@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from builders import HANG_GUARD_S, count_lines, write_tasks_input
-from trollout.config import RunConfig
 from trollout.errors import ConfigError
+from trollout.settings import RunConfig
 from trollout.telemetry import TelemetrySettings, telemetry_settings
 from trollout.testing import FakeUrls
 

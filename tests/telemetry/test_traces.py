@@ -16,8 +16,8 @@ from opentelemetry.trace import StatusCode
 
 from builders import AGENT, materialized_rows
 from trollout.collector.engine.collector import open_collector
-from trollout.config import RunConfig
 from trollout.records import Failed, Landed
+from trollout.settings import RunConfig
 from trollout.telemetry import TelemetrySettings
 from trollout.telemetry.runtime import open_telemetry
 from trollout.telemetry.traces import ROLLOUT_REPEAT_ATTRIBUTE, TASK_ID_ATTRIBUTE, Tracing

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from builders import materialized_rows
 from trollout.collector.dispatch.retry import endpoint_of, public_url
 from trollout.collector.engine.collector import open_collector
-from trollout.config import RunConfig
+from trollout.settings import RunConfig
 from trollout.telemetry import TelemetrySettings
 from trollout.telemetry.runtime import open_telemetry
 from trollout.testing import AgentSpec, DeploymentSpec, open_fake_deployment

@@ -33,18 +33,17 @@ from ..collector.engine.progress import Progress
 from ..collector.http.transport import PostTransport
 from ..collector.planning.input_file import FileSource
 from ..collector.planning.plan import Plan, plan_rollouts
-from ..config import RunConfig
 from ..errors import ConfigError, IncompleteEvaluationError, RunFolderError
 from ..metrics import AggregateOptions, AggregateResult, aggregate_run, print_report
 from ..metrics.batch import check_members, read_batch_manifest, write_batch_status
 from ..metrics.reader import Collection
-from ..nemo_keys import differences
 from ..recovery.files import format_bytes
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import FolderState, folder_state
 from ..recovery.resume import Fate, Resubmit, ResumeRules, RunTally, scan_run
 from ..recovery.run_folder import open_run_folder
 from ..recovery.store import check_run_folder
+from ..settings import RunConfig, differences
 from ..telemetry import TelemetrySettings, telemetry_settings
 from ..text import visible
 from .common import (

@@ -20,7 +20,6 @@ from rich.console import Console
 from rich.text import Text
 
 from ..collector.http.transport import Http11Transport
-from ..config import RunConfig
 from ..errors import (
     ConfigError,
     DeploymentError,
@@ -29,7 +28,7 @@ from ..errors import (
     RunStoppedError,
     TrolloutError,
 )
-from ..nemo_keys import load_run_config
+from ..settings import RunConfig, load_run_config
 from ..text import visible
 from .progress import summary_table
 
@@ -425,9 +424,9 @@ def build_run_config(
 ) -> RunConfig:
     """Merge positionals, options and overrides into a `RunConfig` (ConfigError on bad input).
 
-    Every NeMo Gym setting is taken (`nemo_keys`); a note is printed for each one trollout
+    Every NeMo Gym setting is taken (`settings`); a note is printed for each one trollout
     already handles its own way, and for each setting a higher source replaced under another
-    key; one setting given twice on the command line is refused (`nemo_keys.load_run_config`).
+    key; one setting given twice on the command line is refused (`settings.load_run_config`).
     ``saved``: a resumed run's settings, below the command line. ``labels``: how settings the
     caller put in ``options`` were given (``RUN``), for messages. Beyond `RunConfig`'s own
     checks, a dispatch budget of 0 is refused here: for the engine (and an embedding driver)

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import click
 
-from ..config import RunConfig
 from ..errors import ConfigError
+from ..settings import RunConfig
 from .collect import RunResult, collect_run, report_run
 from .common import build_run_config, collect_options, fail, live_mode, run_trio
 

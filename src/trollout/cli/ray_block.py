@@ -36,8 +36,8 @@ from ..collector.deployment.discovery import Deployment
 from ..collector.deployment.served_config import Server
 from ..collector.engine.collector import Collector
 from ..collector.engine.progress import Progress
-from ..config import RunConfig
 from ..errors import ConfigError, DeploymentError, RunFolderError, RunStoppedError, TrolloutError
+from ..settings import RunConfig
 from .collect import RunResult, collect_run
 
 __all__ = ["BlockReport", "Control", "run_block"]

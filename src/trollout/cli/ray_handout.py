@@ -33,9 +33,9 @@ from rich.text import Text
 
 from ..collector.deployment.discovery import Deployment
 from ..collector.engine.progress import Progress
-from ..config import RunConfig
 from ..recovery.layout import RunLayout
 from ..scaleout.layout import shard_output
+from ..settings import RunConfig
 from .progress import progress_line
 from .ray_block import CANCEL, WIND_DOWN, BlockReport, Control, run_block
 

@@ -63,7 +63,6 @@ import trio
 
 from ..collector.deployment.discovery import Deployment
 from ..collector.planning.plan import Plan, plan_rollouts
-from ..config import RunConfig
 from ..errors import (
     ConfigError,
     DeploymentError,
@@ -72,7 +71,6 @@ from ..errors import (
     RunStoppedError,
 )
 from ..metrics import AggregateOptions, AggregateResult, aggregate_shards
-from ..nemo_keys import differences
 from ..records import RunManifest
 from ..recovery.layout import RunLayout
 from ..recovery.lock import RunLock
@@ -86,6 +84,7 @@ from ..recovery.manifest import (
 from ..recovery.preflight import check_run_folder, check_run_paths
 from ..recovery.run_folder import input_sha256
 from ..scaleout.layout import check_shards_root, shard_folders, shard_output
+from ..settings import RunConfig, differences
 from .collect import RunResult, load_deployment
 from .common import http_client
 from .progress import format_duration

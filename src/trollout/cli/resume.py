@@ -20,10 +20,10 @@ from typing import Any
 
 import click
 
-from ..config import FIELD_NAMES, RunConfig
 from ..errors import ConfigError, TrolloutError
 from ..recovery.manifest import locate_run, read_manifest
 from ..recovery.resume import Resubmit
+from ..settings import FIELD_NAMES, RunConfig
 from .collect import RunResult, report_run, resume_options
 from .common import build_run_config, fail, live_mode, run_options, run_trio
 from .scaleout import collect_any, ray_options
@@ -66,7 +66,7 @@ def config_from_run(run: str, options: dict[str, Any], overrides: tuple[str, ...
     """Build the config of a resumed session: saved settings < the command line.
 
     RUN gives the output and asks for a resume; an override of either is refused as given
-    twice (`nemo_keys.load_run_config`).
+    twice (`settings.load_run_config`).
 
     Raises:
         ConfigError: RUN has no manifest, an override is not ``+key=value``, or a bad value.

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 import click
 
-from ..config import RunConfig
 from ..errors import ConfigError, TrolloutError
 from ..metrics.batch import status_path
 from ..recovery.files import check_replaceable, replace_atomically
@@ -37,6 +36,7 @@ from ..recovery.preflight import (
 from ..recovery.resume import Resubmit
 from ..scaleout.layout import check_shards_root, shard_output, shards_root
 from ..scaleout.sbatch import sbatch_script
+from ..settings import RunConfig
 from ..telemetry import TelemetrySettings
 from ..text import visible
 from .common import build_run_config, fail

@@ -29,9 +29,9 @@ import trio
 
 from ..collector.engine.collector import Collector, open_collector
 from ..collector.http.transport import PostTransport
-from ..config import RunConfig
 from ..records import Identity, MaterializedRow
 from ..recovery.store import RunStore
+from ..settings import RunConfig
 from .common import http_client
 from .progress import ProgressReporter
 

@@ -33,7 +33,6 @@ import click
 import orjson
 from rich.console import Console
 
-from ..config import default_max_attempts
 from ..errors import ConfigError, RunFolderLockedError, TrolloutError
 from ..metrics.exports import run_exports
 from ..records import RunManifest
@@ -42,6 +41,7 @@ from ..recovery.lock import RunLock, read_owner
 from ..recovery.manifest import locate_run, read_manifest
 from ..recovery.resume import Fate, ResumeRules, RunTally, scan_run
 from ..scaleout.layout import ShardFolder, shard_folders
+from ..settings import default_max_attempts
 from ..text import visible
 from .common import fail
 

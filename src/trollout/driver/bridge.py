@@ -39,9 +39,9 @@ import trio
 from ..collector.deployment.discovery import Deployment
 from ..collector.engine.batch import BatchOutcome, BatchRows
 from ..collector.planning.plan import plan_rows
-from ..config import RunConfig
 from ..errors import TrolloutError
 from ..records import MaterializedRow
+from ..settings import RunConfig
 from .rollouts import Rollouts, open_rollouts
 
 __all__ = ["BatchCallbacks", "BatchTask", "RolloutsThread"]

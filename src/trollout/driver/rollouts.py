@@ -29,9 +29,9 @@ from ..collector.engine.batch import Batch, BatchOutcome, BatchRows, check_run_i
 from ..collector.engine.collector import Collector, open_collector
 from ..collector.http.transport import PostTransport
 from ..collector.planning.plan import plan_rows
-from ..config import RunConfig
 from ..errors import ArgumentTypeError, ConfigError
 from ..records import MaterializedRow
+from ..settings import RunConfig
 from .shards import open_shard
 
 __all__ = ["Rollouts", "open_rollouts"]

@@ -42,12 +42,12 @@ import trio
 
 from ..collector.deployment.discovery import AGENTS, Deployment
 from ..collector.engine.batch import BatchRows, RowStamper
-from ..config import RunConfig
 from ..errors import ConfigError, TrolloutError
 from ..records import MaterializedRow, OmitReason, Omitted
 from ..recovery.layout import AUXILIARY_SUFFIXES, RunLayout
 from ..recovery.run_folder import MaterializedRows, open_run_folder
 from ..recovery.store import RunStore
+from ..settings import RunConfig
 
 __all__ = ["SHARD_LABEL", "Shard", "open_shard", "settle_never_started", "shard_layout"]
 

@@ -39,9 +39,9 @@ import httpx
 import trio
 from attrs import frozen
 
-from ..config import DEFAULT_MAX_INPUT_LINE_BYTES, RunConfig, default_max_attempts
 from ..errors import ConfigError
 from ..recovery.layout import RunLayout
+from ..settings import DEFAULT_MAX_INPUT_LINE_BYTES, RunConfig, default_max_attempts
 from .batch import read_batch_manifest, status_path, write_batch_status
 from .coverage import Coverage, GroupKey, coverage_lines
 from .output import metrics_entries, write_metrics_file

@@ -67,10 +67,10 @@ import attrs
 import orjson
 from attrs import frozen
 
-from ..config import DEFAULT_MAX_INPUT_LINE_BYTES
 from ..errors import InputError
 from ..records import AGENT_REF, ENVIRONMENT_SERVER, ROLLOUT_INDEX, TASK_INDEX
 from ..recovery.layout import RunLayout
+from ..settings import DEFAULT_MAX_INPUT_LINE_BYTES
 from .coverage import MISSING, OMITTED, Coverage, FailureLedger, GroupKey, RolloutKey, imputed_row
 from .identity import LocalIds, TaskIds, content_digest, local_digest, row_content_digest
 from .shards import MergeWriter, identical_files, read_lines

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from attrs import frozen
 
+from ..settings.derived import materialized_jsonl_fpath, output_stem
+
 __all__ = ["AUXILIARY_SUFFIXES", "RunLayout", "is_auxiliary"]
 
 # Stems ending in these are siblings, never shards (docs/protocol.md section 8).
@@ -32,8 +34,7 @@ class RunLayout:
     @property
     def stem(self) -> str:
         """The output file's name without ``.jsonl``."""
-        name = self.output.name
-        return name[: -len(".jsonl")] if name.endswith(".jsonl") else name
+        return output_stem(self.output)
 
     def _sibling(self, suffix: str) -> Path:
         return self.output.with_name(self.stem + suffix)
@@ -50,8 +51,8 @@ class RunLayout:
 
     @property
     def materialized_inputs(self) -> Path:
-        """Every materialized row, written before the first dispatch."""
-        return self._sibling("_materialized_inputs.jsonl")
+        """Every materialized row, written before the first dispatch (`settings.derived`)."""
+        return materialized_jsonl_fpath(self.output)
 
     @property
     def aggregate_metrics(self) -> Path:

@@ -37,10 +37,10 @@ import orjson
 from attrs import frozen
 
 from .._version import __version__
-from ..config import RunConfig, plan_differences
-from ..config import converter as config_converter
 from ..errors import ConfigError, RunChangedError, RunFolderError
 from ..records import RunManifest, converter
+from ..settings import RunConfig, plan_differences
+from ..settings import converter as config_converter
 from .files import replace_atomically
 from .layout import RunLayout
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..config import RunConfig
 from ..errors import RunFolderError
+from ..settings import RunConfig
 from .files import check_replaceable, temp_files
 from .layout import RunLayout
 from .lock import RunLock

@@ -35,10 +35,10 @@ import trio
 from attrs import define, frozen
 
 from .. import jsonl
-from ..config import RunConfig
 from ..errors import ConfigError, InputError, RunFolderError
 from ..paths import regular_file
 from ..records import MaterializedRow, RunManifest
+from ..settings import RunConfig
 from .layout import RunLayout
 from .manifest import (
     Deployment,

@@ -73,7 +73,6 @@ import trio
 from attrs import frozen
 
 from .. import jsonl
-from ..config import FsyncPolicy, RunConfig
 from ..errors import RunFolderError, RunFolderWriteError
 from ..records import (
     FAILURE_MAX_ATTEMPTS,
@@ -91,6 +90,7 @@ from ..records import (
     converter,
     outcome_to_row,
 )
+from ..settings import FsyncPolicy, RunConfig
 from .files import (
     Appender,
     fsync_all,

@@ -38,8 +38,8 @@ from urllib.parse import urlsplit
 
 from attrs import frozen
 
-from ..config import RunConfig
 from ..errors import ConfigError
+from ..settings import RunConfig
 
 __all__ = ["TelemetrySettings", "telemetry_settings"]
 

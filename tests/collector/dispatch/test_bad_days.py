@@ -22,9 +22,9 @@ from builders import materialized_rows
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.sink import ListSink
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.errors import RunStoppedError
 from trollout.records import Delivery, Failed, Landed
+from trollout.settings import RunConfig
 
 URLS = {"agent": "http://agent.test:80"}
 LATENCY = 0.005  # replies in milliseconds

@@ -17,8 +17,8 @@ from builders import URLS, materialized_rows
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.sink import ListSink
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.records import Failed, Landed
+from trollout.settings import RunConfig
 from trollout.testing import (
     AgentSpec,
     DeploymentSpec,

@@ -17,9 +17,9 @@ import trio.testing
 from trollout.collector.dispatch.request import DispatchPolicy, check_run_url, dispatch
 from trollout.collector.dispatch.retry import RetryPolicy, RetryState
 from trollout.collector.http.transport import Http11Transport, RawResponse
-from trollout.config import RunConfig
 from trollout.errors import ConfigError
 from trollout.records import Delivery, Failed, Identity, Landed, MaterializedRow
+from trollout.settings import RunConfig
 
 URL = "http://agent:8000/run"
 ROW = MaterializedRow.from_body(

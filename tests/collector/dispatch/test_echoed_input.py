@@ -29,8 +29,8 @@ from trollout.collector.classify.outcomes import (
 from trollout.collector.dispatch.request import DispatchPolicy, dispatch
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.records import Delivery, Failed, Identity, Landed, MaterializedRow
+from trollout.settings import RunConfig
 from trollout.testing import DeploymentSpec, Fault, FaultContext, Generation, open_fake_deployment
 
 IDENTITY = Identity(task_index=0, rollout_index=0, agent_name=AGENT)

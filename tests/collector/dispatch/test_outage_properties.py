@@ -44,9 +44,9 @@ from trollout.collector.dispatch.retry import BreakerState, RetryState
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.sink import ListSink
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.errors import RunStoppedError
 from trollout.records import Failed, Landed, MaterializedRow
+from trollout.settings import RunConfig
 
 GRACE = 20.0
 OPEN_MAX = 4.0  # breaker_open_s

@@ -33,9 +33,9 @@ from trollout.collector.dispatch.retry import (
     is_connection_failure,
 )
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.errors import ConfigError
 from trollout.records import Delivery, Failed, Identity, Landed
+from trollout.settings import RunConfig
 
 URL = "http://agent:8000/run"
 Step = Callable[[], Any]  # returns a RawResponse, raises, or is "hang"

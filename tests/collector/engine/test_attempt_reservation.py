@@ -22,8 +22,8 @@ from builders import URLS, ScriptedTransport, collect_scripted, materialized_row
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.sink import ListSink
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.records import Delivery, Failed, Identity
+from trollout.settings import RunConfig
 
 Key = tuple[int, int, int]
 

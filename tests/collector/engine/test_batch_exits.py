@@ -35,8 +35,8 @@ from hypothesis import strategies as st
 from builders import URLS, FaultScriptTransport, row_body
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.sink import ListSink
-from trollout.config import RunConfig
 from trollout.records import OmitReason, Omitted
+from trollout.settings import RunConfig
 from trollout.testing import (
     AgentSpec,
     DeploymentSpec,

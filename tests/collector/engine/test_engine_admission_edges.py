@@ -18,8 +18,8 @@ from builders import URLS, ScriptedTransport, materialized_rows
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.sink import ListSink
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.records import Failed, Landed, MaterializedRow, Omitted
+from trollout.settings import RunConfig
 
 
 async def test_cancelled_collect_starts_no_lent_row_in_the_same_instant(

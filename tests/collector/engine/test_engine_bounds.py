@@ -16,9 +16,9 @@ from builders import URLS, ScriptedTransport
 from builders import materialized_rows as make_rows
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.sink import ListSink
-from trollout.config import RunConfig
 from trollout.errors import RunFolderWriteError
 from trollout.records import Identity, Landed, OmitReason, Omitted, Outcome
+from trollout.settings import RunConfig
 
 
 async def test_engine_starts_no_more_workers_than_rollouts(autojump_clock: Any) -> None:

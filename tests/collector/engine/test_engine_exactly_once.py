@@ -21,8 +21,8 @@ from builders import URLS, ScriptedTransport, materialized_rows
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.sink import ListSink
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.errors import RunStoppedError
+from trollout.settings import RunConfig
 
 EXITS = ("cancel", "raise", "wind_down", "cancel_in_flight", "normal")
 

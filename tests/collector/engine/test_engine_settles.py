@@ -22,9 +22,9 @@ from builders import URLS, ScriptedTransport, materialized_rows, row_body, scrip
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.sink import ListSink
 from trollout.collector.http.transport import RawResponse
-from trollout.config import RunConfig
 from trollout.errors import ConfigError, RunFolderWriteError
 from trollout.records import Failed, Identity, Landed, OmitReason, Omitted, Outcome
+from trollout.settings import RunConfig
 
 GUARD_S = 1000.0  # virtual seconds: a run still going by then is hung (the fake clock jumps)
 

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 import builders
 from trollout.collector.engine.stops import RunStops
-from trollout.config import RunConfig
 from trollout.records import Failed, FailureClass, Identity, Landed
+from trollout.settings import RunConfig
 
 
 def failed(status: int | None = 500, body: str = "", server: str = "env", **kw: object) -> Failed:

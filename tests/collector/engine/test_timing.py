@@ -21,8 +21,8 @@ from trollout.collector.engine.timing import (
     percentile,
     sample_queues,
 )
-from trollout.config import RunConfig, build_config
 from trollout.records import Failed, Landed, OmitReason, Omitted
+from trollout.settings import RunConfig, build_config
 
 METRICS = """\
 # HELP vllm:num_requests_running Number of requests currently running on GPU.

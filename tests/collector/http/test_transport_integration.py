@@ -12,8 +12,8 @@ import pytest
 
 from trollout import jsonl
 from trollout.cli.collect import collect_run
-from trollout.config import RunConfig
 from trollout.recovery.layout import RunLayout
+from trollout.settings import RunConfig
 from trollout.testing import (
     AgentSpec,
     DeploymentSpec,

@@ -20,9 +20,9 @@ from trollout import jsonl
 from trollout.collector.deployment.discovery import Deployment
 from trollout.collector.planning.plan import Plan, plan_rollouts, plan_rows, rollout_seed
 from trollout.collector.planning.task_selection import STORED_ID_PLACES, stored_task_id
-from trollout.config import TASKSET_NEEDS_ROUTES, RunConfig, SeedMode
 from trollout.errors import ConfigError, DeploymentError, InputError
 from trollout.records import MaterializedRow
+from trollout.settings import TASKSET_NEEDS_ROUTES, RunConfig, SeedMode
 
 REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference" / "nemo_gym_0.7.0"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from plan_router import direct_router
 
 from trollout.collector.planning.plan import Plan, plan_rollouts
-from trollout.config import RunConfig
+from trollout.settings import RunConfig
 
 SMALL, LARGE = 300, 1200
 PROMPT = "lorem ipsum dolor sit amet " * 8  # about 330 bytes a line

@@ -13,8 +13,8 @@ from plan_router import direct_router
 from builders import without_hanging
 from trollout.collector.planning.plan import plan_rollouts
 from trollout.collector.planning.prompts import MAX_PROMPT_BYTES
-from trollout.config import RunConfig
 from trollout.errors import ConfigError, InputError
+from trollout.settings import RunConfig
 
 
 def write(path: Path, rows: list[dict[str, Any]]) -> Path:

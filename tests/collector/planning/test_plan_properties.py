@@ -19,10 +19,10 @@ from plan_router import strategies_router
 
 from strategies import AGENTS, TASK_SOURCES, plan_settings, row_lists
 from trollout.collector.planning.plan import Plan, plan_rollouts, plan_rows
-from trollout.config import RunConfig
 from trollout.errors import InputError
 from trollout.records import MaterializedRow
 from trollout.recovery.files import write_materialized
+from trollout.settings import RunConfig
 
 ORDERS = [
     {"interleave_repeats": i, "round_robin_agents": r} for i in (False, True) for r in (False, True)

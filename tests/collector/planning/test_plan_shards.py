@@ -13,8 +13,8 @@ from plan_router import strategies_router
 from strategies import plan_settings, row_lists, rows
 from trollout.collector.planning.plan import Plan, plan_rows
 from trollout.collector.planning.task_selection import task_shard
-from trollout.config import RunConfig
 from trollout.errors import ConfigError, InputError
+from trollout.settings import RunConfig
 
 
 def planned(rows_: list[dict[str, Any]], settings: dict[str, Any], shard: str | None) -> Plan:

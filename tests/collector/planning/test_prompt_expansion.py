@@ -21,8 +21,8 @@ from plan_router import direct_router
 
 from builders import invoke
 from trollout.collector.planning.plan import Plan, plan_rollouts
-from trollout.config import RunConfig
 from trollout.errors import InputError
+from trollout.settings import RunConfig
 
 LIMIT = 64 * 1024
 Usage = namedtuple("Usage", "total used free")

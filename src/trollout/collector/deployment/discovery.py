@@ -56,9 +56,9 @@ import orjson
 import trio
 from attrs import frozen
 
-from ...config import load_yaml, validate_url
 from ...errors import ConfigError, DeploymentError, UnknownAgentError
 from ...records import Identity
+from ...settings import load_yaml, validate_url
 from ...text import concealed, public_url
 from ..http.transport import ReplyTooLargeError, read_bounded
 from .served_config import (

@@ -31,9 +31,9 @@ import orjson
 import trio
 from attrs import frozen
 
-from ...config import POSITIVE_COUNT, POSITIVE_SECONDS, RunConfig
 from ...errors import ConfigError
 from ...records import Delivery, Failed, FailureClass, Identity, Landed, MaterializedRow
+from ...settings import POSITIVE_COUNT, POSITIVE_SECONDS, RunConfig
 from ...text import public_url
 from ..classify.episodes import IDENTITY_VIOLATION, outcome_from_episode_response
 from ..classify.outcomes import (

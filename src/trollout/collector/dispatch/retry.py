@@ -97,8 +97,8 @@ import attrs
 import trio
 from attrs import define, frozen
 
-from ...config import COUNT, POSITIVE_COUNT, POSITIVE_SECONDS, SECONDS, RunConfig
 from ...records import Delivery, Failed, FailureClass, Landed
+from ...settings import COUNT, POSITIVE_COUNT, POSITIVE_SECONDS, SECONDS, RunConfig
 from ...text import concealed, public_url
 
 __all__ = [

@@ -71,9 +71,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ...config import RunConfig
 from ...errors import ConfigError, RunStoppedError, UnknownAgentError
 from ...records import Identity, MaterializedRow, Omitted, Outcome
+from ...settings import RunConfig
 from ..dispatch.request import DispatchPolicy, check_run_url
 from ..dispatch.retry import RetryState
 from ..http.transport import Http11Transport, PostTransport

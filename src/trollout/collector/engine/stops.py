@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ...config import OutagePolicy, RunConfig
 from ...records import Failed, FailureClass, Landed, Outcome
+from ...settings import OutagePolicy, RunConfig
 from ..classify.episodes import EPISODE_FAILURE
 from ..dispatch.retry import ENDPOINT_DOWN
 

@@ -29,8 +29,8 @@ import httpx
 import trio
 from attrs import frozen
 
-from ...config import DEFAULT_START_MIN_FRACTION, RunConfig
 from ...records import Failed, Identity, Landed, OmitReason, Omitted, Outcome
+from ...settings import DEFAULT_START_MIN_FRACTION, RunConfig
 from ..dispatch.retry import RetryCounters
 from .queues import QueueSample, parse_vllm_queue, sample_queues
 from .timing_report import LatencySummary, RunTimingReport, Straggler, TimingRow, format_seconds

@@ -39,10 +39,10 @@ import orjson
 from attrs import frozen
 
 from ... import jsonl
-from ...config import DEFAULT_MAX_INPUT_LINE_BYTES
 from ...errors import InputError
 from ...paths import regular_file
 from ...records import ROLLOUT_ID_PATTERN, is_mapping
+from ...settings import DEFAULT_MAX_INPUT_LINE_BYTES
 from .task_selection import STORED_ID_PLACES, StoredIds, task_shard
 
 __all__ = [

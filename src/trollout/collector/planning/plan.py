@@ -56,9 +56,9 @@ import attrs
 from attrs import frozen
 
 from ... import jsonl
-from ...config import RunConfig, parse_shard
 from ...errors import ConfigError, InputError
 from ...records import MaterializedRow
+from ...settings import RunConfig, parse_shard
 from .input_file import (
     FileSource,
     Problems,

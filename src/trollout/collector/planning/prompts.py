@@ -47,9 +47,9 @@ from typing import Any, Final, NamedTuple
 import orjson
 from attrs import frozen
 
-from ...config import load_yaml
 from ...errors import ConfigError
 from ...paths import regular_file
+from ...settings import load_yaml
 
 __all__ = ["MAX_PROMPT_BYTES", "Expansion", "PromptTemplate", "load_prompt"]
 

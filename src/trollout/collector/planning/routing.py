@@ -48,9 +48,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Set
 from typing import Any, Final, NamedTuple, Protocol
 
-from ...config import TASKSET_NEEDS_ROUTES, RunConfig, repeats_problems
 from ...errors import DeploymentError
 from ...records import is_mapping
+from ...settings import TASKSET_NEEDS_ROUTES, RunConfig, repeats_problems
 from ..deployment.discovery import Route
 from .input_file import Problems, is_task_row
 

@@ -53,9 +53,9 @@ from typing import Any, Final, NamedTuple
 
 import orjson
 
-from ...config import RunConfig, SeedMode
 from ...errors import InputError
 from ...records import COLLECTOR_KEY_PREFIX, is_mapping
+from ...settings import RunConfig, SeedMode
 from .prompts import load_prompt
 from .routing import Copy
 

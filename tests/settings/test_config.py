@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from trollout.collector.dispatch.request import DispatchPolicy
 from trollout.collector.dispatch.retry import RetryPolicy
-from trollout.config import (
+from trollout.errors import ConfigError
+from trollout.settings import (
     NULL_MEANS_DEFAULT,
     FsyncPolicy,
     NumberRange,
@@ -33,7 +34,6 @@ from trollout.config import (
     parse_value,
     validate_url,
 )
-from trollout.errors import ConfigError
 
 # --- +key=value parsing ---------------------------------------------------------------------
 
@@ -347,16 +347,20 @@ def test_plan_fingerprint_follows_plan_keys_only() -> None:
 
 
 def test_load_config_precedence_is_file_then_options_then_overrides(tmp_path: Path) -> None:
-    """A YAML file < click options < +key=value overrides, key by key."""
+    """A YAML file < click options and +key=value overrides (one layer), key by key."""
     path = tmp_path / "run.yaml"
     path.write_text("num_repeats: 2\nlimit: 10\nseed: 1\nagent_name: from_file\n")
     config = load_config(
         config_file=path,
-        options={"limit": 20, "seed": 2, "agent_name": None},
+        options={"limit": 20, "agent_name": None},
         overrides=["+seed=3"],
     )
     assert (config.num_repeats, config.limit, config.seed) == (2, 20, 3)
     assert config.agent_name == "from_file"
+    # options and overrides are one layer, the command line's: one key in both is refused,
+    # as the command line refuses it (one loader: settings.load_run_config)
+    with pytest.raises(ConfigError, match="seed is given twice"):
+        load_config(options={"seed": 2}, overrides=["+seed=3"])
 
 
 def test_load_config_accepts_nemo_gym_overrides() -> None:

@@ -19,22 +19,23 @@ import pytest
 
 from builders import invoke, write_jsonl
 from trollout.cli.aggregate import _settings as aggregate_settings
-from trollout.config import FIELD_NAMES, parse_value
 from trollout.errors import ConfigError
-from trollout.nemo_keys import (
+from trollout.settings import (
     AGGREGATE,
     BY_NAME,
     COLLECT,
+    FIELD_NAMES,
     KEYS,
     NEEDS,
     Handling,
     load_run_config,
+    parse_value,
 )
 
 REFERENCE = (
-    Path(__file__).parents[2] / "shared/reference/nemo_gym_0.7.0/rollout_collection_api_0.7.0.md"
+    Path(__file__).parents[3] / "shared/reference/nemo_gym_0.7.0/rollout_collection_api_0.7.0.md"
 )
-CHECKED_IN = Path(__file__).parent / "data" / "nemo_gym_0.7.0_config_keys.json"
+CHECKED_IN = Path(__file__).parents[1] / "data" / "nemo_gym_0.7.0_config_keys.json"
 CLASSES = (
     "E2ERolloutCollectionConfig",
     "RolloutAggregationConfig",
@@ -356,7 +357,7 @@ def test_table_covers_both_commands() -> None:
 def test_command_line_round_robins_by_agent_and_the_library_keeps_order() -> None:
     """gym eval run's full path interleaves agents; an embedding driver's config does not."""
     from trollout.cli.common import build_run_config
-    from trollout.config import RunConfig
+    from trollout.settings import RunConfig
 
     assert build_run_config(["in.jsonl"], {}).round_robin_agents is True
     assert (
