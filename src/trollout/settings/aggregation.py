@@ -14,21 +14,14 @@ from typing import Any, Final
 
 from attrs import frozen
 
+from .fields import optional_str, str_list_of
 from .numbers import DEFAULT_MAX_INPUT_LINE_BYTES
 
 __all__ = ["AGGREGATE_DEFAULTS", "AGGREGATE_PATH_KEYS", "AGGREGATE_SETTINGS", "AggregateSetting"]
 
 
-def _strs(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
 def _bool(value: Any) -> bool:
     return isinstance(value, bool)
-
-
-def _optional_str(value: Any) -> bool:
-    return value is None or isinstance(value, str)
 
 
 def _optional_bool(value: Any) -> bool:
@@ -67,35 +60,35 @@ AGGREGATE_SETTINGS: Final[tuple[AggregateSetting, ...]] = (
     AggregateSetting(
         "input_glob",
         "a glob, or a list of globs",
-        lambda v: isinstance(v, str) or _strs(v),
+        lambda v: isinstance(v, str) or str_list_of(v),
         nemo=True,
         path=True,
         wrong=[1],
         defaulted=False,
     ),
-    AggregateSetting("output_jsonl_fpath", _PATH, _optional_str, None, True, True, [1]),
+    AggregateSetting("output_jsonl_fpath", _PATH, optional_str, None, True, True, [1]),
     AggregateSetting(
         "count_failure_classes_as_zero",
         "a list of failure classes",
-        lambda v: v is None or isinstance(v, str) or _strs(v),
+        lambda v: v is None or isinstance(v, str) or str_list_of(v),
         None,
         nemo=True,
         wrong={"x": 1},
     ),
     AggregateSetting("count_missing_rollouts_as_zero", _FLAG, _optional_bool, None, True),
     AggregateSetting("merge_shards", _FLAG, _bool, True, nemo=True),
-    AggregateSetting(
-        "materialized_inputs_jsonl_fpath", _PATH, _optional_str, None, True, True, [1]
-    ),
+    AggregateSetting("materialized_inputs_jsonl_fpath", _PATH, optional_str, None, True, True, [1]),
     AggregateSetting("retry_terminal_timeouts", _FLAG, _bool, False, nemo=True),
-    AggregateSetting("batch_manifest_fpath", _PATH, _optional_str, None, True, True, [1]),
+    AggregateSetting("batch_manifest_fpath", _PATH, optional_str, None, True, True, [1]),
     AggregateSetting(
         "head_server",
         "a URL or {host, port}",
         lambda v: v is None or isinstance(v, str | dict),
         None,
     ),
-    AggregateSetting("served_config_env_allow", "a list of environment variable names", _strs, []),
+    AggregateSetting(
+        "served_config_env_allow", "a list of environment variable names", str_list_of, []
+    ),
     AggregateSetting(
         "seed", "an integer", lambda v: v is None or (type(v) is int and v >= 0), None
     ),

@@ -35,10 +35,12 @@ __all__ = [
     "SeedMode",
     "Shape",
     "flag",
+    "optional_str",
     "parse_shard",
     "repeats_problems",
     "row_of",
     "setting",
+    "str_list_of",
 ]
 
 
@@ -193,7 +195,8 @@ def _is_str(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def _optional_str(value: Any) -> bool:
+def optional_str(value: Any) -> bool:
+    """Whether ``value`` is a string or None."""
     return value is None or isinstance(value, str)
 
 
@@ -203,7 +206,8 @@ def _str_map(value: Any) -> bool:
     )
 
 
-def _str_list(value: Any) -> bool:
+def str_list_of(value: Any) -> bool:
+    """Whether ``value`` is a list of strings."""
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
@@ -212,12 +216,12 @@ def _optional_list(value: Any) -> bool:
 
 
 def _optional_str_list(value: Any) -> bool:
-    return value is None or _str_list(value)
+    return value is None or str_list_of(value)
 
 
 def _fan_out(value: Any) -> bool:
     return isinstance(value, dict) and all(
-        isinstance(k, str) and _str_list(v) for k, v in value.items()
+        isinstance(k, str) and str_list_of(v) for k, v in value.items()
     )
 
 
@@ -242,12 +246,12 @@ def _head(value: Any) -> bool:
 
 def path(example: str, expected: str = "a path") -> Shape:
     """Return the shape of a setting naming a file (a string, or null)."""
-    return Shape(expected, _optional_str, example, [1])
+    return Shape(expected, optional_str, example, [1])
 
 
 def name(expected: str, example: str) -> Shape:
     """Return the shape of an optional name (a string, or null)."""
-    return Shape(expected, _optional_str, example, [1])
+    return Shape(expected, optional_str, example, [1])
 
 
 def str_map(expected: str, example: str, wrong: Any = ("a",)) -> Shape:
@@ -257,7 +261,7 @@ def str_map(expected: str, example: str, wrong: Any = ("a",)) -> Shape:
 
 def str_list(expected: str, example: str, wrong: Any = "x") -> Shape:
     """Return the shape of a list of strings."""
-    return Shape(expected, _str_list, example, wrong)
+    return Shape(expected, str_list_of, example, wrong)
 
 
 OPTIONAL_LIST: Final = Shape(

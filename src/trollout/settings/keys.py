@@ -35,7 +35,7 @@ from attrs import frozen
 
 from ..errors import ConfigError
 from .aggregation import AGGREGATE_SETTINGS
-from .fields import SeedMode, row_of
+from .fields import SeedMode, optional_str, row_of, str_list_of
 from .record import RunConfig
 from .syntax import shown
 
@@ -87,14 +87,6 @@ def _none(value: Any) -> bool:
 
 def _empty(value: Any) -> bool:
     return value is None or value == []
-
-
-def _optional_str(value: Any) -> bool:
-    return value is None or isinstance(value, str)
-
-
-def _str_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def _optional_count(value: Any) -> bool:
@@ -171,7 +163,7 @@ _OTHERS: Final[tuple[NemoKey, ...]] = (
         Handling.IMPLEMENTED,
         _BOTH,
         "a list of YAML paths",
-        lambda v: isinstance(v, str) or _str_list(v),
+        lambda v: isinstance(v, str) or str_list_of(v),
         field=False,
         wrong={"a": 1},
     ),
@@ -201,7 +193,7 @@ _OTHERS: Final[tuple[NemoKey, ...]] = (
     _unsupported(
         "health_check_ignored_checks",
         "a list of check ids",
-        lambda v: v is None or _str_list(v),
+        lambda v: v is None or str_list_of(v),
         _empty,
         _HEALTH,
         "rollout_turns",
@@ -231,7 +223,7 @@ _OTHERS: Final[tuple[NemoKey, ...]] = (
     _unsupported(
         "rollout_collection_driver",
         "a module.path:function (a string) or null",
-        _optional_str,
+        optional_str,
         _none,
         "trollout runs its own collection and cannot call a NeMo Gym driver; drop the key and "
         "use trollout's options (or embed trollout.open_collector in your driver)",
