@@ -45,7 +45,7 @@ trollout does.
 
 from __future__ import annotations
 
-from .after import HealthSettings, run_after, verdict_counts
+from .after import KEYS, HealthSettings, run_after, verdict_counts
 from .checks import CHECKS, ROLLOUT_CHECKS, TASK_CHECKS
 from .run import (
     QUALITY_SUMMARY,
@@ -59,6 +59,7 @@ from .run import (
 
 __all__ = [
     "CHECKS",
+    "KEYS",
     "QUALITY_SUMMARY",
     "ROLLOUT_CHECKS",
     "ROLLOUT_VERDICTS",

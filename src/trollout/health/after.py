@@ -46,6 +46,11 @@ class HealthSettings:
     ignored: tuple[str, ...] = ()
 
     @classmethod
+    def of(cls, settings: Any) -> HealthSettings:
+        """Build from an object with NeMo Gym's keys as attributes (a `RunConfig`)."""
+        return cls.from_values({key: getattr(settings, key, d) for key, d in KEYS.items()})
+
+    @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> HealthSettings:
         """Build from NeMo Gym's keys (missing ones take NeMo Gym's defaults).
 
