@@ -183,14 +183,16 @@ def aggregate(args: tuple[str, ...], **opts: Any) -> None:
         fail(str(exc))
     for warning in result.warnings:
         click.echo(f"trollout: warning: {visible(warning)}", err=True)
+    checked = [result.merged_path] if result.merged_path else list(result.inputs.shards)
+    health = after_run(checked, result.metrics_path.parent, settings, result)
     if settings["as_json"]:
-        click.echo(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode())
+        document = {**result.to_json(), "health": health}
+        click.echo(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
     else:
         print_report(result, Console(soft_wrap=False))
         _print_files(result)
-    checked = [result.merged_path] if result.merged_path else list(result.inputs.shards)
-    for line in after_run(checked, result.metrics_path.parent, settings, result):
-        click.echo(visible(line), err=settings["as_json"])
+        for line in health:
+            click.echo(visible(line))
     unsettled = result.coverage.without_outcome()
     if unsettled:
         coverage = result.coverage

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import orjson
 
-from .trajectory import TrajectoryInvalid, validate_trajectory
+from .trajectory import InvalidTrajectoryError, validate_trajectory
 
 __all__ = [
     "CHECKS",
@@ -195,7 +195,7 @@ def evaluate_line(
         return result
     try:
         validate_trajectory(trajectory, line)
-    except TrajectoryInvalid as exc:
+    except InvalidTrajectoryError as exc:
         if "record_unreadable" not in ignored:
             detail = {"reason": "canonical trajectory is unreadable", "error": exc.error}
             result.findings.append((1, _finding("record_unreadable", None, detail)))

@@ -22,14 +22,14 @@ from typing import Any, Final
 
 from ..jsonl import nested_deeper_than
 
-__all__ = ["MAX_NESTING", "TrajectoryInvalid", "validate_trajectory"]
+__all__ = ["MAX_NESTING", "InvalidTrajectoryError", "validate_trajectory"]
 
 # Levels of nested arrays and objects a trajectory may hold (about where NeMo Gym's validator
 # stops; a 700-deep answer is refused there with ValueError).
 MAX_NESTING: Final = 255
 
 
-class TrajectoryInvalid(Exception):
+class InvalidTrajectoryError(Exception):
     """The trajectory does not validate; ``error`` is the exception name NeMo Gym reports."""
 
     def __init__(self, error: str, where: str) -> None:
@@ -37,8 +37,8 @@ class TrajectoryInvalid(Exception):
         self.error = error
 
 
-def _fail(where: str) -> TrajectoryInvalid:
-    return TrajectoryInvalid("ValidationError", where)
+def _fail(where: str) -> InvalidTrajectoryError:
+    return InvalidTrajectoryError("ValidationError", where)
 
 
 Check = Callable[[Any, str], None]
@@ -243,7 +243,7 @@ _TRAJECTORY: Final[dict[str, Check]] = {
 
 
 def validate_trajectory(value: Any, line: bytes | None = None) -> None:
-    """Raise `TrajectoryInvalid` unless ``value`` is a valid trajectory record.
+    """Raise `InvalidTrajectoryError` unless ``value`` is a valid trajectory record.
 
     Args:
         value: the row's ``ng_trajectory``.
@@ -252,7 +252,7 @@ def validate_trajectory(value: Any, line: bytes | None = None) -> None:
     """
     shallow = line is not None and line.count(b"[") + line.count(b"{") <= MAX_NESTING
     if not shallow and nested_deeper_than(value, MAX_NESTING):
-        raise TrajectoryInvalid("ValueError", f"nested deeper than {MAX_NESTING} levels")
+        raise InvalidTrajectoryError("ValueError", f"nested deeper than {MAX_NESTING} levels")
     _fields(value, "ng_trajectory", _TRAJECTORY, ("task_id", "rollout_id"))
     invocations = [i["invocation_id"] for i in value.get("invocations", ())]
     if len(set(invocations)) != len(invocations):
