@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from trollout.cli.main import cli
 from trollout.testing import FakeUrls
@@ -33,7 +33,7 @@ def edited_run(folder: Path) -> Path:
     return folder
 
 
-def invoke(*args: str) -> object:
+def invoke(*args: str) -> Result:
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
@@ -103,7 +103,7 @@ def test_rerun_reproduces_the_files_byte_for_byte(tmp_path: Path) -> None:
     assert [(run / name).read_bytes() for name in HEALTH_FILES] == first
 
 
-def collect(tmp_path: Path, fake: FakeUrls, *extra: str) -> object:
+def collect(tmp_path: Path, fake: FakeUrls, *extra: str) -> Result:
     source = tmp_path / "in.jsonl"
     source.write_text("\n".join(json.dumps(ROW) for _ in range(3)) + "\n")
     return invoke(
