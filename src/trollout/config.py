@@ -420,6 +420,11 @@ class RunConfig:
     status_interval_s: float = attrs.field(default=2.0, validator=POSITIVE_SECONDS)
     record_omitted_rollouts: bool = attrs.field(default=False, validator=_flag)
     disable_aggregation: bool = attrs.field(default=False, validator=_flag)
+    # the post-run rollout health check (trollout.health; check ids are checked there)
+    disable_health_check: bool = attrs.field(default=False, validator=_flag)
+    health_check_workers: int | None = attrs.field(default=None, validator=POSITIVE_COUNT.or_none)
+    # a list of check ids, or NeMo Gym's comma-separated string: trollout.health parses both
+    health_check_ignored_checks: Any = attrs.field(factory=list)
     count_failure_classes_as_zero: list[str] | None = None
     count_missing_rollouts_as_zero: bool = attrs.field(default=False, validator=_flag)
     # a NeMo Gym batch manifest: members checked before dispatch, batch_status.json beside it
@@ -684,6 +689,7 @@ NULL_MEANS_DEFAULT: Final = frozenset(
         "agent_urls",
         "served_config_env_allow",
         "dispatch_start_report_min_fraction",  # saved as null by runs made before it had one
+        "health_check_ignored_checks",
     }
 )
 
@@ -771,6 +777,11 @@ _SHAPES: Final[dict[str, tuple[str, Callable[[Any], bool], str]]] = {
         "[agent_run_error]",
     ),
     "batch_manifest_fpath": ("a path to a batch manifest", _optional_str, "batch.json"),
+    "health_check_ignored_checks": (
+        "a list of check ids, or a comma-separated string",
+        lambda v: isinstance(v, str) or _str_list(v),
+        "[model_call_failed]",
+    ),
 }
 
 

@@ -12,7 +12,7 @@ and their mixins (``config_paths``, ``upload_rollouts``) is accepted by ``trollo
   ``materialized_jsonl_fpath`` (always ``<stem>_materialized_inputs.jsonl`` beside the output,
   as in NeMo Gym, where it is derived: another path is refused).
 - **own way**: accepted with one line saying how trollout already does it.
-- **unsupported**: a subsystem trollout does not have (skills, health checks, uploads, E2E
+- **unsupported**: a subsystem trollout does not have (skills, uploads, E2E
   serving and data preparation, custom drivers): accepted at the value that asks for nothing,
   otherwise refused in one line saying what is not supported and what to do instead.
 
@@ -39,6 +39,7 @@ from .config import (
     read_settings_file,
 )
 from .errors import ConfigError
+from .health.after import HealthSettings
 from .recovery.layout import RunLayout
 
 __all__ = [
@@ -151,10 +152,6 @@ def _unsupported(
     )
 
 
-_HEALTH: Final = (
-    "trollout has no rollout health check (its coverage report and run timing report stand "
-    "in); drop the key"
-)
 _E2E: Final = (
     "trollout collects from a running deployment (gym eval run --no-serve); it does not serve "
     "servers or prepare datasets: prepare the split with NeMo Gym, then pass its JSONL as INPUT"
@@ -221,40 +218,13 @@ KEYS: Final[tuple[NemoKey, ...]] = (
     _implemented("count_failure_classes_as_zero", "a list of failure classes", "x", _BOTH),
     _implemented("count_missing_rollouts_as_zero", _FLAG, "yes", _BOTH),
     _implemented("disable_aggregation", _FLAG, "yes"),
-    NemoKey(
-        "disable_health_check",
-        Handling.OWN_WAY,
-        _BOTH,
-        _FLAG,
-        _flag,
-        _true,
-        "disable_health_check: trollout runs no post-run health check; its coverage report and "
-        "run timing report say how healthy the run was",
-        field=False,
-        wrong="yes",
-    ),
+    _implemented("disable_health_check", _FLAG, "yes", _BOTH),
     _implemented("environment_protocol_violation_stop_after", _COUNT, "five"),
     _implemented("environment_routing_mode", "one of agent, legacy, taskset", 1),
     _implemented("environment_server_name", "a server name (a string)", [1]),
     _implemented("environment_server_routes", "a mapping of tasksets to servers", ["a"]),
-    _unsupported(
-        "health_check_ignored_checks",
-        "a list of check ids",
-        lambda v: v is None or _str_list(v),
-        _empty,
-        _HEALTH,
-        "rollout_turns",
-        _BOTH,
-    ),
-    _unsupported(
-        "health_check_workers",
-        "an integer >= 1, or null",
-        _optional_count,
-        _none,
-        _HEALTH,
-        "many",
-        _BOTH,
-    ),
+    _implemented("health_check_ignored_checks", "a list of check ids", 5, _BOTH),
+    _implemented("health_check_workers", "an integer >= 1, or null", "many", _BOTH),
     _implemented("max_resident_rollout_tasks", _COUNT, "many"),
     _implemented("num_samples_in_parallel", _COUNT, "many"),
     _implemented("output_jsonl_fpath", _PATH, [1], _BOTH),
@@ -510,6 +480,7 @@ def load_run_config(
     if "materialized_jsonl_fpath" in values:
         _check_materialized(values.pop("materialized_jsonl_fpath"), values)
     config = build_config(values)  # values are checked before what they combine into
+    HealthSettings.of(config)  # unknown health check ids are refused before anything runs
     _check_needs(config, given)
     return config, own_way + notes
 

@@ -35,12 +35,15 @@ from rich.console import Console
 from ..collector.deployment.discovery import discover
 from ..config import DEFAULT_MAX_INPUT_LINE_BYTES, head_server_url, parse_override
 from ..errors import ConfigError, DeploymentError
+from ..health import KEYS as HEALTH_KEYS
+from ..health import HealthSettings
 from ..metrics import AggregateOptions, AggregateResult, aggregate_shards, print_report
 from ..metrics import resolve_inputs as resolve_globs
 from ..metrics.server import Target
 from ..nemo_keys import AGGREGATE, BY_NAME, command_line, merge_config_paths, translate
 from ..text import visible
 from .common import EXIT_INCOMPLETE_RETRYABLE, fail, http_client
+from .health import after_run, health_options
 
 __all__ = ["aggregate"]
 
@@ -73,6 +76,13 @@ _SETTINGS: dict[str, tuple[str, Any]] = {
     "seed": ("an integer", lambda v: v is None or (type(v) is int and v >= 0)),
     "max_input_line_bytes": ("an integer >= 1", lambda v: type(v) is int and v >= 1),
     "overwrite": ("true or false", _bool),
+    # the post-run health check (check ids are checked by trollout.health)
+    "disable_health_check": ("true or false", lambda v: v is None or _bool(v)),
+    "health_check_workers": ("an integer >= 1", lambda v: v is None or (type(v) is int and v >= 1)),
+    "health_check_ignored_checks": (
+        "a list of check ids",
+        lambda v: v is None or isinstance(v, str) or _strs(v),
+    ),
 }
 _PATH_KEYS = frozenset(
     {"input_glob", "output_jsonl_fpath", "materialized_inputs_jsonl_fpath", "batch_manifest_fpath"}
@@ -120,6 +130,7 @@ are skipped with a warning.
     help="Planned rollouts with no row count as reward 0 in the metrics.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@health_options
 @click.option("--no-report", is_flag=True, help="Do not write <stem>_report.html.")
 @click.option("--seed", type=int, default=None, help="Bootstrap seed (default 0).")
 @click.option(
@@ -172,11 +183,16 @@ def aggregate(args: tuple[str, ...], **opts: Any) -> None:
         fail(str(exc))
     for warning in result.warnings:
         click.echo(f"trollout: warning: {visible(warning)}", err=True)
+    checked = [result.merged_path] if result.merged_path else list(result.inputs.shards)
+    health = after_run(checked, result.metrics_path.parent, settings, result)
     if settings["as_json"]:
-        click.echo(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode())
+        document = {**result.to_json(), "health": health}
+        click.echo(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
     else:
         print_report(result, Console(soft_wrap=False))
         _print_files(result)
+        for line in health:
+            click.echo(visible(line))
     unsettled = result.coverage.without_outcome()
     if unsettled:
         coverage = result.coverage
@@ -219,6 +235,7 @@ def _settings(args: Sequence[str], opts: dict[str, Any]) -> dict[str, Any]:
     for key, (expected, accepts) in _SETTINGS.items():
         if key in values and not accepts(values[key]):
             _refuse(key, values[key], expected)
+    HealthSettings.from_values(values)  # unknown health check ids are refused here
     inputs = _inputs(args, opts, tokens, found)
     return {**opts, **values, "inputs": inputs, "targets": _targets(opts)}
 
@@ -236,6 +253,7 @@ _DEFAULTS: dict[str, Any] = {
     "retry_terminal_timeouts": False,
     "batch_manifest_fpath": None,
     "overwrite": False,
+    **HEALTH_KEYS,
 }
 
 
@@ -269,6 +287,7 @@ def _given(opts: dict[str, Any]) -> dict[str, Any]:
         "seed": opts["seed"],
         "max_input_line_bytes": opts.get("max_line_bytes"),
         "overwrite": opts["overwrite"],
+        **{key: opts.get(key) for key in HEALTH_KEYS},
     }
     return {k: v for k, v in given.items() if v is not None}
 

@@ -57,6 +57,7 @@ from .common import (
     print_summary,
     run_trio,
 )
+from .health import after_run
 from .scaleout import collect_any, scaleout_options
 from .session import StopWhen, run_session, timing_report
 
@@ -90,6 +91,7 @@ class RunResult:
     signal: int | None = None
     deadline_reached: bool = False
     aggregate: AggregateResult | None = None
+    health: tuple[str, ...] = ()  # the rollout health lines (trollout.health)
     differences: tuple[str, ...] = ()
     stopped: str | None = None
 
@@ -195,6 +197,11 @@ async def collect_run(
         aggregate = await _aggregate(layout, config, deployment)
     if config.batch_manifest_fpath and aggregate is None:
         await trio.to_thread.run_sync(_batch_status_not_aggregated, layout, config)
+    health = []  # after the metrics, as in NeMo Gym; never after an abort or without metrics
+    if aggregate is not None:
+        health = await trio.to_thread.run_sync(
+            after_run, [layout.rollouts], layout.rollouts.parent, config, aggregate
+        )
     return RunResult(
         layout=layout,
         expected=run.expected,
@@ -206,6 +213,7 @@ async def collect_run(
         signal=end.signal,
         deadline_reached=end.deadline_reached,
         aggregate=aggregate,
+        health=tuple(health),
         differences=tuple(differences(config)),
         stopped=end.stopped,
     )
@@ -437,6 +445,8 @@ def report_run(result: RunResult, *, title: str) -> None:
         click.echo(f"metrics: {visible(str(result.aggregate.metrics_path))}")
         if result.aggregate.report_path is not None:
             click.echo(f"report:  {visible(str(result.aggregate.report_path))}")
+    for line in result.health:
+        click.echo(visible(line))
     if result.signal is not None:
         click.echo(f"stopped by {signal.Signals(result.signal).name}; resume to finish", err=True)
         sys.exit(128 + result.signal)

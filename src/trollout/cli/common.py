@@ -31,6 +31,7 @@ from ..errors import (
 )
 from ..nemo_keys import load_run_config
 from ..text import visible
+from .health import HEALTH_OPTIONS
 from .progress import summary_table
 
 __all__ = [
@@ -406,6 +407,7 @@ def run_options(*names: str) -> Callable[[F], F]:
     return attach
 
 
+_RUN_OPTIONS.update(HEALTH_OPTIONS)  # --no-health-check, --health-check-ignore, -workers
 collect_options = run_options(*_RUN_OPTIONS)
 """The options of a collection run (collect and demo take them all)."""
 

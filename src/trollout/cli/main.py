@@ -14,6 +14,7 @@ from .. import __version__
 from .aggregate import aggregate
 from .collect import collect
 from .demo import demo
+from .health import health_check
 from .resume import resubmit, resume
 from .scaleout import sbatch
 from .status import status
@@ -37,6 +38,7 @@ cli.add_command(resubmit)
 cli.add_command(status)
 cli.add_command(aggregate)
 cli.add_command(sbatch)
+cli.add_command(health_check)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,9 +11,12 @@ invisible, or invalid, in HTML), then HTML-escaped.
 from __future__ import annotations
 
 import html
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import orjson
 
 from ..recovery.files import replace_atomically
 from ..text import visible
@@ -22,6 +25,7 @@ from .summary import GroupSummary, Histogram
 from .views import Estimate, ViewSummary
 
 if TYPE_CHECKING:
+    from ..health import HealthReport
     from .aggregate import AggregateResult
 
 __all__ = ["render_report", "write_report"]
@@ -45,20 +49,32 @@ svg text{font:11px system-ui,sans-serif;fill:#3b434d}svg .title{font-size:13px;f
 """
 
 
-def write_report(path: Path, result: AggregateResult) -> None:
-    """Write the report atomically."""
-    replace_atomically(path, [render_report(result, title=path.name).encode()])
+def write_report(
+    path: Path, result: AggregateResult, *, health: HealthReport | None = None
+) -> None:
+    """Write the report atomically (with a rollout health section when ``health`` is given)."""
+    page = render_report(result, title=path.name, health=health, links_from=path.parent)
+    replace_atomically(path, [page.encode()])
 
 
-def render_report(result: AggregateResult, *, title: str = "trollout report") -> str:
-    """Return the report as one HTML document."""
+def render_report(
+    result: AggregateResult,
+    *,
+    title: str = "trollout report",
+    health: HealthReport | None = None,
+    links_from: Path | None = None,
+) -> str:
+    """Return the report as one HTML document (``links_from``: the page's folder, for links)."""
     head = [f"<h1>{_e(title)}</h1>"]
     head += [f'<p class="cover">{_e(line)}</p>' for line in coverage_lines(result.coverage)[:1]]
     head += [f'<p class="muted">{_e(line)}</p>' for line in coverage_lines(result.coverage)[1:]]
     head += [f'<p class="warn">{_e(line)}</p>' for line in result.inputs.lines()]
     shards = ", ".join(str(p) for p in result.inputs.shards)
     head.append(f'<p class="muted">Shards: {_e(shards)}</p>')
-    body = "\n".join(head + [_group(g) for g in result.groups] + [_FOOTER])
+    sections = [_group(g) for g in result.groups]
+    if health is not None:
+        sections.append(_health(health, links_from))
+    body = "\n".join(head + sections + [_FOOTER])
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body>\n{body}\n</body></html>\n"
@@ -89,6 +105,62 @@ def _group(g: GroupSummary) -> str:
     parts.append('<div class="charts">' + "".join(f'<div class="chart">{c}</div>' for c in charts))
     parts.append("</div></section>")
     return "\n".join(parts)
+
+
+_UNHEALTHY_SHOWN = 20  # rollouts listed by id in the health section
+
+
+def _health(report: HealthReport, links_from: Path | None) -> str:
+    """The rollout health section: verdicts, top flagged checks, flagged tasks, unhealthy ids."""
+
+    def href(path: Path) -> str:
+        target = os.path.relpath(path, links_from) if links_from is not None else str(path)
+        return html.escape(target, quote=True)
+
+    v = report.verdicts
+    parts = ['<section id="health"><h2>Rollout health</h2>']
+    parts.append(f'<p class="cover">{_e(report.lines()[0])}</p>')
+    parts.append(
+        "<table><tr><th>verdict</th><th>rollouts</th></tr>"
+        + "".join(f"<tr><td>{k}</td><td>{v[k]}</td></tr>" for k in v)
+        + "</table>"
+    )
+    tasks = report.summary.get("tasks", {})
+    flagged = sum(1 for task in tasks.values() if task.get("flags"))
+    parts.append(f'<p class="muted">Tasks flagged: {flagged} of {len(tasks)}.</p>')
+    top = report.top_flagged(8)
+    chart = _hbars(top, "Top flagged checks (findings)", "no check flagged")
+    parts.append(f'<div class="chart">{chart}</div>')
+    unhealthy = _unhealthy_rows(report.verdicts_path, _UNHEALTHY_SHOWN)
+    if unhealthy:
+        items = "".join(
+            f"<li><code>{_e(rid)}</code>: {_e(', '.join(checks))}</li>" for rid, checks in unhealthy
+        )
+        more = v["unhealthy"] - len(unhealthy)
+        tail = f'<p class="muted">and {more} more.</p>' if more > 0 else ""
+        parts.append(f"<p>Unhealthy rollouts, by rollout id:</p><ul>{items}</ul>{tail}")
+    parts.append(
+        f'<p class="muted">Every verdict: <a href="{href(report.verdicts_path)}">'
+        f"{_e(report.verdicts_path.name)}</a>; the summary: "
+        f'<a href="{href(report.summary_path)}">{_e(report.summary_path.name)}</a>.</p>'
+    )
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _unhealthy_rows(path: Path, limit: int) -> list[tuple[str, list[str]]]:
+    """The first ``limit`` unhealthy rows of a verdict file: rollout id and flagged checks."""
+    out: list[tuple[str, list[str]]] = []
+    with open(path, "rb") as f:
+        for line in f:
+            if b'"verdict":"unhealthy"' not in line:
+                continue
+            row = orjson.loads(line)
+            checks = list(dict.fromkeys(finding["check"] for finding in row["findings"]))
+            out.append((str(row["rollout_id"]), checks))
+            if len(out) == limit:
+                break
+    return out
 
 
 def _views_table(views: Sequence[ViewSummary]) -> str:
@@ -170,12 +242,12 @@ def _bars(hist: Histogram | None, title: str, color: str) -> str:
     return _frame(title, "".join(out))
 
 
-def _hbars(items: Sequence[tuple[str, int]], title: str) -> str:
+def _hbars(
+    items: Sequence[tuple[str, int]], title: str, empty: str = "every planned rollout landed"
+) -> str:
     if not items:
         return _frame(
-            title,
-            f'<text x="{_W / 2}" y="{_H / 2}" text-anchor="middle">'
-            "every planned rollout landed</text>",
+            title, f'<text x="{_W / 2}" y="{_H / 2}" text-anchor="middle">{_e(empty)}</text>'
         )
     top = max(n for _, n in items)
     left = 170
