@@ -97,6 +97,8 @@ def read_capture(directory: str, key: str, max_bytes: int) -> CaptureFile:
     path = os.path.join(directory, name)
     try:
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:  # no model server has captured anything yet
+        return CaptureFile(path, exists=False)
     except OSError as exc:
         raise CaptureFileError(f"{directory}: the capture dir cannot be opened ({exc})") from exc
     try:

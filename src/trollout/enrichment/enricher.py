@@ -250,6 +250,21 @@ class Enricher:
                 _log.warning("%s", exc)
         return attrs.evolve(outcome, result=result)
 
+    async def before(self, identity: Identity, attempt: int) -> None:
+        """Clear the attempt's capture key before it is sent, as NeMo Gym's collector does.
+
+        A capture dir shared across runs keeps files under reused keys (``0-0``...); a stale
+        file would be merged into this rollout. Only this attempt's two names are removed.
+        Off: nothing (no checkpoint).
+        """
+        if not self.options.observability:
+            return
+        key = identity.rollout_id_for(attempt)
+        try:
+            await trio.to_thread.run_sync(delete_capture, self.options.capture_dir, key)
+        except CaptureFileError as exc:
+            _log.warning("%s", exc)
+
     def interrupted(self, outcome: Landed, row: Mapping[str, Any] | None = None) -> Landed:
         """Return the outcome as recorded when enrichment was cancelled (no I/O).
 
