@@ -26,7 +26,11 @@ from trollout.enrichment import ENRICHMENT_KEYS, enrich_result, read_capture
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "enrichment"
 REFERENCE = Path("/work/shared/reference/nemo_gym_0.7.0/observability/runs")
-_RUN_DIRS = {"healthy": "obs_on_healthy", "model_500": "obs_on_model_500", "servers_only": "obs_servers_only"}
+_RUN_DIRS = {
+    "healthy": "obs_on_healthy",
+    "model_500": "obs_on_model_500",
+    "servers_only": "obs_servers_only",
+}
 _COLLECTOR_GAPS = {"model_calls_unavailable", "turns_unavailable", "conversation_unavailable"}
 
 
@@ -99,7 +103,8 @@ def test_model_500_run_successful_rollout_equals_and_failed_call_is_metadata(kin
     with no response, no tokens and ``upstream_error``, as the capture says."""
     folder = _source(kind, "model_500")
     rows = {(_key(r)): r for r in _rows(folder)}
-    assert len(rows) == 14 and "0-0" not in rows  # 0-0 failed: a sidecar row, not enriched
+    assert len(rows) == 14
+    assert "0-0" not in rows  # 0-0 failed: a sidecar row, not enriched
     assert _enrich_from(rows["1-0"], folder / "model-calls") == rows["1-0"]
     failed = enrich_result(
         {"reward": 0.0},
@@ -115,8 +120,10 @@ def test_model_500_run_successful_rollout_equals_and_failed_call_is_metadata(kin
         "upstream_error",
         None,
     )
-    assert call["tokens_in"] is None and call["tool_calls"] == []
-    assert capture["metrics"]["num_calls"] == 2 and capture["metrics"]["tokens_in"] == 126
+    assert call["tokens_in"] is None
+    assert call["tool_calls"] == []
+    assert capture["metrics"]["num_calls"] == 2
+    assert capture["metrics"]["tokens_in"] == 126
     assert "gaps" not in capture
 
 
@@ -128,7 +135,11 @@ def test_servers_only_run_projects_the_agents_trajectory_without_capture(kind: s
     assert len(rows) == 20
     for row in rows:
         enriched = enrich_result(
-            _as_received(row), key=_key(row), task_id=str(row["_ng_task_index"]), observability=False
+            _as_received(row),
+            key=_key(row),
+            task_id=str(row["_ng_task_index"]),
+            observability=False,
         )
         assert enriched == row
-        assert "ng_perf" not in enriched and "ng_model_call_capture" not in enriched
+        assert "ng_perf" not in enriched
+        assert "ng_model_call_capture" not in enriched

@@ -126,9 +126,10 @@ def _reasoning(response: Mapping[str, Any]) -> str | None:
     content = response.get("content")
     if isinstance(content, list):
         for block in content:
-            if isinstance(block, dict) and block.get("type") == "thinking":
-                if isinstance(block.get("thinking"), str):
-                    texts.append(block["thinking"])
+            if not isinstance(block, dict) or block.get("type") != "thinking":
+                continue
+            if isinstance(block.get("thinking"), str):
+                texts.append(block["thinking"])
     return "\n".join(texts) if texts else None
 
 

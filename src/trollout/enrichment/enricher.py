@@ -26,8 +26,8 @@ __all__ = [
     "DEFAULT_MAX_CAPTURE_BYTES",
     "DEFAULT_WAIT_S",
     "ENRICHMENT_KEYS",
-    "EnrichmentOptions",
     "Enricher",
+    "EnrichmentOptions",
     "enrich_result",
     "task_id_of",
 ]
@@ -243,9 +243,8 @@ class Enricher:
             return outcome
         if self.options.delete_capture and capture is not None and capture.exists:
             try:
-                await trio.to_thread.run_sync(
-                    delete_capture, self.options.capture_dir, fields["key"]
-                )
+                directory = self.options.capture_dir or ""
+                await trio.to_thread.run_sync(delete_capture, directory, fields["key"])
             except CaptureFileError as exc:
                 _log.warning("%s", exc)
         return attrs.evolve(outcome, result=result)
@@ -261,7 +260,7 @@ class Enricher:
             return
         key = identity.rollout_id_for(attempt)
         try:
-            await trio.to_thread.run_sync(delete_capture, self.options.capture_dir, key)
+            await trio.to_thread.run_sync(delete_capture, self.options.capture_dir or "", key)
         except CaptureFileError as exc:
             _log.warning("%s", exc)
 

@@ -375,11 +375,15 @@ def _join(
     gaps: list[dict[str, Any]] = []
     owner: dict[int, str] = {}
     by_id = {inv["invocation_id"]: inv for inv in invocations}
-    for index, call in enumerate(calls):  # x-session-id attribution
+    for call in calls:  # x-session-id attribution
         inv = by_id.get(call.get("client_session_id") or "")
-        if inv is not None and call.get("model_call_id") is not None:
-            if not any(r.get("model_call_id") == call["model_call_id"] for r in inv["model_calls"]):
-                inv["model_calls"].append(_canonical_ref(call))
+        call_id = call.get("model_call_id")
+        if (
+            inv is not None
+            and call_id is not None
+            and not any(r.get("model_call_id") == call_id for r in inv["model_calls"])
+        ):
+            inv["model_calls"].append(_canonical_ref(call))
     for inv in invocations:
         resolved = []
         for ref in inv["model_calls"]:

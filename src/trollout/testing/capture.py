@@ -138,11 +138,11 @@ def capture_rollout(
             trio.lowlevel.spawn_system_task(_append_later, path, data[split:], delay)
         else:
             _append(path, data)
-    ref = lambda rid: {  # noqa: E731
-        "model_call_id": None,
-        "model_ref": {"type": "responses_api_models", "name": model_name},
-        "response_id": rid,
-    }
+
+    def ref(response_id: Any) -> dict[str, Any]:
+        model_ref = {"type": "responses_api_models", "name": model_name}
+        return {"model_call_id": None, "model_ref": model_ref, "response_id": response_id}
+
     turn = {"invocation_id": "root", "task_id": "", "rollout_id": key, "question": None}
     return {
         "schema_version": "1.0",

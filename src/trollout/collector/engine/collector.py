@@ -476,7 +476,7 @@ async def open_collector(
     seed: int | None = None,
     policy_model_servers: Mapping[str, str] | None = None,
     observer: Observer | None = None,
-    enrich: Enrich | None | bool = True,
+    enrich: Enrich | bool | None = True,
 ) -> AsyncIterator[Collector]:
     """Open a collection engine: worker pools and a writer inside one nursery.
 
