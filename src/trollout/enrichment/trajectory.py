@@ -24,7 +24,7 @@ __all__ = [
     "OBSERVATIONS_KEY",
     "PERF_KEY",
     "TRAJECTORY_KEY",
-    "InvalidRecord",
+    "InvalidRecordError",
     "perf_record",
     "project",
 ]
@@ -35,7 +35,7 @@ PERF_KEY: Final = "ng_perf"
 _MODEL_KIND: Final = "responses_api_models"
 
 
-class InvalidRecord(ValueError):
+class InvalidRecordError(ValueError):
     """A trajectory record breaks its schema (reported as the gap detail ``ValidationError``)."""
 
 
@@ -197,20 +197,20 @@ _RECORD_KEYS: Final = (
 
 def _normalize(value: Any, fields: Fields, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise InvalidRecord(f"{what} is not an object")
+        raise InvalidRecordError(f"{what} is not an object")
     unknown = set(value) - {name for name, _, _ in fields}
     if unknown:
-        raise InvalidRecord(f"{what} has unknown keys {sorted(unknown)}")
+        raise InvalidRecordError(f"{what} has unknown keys {sorted(unknown)}")
     out: dict[str, Any] = {}
     for name, default, check in fields:
         if name in value:
             item = value[name]
         elif default is _REQUIRED:
-            raise InvalidRecord(f"{what} lacks {name}")
+            raise InvalidRecordError(f"{what} lacks {name}")
         else:
             item = default() if callable(default) else default
         if not check(item):
-            raise InvalidRecord(f"{what}.{name} is invalid")
+            raise InvalidRecordError(f"{what}.{name} is invalid")
         if name in _FLOATS and type(item) is int:
             item = float(item)
         out[name] = item
@@ -220,7 +220,7 @@ def _normalize(value: Any, fields: Fields, what: str) -> dict[str, Any]:
 def _ref(value: Any) -> dict[str, Any]:
     ref = _normalize(value, _REF, "ModelCallRef")
     if ref["model_call_id"] is None and (ref["model_ref"] is None or ref["response_id"] is None):
-        raise InvalidRecord("ModelCallRef needs model_call_id, or model_ref and response_id")
+        raise InvalidRecordError("ModelCallRef needs model_call_id, or model_ref and response_id")
     return ref
 
 
@@ -246,16 +246,16 @@ def _model_call(value: Any) -> dict[str, Any]:
 def _record(value: Any) -> dict[str, Any]:
     """Validate a whole TrajectoryRecord; return it normalized (every field, in order)."""
     if not isinstance(value, dict):
-        raise InvalidRecord("TrajectoryRecord is not an object")
+        raise InvalidRecordError("TrajectoryRecord is not an object")
     unknown = set(value) - set(_RECORD_KEYS)
     if unknown or value.get("schema_version", "1.0") != "1.0":
-        raise InvalidRecord("TrajectoryRecord has unknown keys or schema_version")
+        raise InvalidRecordError("TrajectoryRecord has unknown keys or schema_version")
     for key in ("task_id", "rollout_id"):
         if not isinstance(value.get(key), str):
-            raise InvalidRecord(f"TrajectoryRecord.{key} is not a string")
+            raise InvalidRecordError(f"TrajectoryRecord.{key} is not a string")
     lists = {k: value.get(k, []) for k in _RECORD_KEYS[3:]}
     if not all(isinstance(v, list) for v in lists.values()):
-        raise InvalidRecord("TrajectoryRecord lists are not lists")
+        raise InvalidRecordError("TrajectoryRecord lists are not lists")
     record = {
         "schema_version": "1.0",
         "task_id": value["task_id"],
@@ -275,16 +275,16 @@ def _record(value: Any) -> dict[str, Any]:
 def _check_invariants(record: Mapping[str, Any]) -> None:
     ids = [inv["invocation_id"] for inv in record["invocations"]]
     if len(ids) != len(set(ids)):
-        raise InvalidRecord("invocation ids are not unique")
+        raise InvalidRecordError("invocation ids are not unique")
     call_ids = [c["model_call_id"] for c in record["model_calls"] if c["model_call_id"]]
     if len(call_ids) != len(set(call_ids)):
-        raise InvalidRecord("model_call_ids are not unique")
+        raise InvalidRecordError("model_call_ids are not unique")
     turn_keys = [(t["invocation_id"], t["turn_no"]) for t in record["turns"]]
     if len(turn_keys) != len(set(turn_keys)):
-        raise InvalidRecord("(invocation_id, turn_no) is not unique")
+        raise InvalidRecordError("(invocation_id, turn_no) is not unique")
     for turn in record["turns"]:
         if turn["task_id"] != record["task_id"] or turn["rollout_id"] != record["rollout_id"]:
-            raise InvalidRecord("a turn's task_id/rollout_id differ from the record's")
+            raise InvalidRecordError("a turn's task_id/rollout_id differ from the record's")
 
 
 def _gap(code: str, invocation_id: str | None = None, detail: str | None = None) -> dict[str, Any]:
@@ -427,12 +427,14 @@ def _bundle(
             if r.get("kind") == "tool_call"
         ]
         bundle_gaps = [_normalize(g, _GAP, "ObservationGap") for g in bundle.get("gaps", [])]
-    except (InvalidRecord, AttributeError) as exc:
+    except (InvalidRecordError, AttributeError) as exc:
         return [
             _gap(
                 "agent_observations_invalid",
                 None,
-                type(exc).__name__ if not isinstance(exc, InvalidRecord) else "ValidationError",
+                type(exc).__name__
+                if not isinstance(exc, InvalidRecordError)
+                else "ValidationError",
             )
         ]
     ids = [inv["invocation_id"] for inv in new_invocations]
@@ -536,7 +538,7 @@ def project(
     if producer is not None:
         try:
             record = _record(producer)
-        except InvalidRecord:
+        except InvalidRecordError:
             gaps.append(_gap("producer_trajectory_invalid", None, "ValidationError"))
         else:
             producer_ok = True
@@ -592,7 +594,7 @@ def project(
     try:
         _check_invariants(trajectory)
         [_model_call(c) for c in model_calls]
-    except InvalidRecord:
+    except InvalidRecordError:
         return trajectory, False
     return trajectory, True
 
