@@ -233,3 +233,12 @@ def test_the_command_line_loads_neither_asyncio_nor_the_front_ends() -> None:
 
     assert trollout.aio.open_rollouts is not None  # still reachable as attributes
     assert trollout.sync.open_rollouts is not None
+
+
+def test_layering_enrichment_imports_only_leaves() -> None:
+    """trollout.enrichment (the capture reader, projection, ng_perf) imports only leaves:
+    the collector imports it, never the reverse."""
+    allowed = {"trollout.errors", "trollout.records", "trollout.jsonl", "trollout.text"}
+    for module in modules_in("trollout.enrichment"):
+        ours = {m for m in graph()[module] if not within(m, "trollout.enrichment")}
+        assert ours <= allowed, f"{module} imports {sorted(ours - allowed)}"

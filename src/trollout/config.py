@@ -443,6 +443,11 @@ class RunConfig:
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL (OTEL_EXPORTER_OTLP_ENDPOINT's role)
     metrics_port: int | None = attrs.field(default=None, validator=PORT.or_none)  # Prometheus
     metrics_host: str = "127.0.0.1"  # where the Prometheus endpoint binds
+    # enrichment (trollout.enrichment): model-call capture merged into each landed row
+    observability_enabled: bool = attrs.field(default=False, validator=_flag)
+    model_call_capture_dir: str | None = None  # absolute; required with observability_enabled
+    include_model_call_payloads: bool = attrs.field(default=True, validator=_flag)
+    delete_model_call_capture: bool = attrs.field(default=False, validator=_flag)
 
     @property
     def resident_rollouts(self) -> int:
@@ -469,6 +474,7 @@ class RunConfig:
             )
         if self.environment_routing_mode == "taskset" and not self.environment_server_routes:
             raise ConfigError(TASKSET_NEEDS_ROUTES)
+        _check_enrichment(self)
 
     def _check_urls(self) -> None:
         for name, url in self.agent_urls.items():
@@ -499,6 +505,26 @@ class RunConfig:
         """
         paths = {k: os.path.abspath(v) for k in PATH_KEYS if (v := getattr(self, k))}
         return attrs.evolve(self, **paths)
+
+
+def _check_enrichment(config: RunConfig) -> None:
+    """The enrichment settings together (the rules of `enrichment.settings_problem`)."""
+    if config.observability_enabled and not config.model_call_capture_dir:
+        raise ConfigError(
+            "model_call_capture_dir is required when observability_enabled=true; pass "
+            "+model_call_capture_dir=/absolute/dir (the model servers' capture dir)"
+        )
+    capture_dir = config.model_call_capture_dir
+    if config.observability_enabled and capture_dir and not os.path.isabs(capture_dir):
+        raise ConfigError(
+            f"model_call_capture_dir must be an absolute path (got {capture_dir!r}); pass the "
+            "dir the model servers write, as an absolute path"
+        )
+    if config.delete_model_call_capture and not config.include_model_call_payloads:
+        raise ConfigError(
+            "delete_model_call_capture=true needs include_model_call_payloads=true: a deleted "
+            "capture file's request/response bodies would be lost; drop one of the two"
+        )
 
 
 TASKSET_NEEDS_ROUTES: Final = (
@@ -782,6 +808,7 @@ _SHAPES: Final[dict[str, tuple[str, Callable[[Any], bool], str]]] = {
         lambda v: isinstance(v, str) or _str_list(v),
         "[model_call_failed]",
     ),
+    "model_call_capture_dir": ("an absolute path", _optional_str, "/srv/gym/model-calls"),
 }
 
 

@@ -11,6 +11,7 @@ A failed rollout is data (`records.Failed`), never an exception. Only run-level 
     │   ├── RunFolderLockedError         another collector owns the folder
     │   ├── RunChangedError              resume found a changed input, plan or agent set
     │   └── RunFolderWriteError ─┐       the folder could not be written mid-run (disk full)
+    ├── CaptureFileError(OSError)        a model-call capture file refused (enrichment: a gap)
     ├── RunStoppedError(RuntimeError)    a run-level stop no retry can fix (exit 1)
     │   └── RunFolderWriteError ─┘       (both: a folder problem that stopped a run; exit 1)
     └── IncompleteEvaluationError        require_complete and work left (exit 75 or 76)
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "ArgumentTypeError",
+    "CaptureFileError",
     "ConfigError",
     "DeploymentError",
     "IncompleteEvaluationError",
@@ -94,6 +96,13 @@ class RunFolderLockedError(RunFolderError):
 
 class RunChangedError(RunFolderError):
     """Resume refused: the run's input, plan settings or agent set changed since it began."""
+
+
+class CaptureFileError(TrolloutError, OSError):
+    """A model-call capture file cannot be read safely (a symlink, too big, not a regular file,
+    another file's hard link, unreadable); the message names the file and why. Enrichment turns
+    it into the rollout's gap marker (``model_call_capture_unreadable``), never a failed
+    rollout."""
 
 
 class RunStoppedError(TrolloutError, RuntimeError):

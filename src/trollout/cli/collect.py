@@ -403,6 +403,14 @@ def resume_options(f: F) -> F:
     help="Resume the run in the output folder (+resume_from_cache=true): dispatch "
     "only what is not done; a folder with no outcomes starts afresh.",
 )
+@click.option(
+    "--observability",
+    "observability_enabled",
+    is_flag=True,
+    default=None,
+    help="Merge each rollout's model-call capture (+observability_enabled=true).",
+)
+@click.option("--model-call-capture-dir", help="The model servers' capture dir (absolute).")
 @resume_options
 @scaleout_options
 def collect(args: tuple[str, ...], live: str, **options: Any) -> None:

@@ -31,6 +31,7 @@ from attrs import define
 
 from ..errors import ConfigError
 from .aggregate import aggregate_metrics
+from .capture import capture_rollout
 from .episodes import episode_key, episode_reply, parse_episode, run_id_of
 from .faults import (
     EPISODE_KINDS,
@@ -327,8 +328,14 @@ class FakeServer:
             row, agent=agent.name, accuracy=agent.accuracy, policy_seed=spec.policy_seed
         )
         response = build_response(row, answer, model=MODEL_ID)
+        traced: dict[str, Any] = {}
+        if spec.model_call_capture_dir is not None:  # the model server captures its calls
+            trajectory = capture_rollout(
+                spec.model_call_capture_dir, row, response, spec.model_name
+            )
+            traced = {"ng_trajectory": trajectory}
         if self.role is Role.AGENT:
-            return {**row, "response": response, "reward": answer.reward}
+            return {**row, "response": response, "reward": answer.reward, **traced}
         return {
             "responses_create_params": row["responses_create_params"],
             "response": response,
@@ -336,6 +343,7 @@ class FakeServer:
             "mask_sample": False,
             "failure_kind": None,
             "failure_reason": None,
+            **traced,
         }
 
 
