@@ -17,6 +17,7 @@ from .demo import demo
 from .resume import resubmit, resume
 from .scaleout import sbatch
 from .status import status
+from .view import view
 
 __all__ = ["cli", "main"]
 
@@ -37,6 +38,7 @@ cli.add_command(resubmit)
 cli.add_command(status)
 cli.add_command(aggregate)
 cli.add_command(sbatch)
+cli.add_command(view)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -23,7 +23,7 @@ import orjson
 
 from ..errors import ConfigError
 from .faults import Fault, FaultKind, unit_hash
-from .httpserver import Reply
+from ..httpserver import Reply
 
 __all__ = ["episode_key", "episode_reply", "parse_episode"]
 

@@ -43,7 +43,7 @@ from .faults import (
     FaultPlan,
     row_fault,
 )
-from .httpserver import Action, Reply, Request, encode_head
+from ..httpserver import Action, Reply, Request, encode_head
 from .policy import MODEL_ID, answer_row, answer_task, build_response
 from .spec import AgentSpec, DeploymentSpec, EpisodeServerSpec, Latency
 from .stats import FakeStats
