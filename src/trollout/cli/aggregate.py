@@ -41,6 +41,7 @@ from ..metrics.server import Target
 from ..nemo_keys import AGGREGATE, BY_NAME, command_line, merge_config_paths, translate
 from ..text import visible
 from .common import EXIT_INCOMPLETE_RETRYABLE, fail, http_client
+from .view import view_command
 
 __all__ = ["aggregate"]
 
@@ -371,3 +372,5 @@ async def _discover(client: httpx.AsyncClient, head: Any, allow: list[str]) -> l
 def _print_files(result: AggregateResult) -> None:
     written = [result.merged_path, result.metrics_path, result.report_path]
     click.echo("wrote " + ", ".join(visible(str(p)) for p in written if p is not None), err=True)
+    runs = [result.merged_path] if result.merged_path else result.inputs.shards
+    click.echo(f"view: {visible(view_command(*runs))}", err=True)

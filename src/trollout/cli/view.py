@@ -25,9 +25,9 @@ from .common import fail, run_trio
 __all__ = ["view", "view_command"]
 
 
-def view_command(output: str | Path) -> str:
-    """The command that opens the view of the run whose output file is ``output``."""
-    return f"trollout view {shlex.quote(str(output))}"
+def view_command(*outputs: str | Path) -> str:
+    """The command that opens the view of the runs whose output files are ``outputs``."""
+    return "trollout view " + " ".join(shlex.quote(str(output)) for output in outputs)
 
 
 @click.command()

@@ -28,8 +28,9 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from ..metrics.run_info import run_info
 from .index import FAILURE_ROW, HEALTH, INPUT, LANDED, LANDED_ROW, OUTCOMES, VERDICT, RunIndex
-from .meta import settings_changed, small_files
+from .meta import small_files
 from .runs import Run
 
 __all__ = ["CUT", "ApiError", "ViewApi"]
@@ -157,7 +158,7 @@ class ViewApi:
             "version": index.version,
             "live": not closed and not all(metrics),
             "problems": problems[:50],
-            "manifest": _manifest(manifests[0]),
+            "manifest": run_info(manifests[0]),
             "manifests": len([m for m in manifests if m]),
             "status": statuses[0] if len(statuses) == 1 else _sum_status(statuses),
             "counts": _counts(index, expected),
@@ -450,19 +451,6 @@ def _latency(index: RunIndex) -> dict[str, Any]:
         return values[min(len(values) - 1, int(p * len(values)))]
 
     return {"n": len(values), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": values[-1]}
-
-
-def _manifest(data: Any) -> dict[str, Any] | None:
-    if not isinstance(data, dict):
-        return None
-    settings = data.get("settings")
-    settings = settings if isinstance(settings, dict) else {}
-    keys = ("run_id", "trollout_version", "created_at", "input_sha256", "expected_rollouts")
-    return {
-        **{k: data.get(k) for k in (*keys, "tasks", "deployment")},
-        "input": settings.get("input_jsonl_fpath"),
-        "settings_changed": settings_changed(settings),
-    }
 
 
 def _sum_status(statuses: list[Any]) -> dict[str, Any]:

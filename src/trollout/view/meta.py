@@ -8,7 +8,6 @@ A file that cannot be read or parsed is reported on the page, never raised.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -16,16 +15,13 @@ from typing import Any, Final
 
 import orjson
 
-from ..config import RunConfig
 from ..errors import RunFolderError
 from ..recovery.layout import RunLayout
-from ..recovery.manifest import saved_settings
 from .runs import open_run_file
 
-__all__ = ["FileCache", "default_settings", "reduce_metrics", "settings_changed"]
+__all__ = ["FileCache", "reduce_metrics", "small_files"]
 
 MAX_SMALL_FILE: Final = 256 << 20  # a manifest, status or metrics file larger is not read
-_SHOWN_ELSEWHERE: Final = frozenset({"input_jsonl_fpath", "output_jsonl_fpath"})
 
 
 class FileCache:
@@ -65,24 +61,6 @@ class FileCache:
             self.problem = f"{str(self.path)!r} could not be read ({type(exc).__name__})"
         self._stamp = stamp
         return self._value
-
-
-@functools.cache
-def default_settings() -> dict[str, Any]:
-    """The settings a manifest would save for a run given nothing but defaults."""
-    return saved_settings(RunConfig())
-
-
-def settings_changed(settings: Any) -> dict[str, Any]:
-    """The saved settings that differ from the defaults (paths shown elsewhere left out)."""
-    if not isinstance(settings, dict):
-        return {}
-    defaults = default_settings()
-    return {
-        key: value
-        for key, value in sorted(settings.items())
-        if key not in _SHOWN_ELSEWHERE and (key not in defaults or defaults[key] != value)
-    }
 
 
 _ESTIMATE_KEYS: Final = ("value", "ci_low", "ci_high", "tasks", "ci_method")
