@@ -35,8 +35,8 @@ import orjson
 import trio
 import yaml
 
-from trollout.testing import AgentSpec, DeploymentSpec, spec_to_dict, task_rows
 from trollout.httpserver import Handler, Reply, Request
+from trollout.testing import AgentSpec, DeploymentSpec, spec_to_dict, task_rows
 
 SCENARIOS = (  # (connections, pipeline depth)
     (1, 1),

@@ -56,6 +56,7 @@ _SORTS: Final = (
     "health",
 )
 _CACHED: Final = 8  # searches and table orders remembered per run
+STEP_BYTES: Final = 4 << 20  # indexed per file per request or background step
 
 
 class ApiError(Exception):
@@ -77,9 +78,15 @@ class ViewApi:
         self._orders: list[OrderedDict[Any, list[int]]] = [OrderedDict() for _ in runs]
 
     def refresh(self) -> None:
-        """Read what every run's files gained (the first call indexes them)."""
+        """Read what every run's files gained, whole (the first call indexes them)."""
         for index in self.indexes:
             index.refresh()
+
+    def step(self) -> bool:
+        """Index one step (`STEP_BYTES` per file) of every run; return whether any is behind."""
+        for index in self.indexes:
+            index.refresh(STEP_BYTES)
+        return any(index.behind for index in self.indexes)
 
     def answer(self, path: str, query: str) -> Any:
         """Return the JSON-able answer to ``GET path?query``.
@@ -93,7 +100,7 @@ class ViewApi:
             return [self._run_header(i) for i in range(len(self.runs))]
         if len(parts) >= 2 and parts[0] == "run":
             index = self._index(parts[1])
-            index.refresh()
+            index.refresh(STEP_BYTES)
             rest = parts[2:]
             if not rest:
                 return self.summary(index)
@@ -109,8 +116,8 @@ class ViewApi:
                     return self.raw(index, i, params)
         if len(parts) == 3 and parts[0] == "compare":
             a, b = self._index(parts[1]), self._index(parts[2])
-            a.refresh()
-            b.refresh()
+            a.refresh(STEP_BYTES)
+            b.refresh(STEP_BYTES)
             return self.compare(a, b, params)
         raise ApiError(404, f"no such API route {path[:100]!r}")
 
@@ -156,7 +163,8 @@ class ViewApi:
         return {
             **self._run_header(index.number),
             "version": index.version,
-            "live": not closed and not all(metrics),
+            "live": index.behind or (not closed and not all(metrics)),
+            "indexing": index.behind,
             "problems": problems[:50],
             "manifest": run_info(manifests[0]),
             "manifests": len([m for m in manifests if m]),

@@ -58,9 +58,14 @@ class Tail:
         self.offset = 0
         self.lines = 0  # complete lines read, for naming a damaged one
         self.ident: tuple[int, int] | None = None
+        self.behind = False  # the last read stopped at its budget, before the end
 
-    def read(self, consume: Callable[[int, bytes], None]) -> bool:
-        """Call ``consume(offset, line)`` for each new complete line; return whether any."""
+    def read(self, consume: Callable[[int, bytes], None], budget: int | None = None) -> bool:
+        """Call ``consume(offset, line)`` for each new complete line; return whether any.
+
+        ``budget`` stops the read at the first line end past that many bytes (`behind` then
+        says more is there): a big file is indexed in steps, so requests are answered between.
+        """
         f = open_run_file(self.path)
         if f is None:
             if self.ident is not None:
@@ -72,6 +77,7 @@ class Tail:
             if (self.ident is not None and ident != self.ident) or st.st_size < self.offset:
                 raise _ReplacedError
             self.ident = ident
+            self.behind = False
             if st.st_size == self.offset:
                 return False
             f.seek(self.offset)
@@ -94,6 +100,9 @@ class Tail:
                 start += end + 1
                 pending = data[end + 1 :]
                 any_line = True
+                if budget is not None and start - self.offset >= budget:
+                    self.behind = start < st.st_size
+                    break
             self.offset = start
             return any_line
 
@@ -156,18 +165,26 @@ class RunIndex:
 
     # --- reading -------------------------------------------------------------------------
 
-    def refresh(self) -> bool:
-        """Read what the run's files gained since the last call; return whether anything did."""
+    def refresh(self, budget: int | None = None) -> bool:
+        """Read what the run's files gained since the last call; return whether anything did.
+
+        With a ``budget``, at most about that many bytes of each file are read (`behind`).
+        """
         try:
-            changed = self._refresh_once()
+            changed = self._refresh_once(budget)
         except _ReplacedError:
             self._reset()
-            changed = self._refresh_once()
+            changed = self._refresh_once(budget)
         if changed:
             self.version += 1
         return changed
 
-    def _refresh_once(self) -> bool:
+    @property
+    def behind(self) -> bool:
+        """Whether a file holds lines not indexed yet (a budgeted refresh stopped early)."""
+        return any(t is not None and t.behind for tails in self.tails for t in tails)
+
+    def _refresh_once(self, budget: int | None) -> bool:
         changed = False
         for shard, tails in enumerate(self.tails):
             if tails[VERDICT] is None:
@@ -178,7 +195,7 @@ class RunIndex:
                 if tail is None:
                     continue
                 try:
-                    changed |= tail.read(self._consumer(shard, kind, tail))
+                    changed |= tail.read(self._consumer(shard, kind, tail), budget)
                 except RunFolderError as exc:
                     if str(exc) not in self.problems:
                         self.problems.append(str(exc))

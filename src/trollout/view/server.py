@@ -86,9 +86,18 @@ class ViewServer:
         return f"http://{shown}:{self.port}/"
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Index the runs, then serve until cancelled."""
-        await trio.to_thread.run_sync(self.api.refresh)
-        await serve_listener(self.listener, self.handle, task_status=task_status)
+        """Serve until cancelled, indexing the runs in steps meanwhile.
+
+        The first page is answered from the first step; the page shows that indexing goes on
+        and follows it as it follows a live run.
+        """
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_listener, self.listener, self.handle)
+            task_status.started()
+            behind = True
+            while behind:
+                async with self._lock:
+                    behind = await trio.to_thread.run_sync(self.api.step)
 
     async def handle(self, request: Request) -> Reply:
         """Answer one request."""

@@ -179,7 +179,7 @@ async function runPage(number) {
     } catch (e) { tableBox.replaceChildren(el("p", {class: "error"}, e.message)); }
   }
   await reloadTable();
-  setLive(summary.live);
+  setLive(summary.live, summary.indexing);
   if (summary.live) {
     const timer = setInterval(async () => {
       try {
@@ -189,14 +189,18 @@ async function runPage(number) {
           renderSummary(summaryBox, summary, number, state, reloadTable);
           await reloadTable();
         }
-        setLive(summary.live);
+        setLive(summary.live, summary.indexing);
         if (!summary.live) clearInterval(timer);
       } catch (e) { /* the next poll tries again */ }
     }, POLL_MS);
   }
 }
 
-function setLive(live) { document.getElementById("live").hidden = !live; }
+function setLive(live, indexing) {
+  const badge = document.getElementById("live");
+  badge.hidden = !live;
+  badge.textContent = indexing ? "indexing…" : "live";
+}
 
 function kvTable(pairs) {
   return el("table", {class: "kv"}, pairs.filter(([, v]) => v !== undefined).map(([k, v]) =>
