@@ -17,7 +17,14 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 ROOT = "trollout"
 # Leaves import nothing of ours but `trollout.errors`; a leaf added later goes here.
 LEAVES = frozenset(
-    {"trollout.records", "trollout.errors", "trollout.jsonl", "trollout.config", "trollout.text"}
+    {
+        "trollout.records",
+        "trollout.errors",
+        "trollout.jsonl",
+        "trollout.config",
+        "trollout.text",
+        "trollout.httpserver",
+    }
 )
 LEAF_MAY_IMPORT = frozenset({"trollout.errors"})
 
@@ -131,8 +138,8 @@ def test_layering_health_imports_only_leaves() -> None:
     assert "trollout.health.checks" in modules
     for module in modules:
         for target in chains(module):
-            assert within(target, "trollout.health") or target in HEALTH_MAY_IMPORT, (
-                " -> ".join(chains(module)[target])
+            assert within(target, "trollout.health") or target in HEALTH_MAY_IMPORT, " -> ".join(
+                chains(module)[target]
             )
 
 
@@ -152,6 +159,16 @@ def test_layering_metrics_imports_neither_cli_nor_the_engine() -> None:
     """Aggregation reads run folders; it reaches neither cli nor collector.engine."""
     forbidden = ("trollout.cli", "trollout.collector.engine.collector")
     assert reaching(modules_in("trollout.metrics"), forbidden) == []
+
+
+def test_layering_view_reads_run_folders_only() -> None:
+    """`trollout view` reads run folders: it imports nothing of collector or cli directly, and
+    reaches neither cli nor collector.engine (recovery's back edges into planning aside)."""
+    for module in modules_in("trollout.view"):
+        direct = [t for t in graph()[module] if within(t, "trollout.collector")]
+        assert direct == [], f"{module} imports {direct}"
+    forbidden = ("trollout.cli", "trollout.collector.engine", "trollout.testing")
+    assert reaching(modules_in("trollout.view"), forbidden) == []
 
 
 RAY_MODULES = frozenset(

@@ -44,6 +44,7 @@ from ..nemo_keys import AGGREGATE, BY_NAME, command_line, merge_config_paths, tr
 from ..text import visible
 from .common import EXIT_INCOMPLETE_RETRYABLE, fail, http_client
 from .health import after_run, health_options
+from .view import view_command
 
 __all__ = ["aggregate"]
 
@@ -390,3 +391,5 @@ async def _discover(client: httpx.AsyncClient, head: Any, allow: list[str]) -> l
 def _print_files(result: AggregateResult) -> None:
     written = [result.merged_path, result.metrics_path, result.report_path]
     click.echo("wrote " + ", ".join(visible(str(p)) for p in written if p is not None), err=True)
+    runs = [result.merged_path] if result.merged_path else result.inputs.shards
+    click.echo(f"view: {visible(view_command(*runs))}", err=True)

@@ -60,6 +60,7 @@ from .common import (
 from .health import after_run
 from .scaleout import collect_any, scaleout_options
 from .session import StopWhen, run_session, timing_report
+from .view import view_command
 
 if TYPE_CHECKING:
     from ..telemetry.runtime import Telemetry
@@ -455,6 +456,7 @@ def report_run(result: RunResult, *, title: str) -> None:
             click.echo(f"report:  {visible(str(result.aggregate.report_path))}")
     for line in result.health:
         click.echo(visible(line))
+    click.echo(f"view:    {visible(view_command(result.layout.output))}")
     if result.signal is not None:
         click.echo(f"stopped by {signal.Signals(result.signal).name}; resume to finish", err=True)
         sys.exit(128 + result.signal)

@@ -18,6 +18,7 @@ from .health import health_check
 from .resume import resubmit, resume
 from .scaleout import sbatch
 from .status import status
+from .view import view
 
 __all__ = ["cli", "main"]
 
@@ -39,6 +40,7 @@ cli.add_command(status)
 cli.add_command(aggregate)
 cli.add_command(sbatch)
 cli.add_command(health_check)
+cli.add_command(view)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -6,21 +6,30 @@ views with intervals, and four charts: reward distribution, pass@k curve (both v
 bars), rollouts not scored by class, and the latency histogram (``elapsed_seconds``). Every
 text from the data goes through `_e`: control characters shown as escapes (`visible`: they are
 invisible, or invalid, in HTML), then HTML-escaped.
+
+Above the groups, the run: what its manifest says (`run_info`: input and digest, date, version,
+deployment, the settings that differ from the defaults) and the rollouts that did not land (from
+the batch status, at most `_LISTED`), each a link by id, ``rollout/0/TASK/ROLLOUT``: relative, so
+it opens the rollout page where ``trollout view`` serves this report (``/run/N/report``); in the
+file opened on its own the id still names the rollout.
 """
 
 from __future__ import annotations
 
+import datetime
 import html
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..recovery.files import replace_atomically
+from ..recovery.layout import RunLayout
 from ..text import visible
 from .coverage import coverage_lines
+from .run_info import run_info
 from .summary import GroupSummary, Histogram
 from .views import Estimate, ViewSummary
 
@@ -43,6 +52,7 @@ padding-top:18px}.muted{color:#68707c}.cover{font-weight:600}
 .error{background:#fdecec;border:1px solid #e39a9a;padding:6px 10px;border-radius:4px}
 table{border-collapse:collapse;margin:8px 0}td,th{border-bottom:1px solid #e6e9ed;padding:4px 10px;
 text-align:right}th:first-child,td:first-child{text-align:left}th{background:#f5f7f9}
+table.meta td{text-align:left;word-break:break-all}a.rollout{font-family:monospace}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:12px}
 .chart{border:1px solid #e6e9ed;border-radius:6px;padding:4px}svg{width:100%;height:auto}
 svg text{font:11px system-ui,sans-serif;fill:#3b434d}svg .title{font-size:13px;font-weight:600}
@@ -71,6 +81,9 @@ def render_report(
     head += [f'<p class="warn">{_e(line)}</p>' for line in result.inputs.lines()]
     shards = ", ".join(str(p) for p in result.inputs.shards)
     head.append(f'<p class="muted">Shards: {_e(shards)}</p>')
+    run = result.merged_path or (result.inputs.shards[0] if result.inputs.shards else None)
+    if run is not None:
+        head.append(_run_section(RunLayout.for_output(run)))
     sections = [_group(g) for g in result.groups]
     if health is not None:
         sections.append(_health(health, links_from))
@@ -161,6 +174,74 @@ def _unhealthy_rows(path: Path, limit: int) -> list[tuple[str, list[str]]]:
             if len(out) == limit:
                 break
     return out
+
+
+_LISTED = 200  # rollouts that did not land, listed with links
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def _run_section(layout: RunLayout) -> str:
+    """The run's metadata and its rollouts that did not land, linked by id (module doc)."""
+    info = run_info(_read_json(layout.manifest))
+    parts = ["<section><h2>Run</h2>"]
+    if info is None:
+        parts.append('<p class="muted">No manifest: the run\'s settings are unknown.</p>')
+    else:
+        created = info["created_at"]
+        when = (
+            datetime.datetime.fromtimestamp(created, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+            if isinstance(created, int | float)
+            else "?"
+        )
+        deployment = info["deployment"] if isinstance(info["deployment"], dict) else {}
+        rows = [
+            ("input", info["input"]),
+            ("input sha256", info["input_sha256"]),
+            ("created", when),
+            ("trollout", info["trollout_version"]),
+            ("run id", info["run_id"]),
+            ("agents", ", ".join(map(str, deployment.get("agents") or []))),
+            (
+                "environment servers",
+                ", ".join(map(str, deployment.get("environment_servers") or [])),
+            ),
+            ("planned", f"{info['expected_rollouts']} rollouts of {info['tasks']} tasks"),
+        ]
+        rows += [
+            (key, orjson.dumps(value).decode()) for key, value in info["settings_changed"].items()
+        ]
+        parts.append('<table class="meta">')
+        parts += [f"<tr><td>{_e(k)}</td><td>{_e(str(v))}</td></tr>" for k, v in rows]
+        parts.append("</table>")
+    status = _read_json(layout.batch_status)
+    states = status.get("rollouts") if isinstance(status, dict) else None
+    if isinstance(states, list) and states:
+        links = []
+        for state in states[:_LISTED]:
+            if not isinstance(state, dict):
+                continue
+            task, rollout = state.get("task_index"), state.get("rollout_index")
+            if type(task) is not int or type(rollout) is not int:
+                continue
+            what = _e(str(state.get("failure_class") or state.get("state") or "?"))
+            links.append(
+                f'<a class="rollout" href="rollout/0/{task}/{rollout}">{task}/{rollout}</a> {what}'
+            )
+        more = len(states) - _LISTED
+        parts.append(
+            f"<h3>Rollouts that did not land ({len(states)})</h3><p>{' · '.join(links)}"
+            + (f" … and {more} more" if more > 0 else "")
+            + '</p><p class="muted">Each id (task/rollout) opens its rollout in '
+            f"<code>trollout view {_e(str(layout.output))}</code>.</p>"
+        )
+    parts.append("</section>")
+    return "".join(parts)
 
 
 def _views_table(views: Sequence[ViewSummary]) -> str:

@@ -30,6 +30,7 @@ import trio
 from attrs import define
 
 from ..errors import ConfigError
+from ..httpserver import Action, Reply, Request, encode_head
 from .aggregate import aggregate_metrics
 from .capture import capture_rollout
 from .episodes import episode_key, episode_reply, parse_episode, run_id_of
@@ -44,7 +45,6 @@ from .faults import (
     FaultPlan,
     row_fault,
 )
-from .httpserver import Action, Reply, Request, encode_head
 from .policy import MODEL_ID, answer_row, answer_task, build_response
 from .spec import AgentSpec, DeploymentSpec, EpisodeServerSpec, Latency
 from .stats import FakeStats
