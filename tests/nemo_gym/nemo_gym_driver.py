@@ -10,6 +10,7 @@ test that runs it (tests/nemo_gym/test_acceptance.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from trollout.nemo_gym import (
@@ -48,10 +49,8 @@ async def drive(
     drained = await completions.aclose_and_drain()
     kept = []
     for future in drained:
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             kept.append(await future)
-        except asyncio.CancelledError:
-            pass
     seen["drain"] = {"first": first, "kept": kept, "again": await completions.aclose_and_drain()}
 
     # Step 3: typed outcomes under a run id of the caller's.

@@ -17,10 +17,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from nemo_gym_driver import drive
 
 from builders import HANG_GUARD_S, cli_command
-from nemo_gym_driver import drive
-from trollout import Failed, Landed
+from trollout import Failed
 from trollout.testing import FakeUrls, assert_exactly_once, task_rows
 
 HANG_FIRST_TRY = {"kind": "hang", "attempts": [0]}  # hangs attempt 0; a resume's attempt lands
@@ -42,7 +42,8 @@ def test_a_nemo_gym_driver_runs_unchanged_but_for_its_imports(
     fake: FakeUrls, tmp_path: Path
 ) -> None:
     head = urlsplit(fake.head_url)
-    assert head.hostname is not None and head.port is not None
+    assert head.hostname is not None
+    assert head.port is not None
     seen = asyncio.run(drive(examples(), head.hostname, head.port, str(tmp_path)))
 
     rows = seen["rows"]
@@ -51,13 +52,15 @@ def test_a_nemo_gym_driver_runs_unchanged_but_for_its_imports(
     landing = {(t, r) for t in (0, 1) for r in (0, 1)}
 
     # aclose after a break: two pairs, both rollouts that finished.
-    assert len(seen["cut"]) == 2 and set(keys(seen["cut"])) <= landing
+    assert len(seen["cut"]) == 2
+    assert set(keys(seen["cut"])) <= landing
     assert all(result["reward"] in (0.0, 1.0) for _, result in seen["cut"])
 
     # aclose_and_drain: what was taken and kept are finished rollouts, each once; once only.
     drain = seen["drain"]
     taken = [drain["first"], *drain["kept"]]
-    assert set(keys(taken)) <= landing and len(set(keys(taken))) == len(taken)
+    assert set(keys(taken)) <= landing
+    assert len(set(keys(taken))) == len(taken)
     assert drain["again"] == []
 
     # run_outcomes with a run id: the rows name it, the results are the replies.
@@ -102,6 +105,6 @@ def test_the_outcome_records_are_trollouts(fake: FakeUrls) -> None:
         completions = helper.run_outcomes(rows, head_server_config=config)
         return [await future for future in completions]
 
-    results = dict(((row["_ng_task_index"], type(result)) for row, result in asyncio.run(run())))
-    assert results[0] is dict and results[1] is Failed
-    assert Landed is not None
+    results = {row["_ng_task_index"]: type(result) for row, result in asyncio.run(run())}
+    assert results[0] is dict
+    assert results[1] is Failed
