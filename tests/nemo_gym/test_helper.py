@@ -124,7 +124,8 @@ def test_a_failed_run_raises_unless_routed_to_the_sidecar(fake: FakeUrls) -> Non
         completions = helper.run_examples(
             given, head_server_config=head(fake), route_failures_to_sidecar=route
         )
-        ok, errors = [], []
+        ok: list[int] = []
+        errors: list[BaseException] = []
         for future in completions:
             try:
                 row, result = await future
@@ -200,13 +201,14 @@ def test_aclose_and_drain_partitions_the_rows(fake: FakeUrls, tmp_path: Path) ->
             taken.append(task(await next(completions)))
         except RolloutRequestError as exc:
             taken.append(exc.row["_ng_task_index"])  # type: ignore[arg-type]
-        drained, failed = [], []
+        drained: list[int] = []
+        failed: list[int] = []
         for future in await completions.aclose_and_drain():
             assert future.done()
             try:
                 drained.append(task(await future))
             except RolloutRequestError as exc:
-                failed.append(exc.row["_ng_task_index"])
+                failed.append(exc.row["_ng_task_index"])  # type: ignore[arg-type]
         again = [await completions.aclose_and_drain(), list(completions)]
         return taken, drained, failed, again
 
@@ -282,10 +284,14 @@ def test_the_constants_are_nemo_gyms_and_trollouts() -> None:
         records.FAILURE_ID,
         records.FAILURE_EVENTS_OMITTED,
     )
-    assert constants.AGENT_REQUEST_FAILED_FAILURE_CLASS == records.FailureClass.AGENT_REQUEST_FAILED
-    assert constants.AGENT_RUN_ERROR_FAILURE_CLASS == records.FailureClass.AGENT_RUN_ERROR
     assert (
-        constants.ENVIRONMENT_SERVER_FAILURE_CLASS == records.FailureClass.ENVIRONMENT_SERVER_FAILED
+        records.FailureClass.AGENT_REQUEST_FAILED.value
+        == constants.AGENT_REQUEST_FAILED_FAILURE_CLASS
+    )
+    assert records.FailureClass.AGENT_RUN_ERROR.value == constants.AGENT_RUN_ERROR_FAILURE_CLASS
+    assert (
+        records.FailureClass.ENVIRONMENT_SERVER_FAILED.value
+        == constants.ENVIRONMENT_SERVER_FAILURE_CLASS
     )
     assert constants.TASK_INDEX_KEY == records.TASK_INDEX
     assert constants.ROLLOUT_INDEX_KEY == records.ROLLOUT_INDEX
