@@ -7,6 +7,7 @@ One `FakeServer` per instance (head, agent, environment, resources, model); all 
 every server       ``GET /``                               ``{"status": "ok"}``
 head               ``GET /global_config_dict_yaml``        the config, YAML inside a JSON string
 head (ours)        ``GET /_fake/stats``, ``/_fake/runs``   counters; the detailed /run log
+head (ours)        ``GET /_fake/requests``                 the log as objects, with run ids
 agent, environment ``POST /run``, ``POST /aggregate_metrics``
 episode env.       ``POST /run`` (episode requests only)   `episodes`; ``/aggregate_metrics``
 resources          ``POST /aggregate_metrics``
@@ -146,6 +147,7 @@ class FakeServer:
             routes[("GET", "/global_config_dict_yaml")] = self._config
             routes[("GET", "/_fake/stats")] = self._stats
             routes[("GET", "/_fake/runs")] = self._runs
+            routes[("GET", "/_fake/requests")] = self._requests
         if self.role in (Role.AGENT, Role.ENVIRONMENT):
             routes[("POST", "/run")] = self._run
         if self.role in (Role.AGENT, Role.ENVIRONMENT, Role.RESOURCES):
@@ -197,6 +199,9 @@ class FakeServer:
         ]
         return Reply(body=orjson.dumps(runs))
 
+    async def _requests(self, request: Request) -> Reply:
+        return Reply(body=orjson.dumps([s.to_json() for s in self.state.stats.runs]))
+
     async def _metrics(self, request: Request) -> Reply:
         return Reply(body=vllm_metrics(self.state), content_type="text/plain; version=0.0.4")
 
@@ -232,7 +237,10 @@ class FakeServer:
         fault = self._fault_for(row, row, key, agent.name, plan)
         kind = None if fault is None else fault.kind.value
         trace = request.headers.get("traceparent")
-        self.state.stats.run_seen(self.name, agent.name, key, kind, traceparent=trace)
+        run_id = run_id_of(row)
+        self.state.stats.run_seen(
+            self.name, agent.name, key, kind, traceparent=trace, run_id=run_id
+        )
         latency = agent.latency or self.state.spec.latency
         return await self._run_in_flight(key, fault, latency, partial(self._flat_reply, row))
 
@@ -248,7 +256,9 @@ class FakeServer:
         fault = self._fault_for(data["task"]["task_input"], data, key, episode.agent, plan)
         kind = None if fault is None else fault.kind.value
         trace = request.headers.get("traceparent")
-        self.state.stats.run_seen(self.name, episode.agent, key, kind, traceparent=trace)
+        run_id = run_id_of(data)
+        stats = self.state.stats
+        stats.run_seen(self.name, episode.agent, key, kind, traceparent=trace, run_id=run_id)
         latency = episode.latency or self.state.spec.latency
         answer = partial(self._episode_reply, data, episode, key[1])
         return await self._run_in_flight(key, fault, latency, answer)
