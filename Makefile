@@ -46,6 +46,9 @@ bench: $(RAY_STAMP)  ## print the benchmark figures (never part of make test); s
 	$(BIN)/python bench/frontends.py
 	$(BIN)/python bench/telemetry.py
 	$(BIN)/python bench/retry_days.py
+	$(BIN)/python bench/health.py
+	$(BIN)/python bench/enrichment.py
+	$(BIN)/python bench/view.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage

@@ -8,7 +8,7 @@ one full core (1e6 / that), and the server's CPU share (near 100 % means the ser
 generator, is the limit; well below it on a busy machine means both were starved of CPU, and
 the per-request CPU figure is the one to trust).
 
-Also measured, for the design note in trollout/testing/httpserver.py: the same server with its
+Also measured, for the design note in trollout/httpserver.py: the same server with its
 hand-written HTTP/1.1 parser swapped for h11 (``--parsers fast,h11``).
 
     .venv/bin/python bench/fake_server_ceiling.py [--seconds 4] [--parsers fast,h11]
@@ -35,8 +35,8 @@ import orjson
 import trio
 import yaml
 
+from trollout.httpserver import Handler, Reply, Request
 from trollout.testing import AgentSpec, DeploymentSpec, spec_to_dict, task_rows
-from trollout.testing.httpserver import Handler, Reply, Request
 
 SCENARIOS = (  # (connections, pipeline depth)
     (1, 1),

@@ -16,7 +16,11 @@ subprocess, one after the other, and sends ``batches x rows`` rollouts:
   of a thread (the alternative `driver.bridge` rejects; built here only to measure it);
 - ``trio-asyncio``: an asyncio trainer run by ``trio_asyncio`` (Trio hosts asyncio), calling
   ``Rollouts.run_batch`` once per step through ``trio_as_aio``;
-- ``sync``: `trollout.sync` from plain blocking code.
+- ``sync``: `trollout.sync` from plain blocking code;
+- ``nemo-gym``: the NeMo Gym drop-in (`trollout.nemo_gym`), one ``run_examples`` per step
+  iterated as NeMo Gym's API is (``for future in completions: await future``), the same ticker
+  beside; each call opens and closes its own collector thread (the drop-in's design), so
+  this is ``aio`` plus that per-step cost and an awaitable per rollout.
 
 Reported per client: client CPU milliseconds per rollout (user+system of the whole client
 process, every thread, measured around the collection only, so interpreter start and imports
@@ -46,7 +50,7 @@ from memory import peak_rss_mib  # noqa: E402
 from throughput import make_rows  # noqa: E402
 
 AGENT = "bench_agent"
-CLIENTS = ("cli", "trio", "trio+shards", "aio", "aio-guest", "trio-asyncio", "sync")
+CLIENTS = ("cli", "trio", "trio+shards", "aio", "aio-guest", "trio-asyncio", "sync", "nemo-gym")
 
 
 def cpu_seconds() -> float:
@@ -235,6 +239,32 @@ def run_sync(url: str, batches: int, rows: int, concurrency: int) -> dict[str, A
     return {"cpu_s": cpu_seconds() - cpu0, "landed": landed}
 
 
+def run_nemo_gym(url: str, batches: int, rows: int, concurrency: int) -> dict[str, Any]:
+    import trollout
+    from trollout.nemo_gym import RolloutCollectionHelper
+
+    config = trollout.RunConfig(num_samples_in_parallel=concurrency, agent_urls={AGENT: url})
+    helper = RolloutCollectionHelper(config=config)
+    work = steps(batches, rows)
+
+    async def main() -> dict[str, Any]:
+        ticker = Ticker()
+        beat = asyncio.create_task(ticker.run())
+        landed = 0
+        while step_rows := await asyncio.to_thread(next, work, None):  # off the loop
+            completions = helper.run_examples(step_rows, retry_requests=False)
+            for future in completions:
+                _, result = await future
+                landed += "reward" in result
+        ticker.stop.set()
+        await beat
+        return {"landed": landed, "worst_gap_ms": ticker.worst * 1000}
+
+    cpu0 = cpu_seconds()
+    result = asyncio.run(main())
+    return {"cpu_s": cpu_seconds() - cpu0, **result}
+
+
 def client_main(argv: list[str]) -> None:
     kind, url, batches_s, rows_s, concurrency_s, folder_s = argv
     batches, rows, concurrency, folder = (
@@ -253,6 +283,8 @@ def client_main(argv: list[str]) -> None:
         result = run_aio(url, batches, rows, concurrency, guest=kind == "aio-guest")
     elif kind == "trio-asyncio":
         result = run_trio_asyncio(url, batches, rows, concurrency)
+    elif kind == "nemo-gym":
+        result = run_nemo_gym(url, batches, rows, concurrency)
     else:
         result = run_sync(url, batches, rows, concurrency)
     result["peak_rss_mib"] = peak_rss_mib()

@@ -16,7 +16,15 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 ROOT = "trollout"
 # Leaves import nothing of ours but `trollout.errors`; a leaf added later goes here.
-LEAVES = frozenset({"trollout.records", "trollout.errors", "trollout.jsonl", "trollout.text"})
+LEAVES = frozenset(
+    {
+        "trollout.records",
+        "trollout.errors",
+        "trollout.jsonl",
+        "trollout.text",
+        "trollout.httpserver",
+    }
+)
 LEAF_MAY_IMPORT = frozenset({"trollout.errors"})
 # Leaf packages: each of their modules imports only `trollout.errors` and the package itself.
 LEAF_PACKAGES = ("trollout.settings",)
@@ -129,6 +137,25 @@ def test_layering_leaf_packages_import_only_errors_and_themselves() -> None:
             assert outside <= LEAF_MAY_IMPORT, f"{module} imports {sorted(outside)}"
 
 
+# The rollout health check (trollout.health) is leaf-like: it reads files the others write and
+# imports only these leaves, so collect, aggregate and the CLI can all call it.
+HEALTH_MAY_IMPORT = frozenset(
+    {"trollout.errors", "trollout.jsonl", "trollout.records", "trollout.text"}
+)
+
+
+def test_layering_health_imports_only_leaves() -> None:
+    """trollout.health reaches nothing of ours but the leaves it names (no cli, collector,
+    recovery or config: those are being restructured, and health must not care)."""
+    modules = modules_in("trollout.health")
+    assert "trollout.health.checks" in modules
+    for module in modules:
+        for target in chains(module):
+            assert within(target, "trollout.health") or target in HEALTH_MAY_IMPORT, " -> ".join(
+                chains(module)[target]
+            )
+
+
 def test_layering_collector_never_imports_recovery_or_cli() -> None:
     """The engine writes to a sink it is given: collector reaches neither recovery nor cli."""
     forbidden = ("trollout.recovery", "trollout.cli")
@@ -145,6 +172,16 @@ def test_layering_metrics_imports_neither_cli_nor_the_engine() -> None:
     """Aggregation reads run folders; it reaches neither cli nor collector.engine."""
     forbidden = ("trollout.cli", "trollout.collector.engine.collector")
     assert reaching(modules_in("trollout.metrics"), forbidden) == []
+
+
+def test_layering_view_reads_run_folders_only() -> None:
+    """`trollout view` reads run folders: it imports nothing of collector or cli directly, and
+    reaches neither cli nor collector.engine (recovery's back edges into planning aside)."""
+    for module in modules_in("trollout.view"):
+        direct = [t for t in graph()[module] if within(t, "trollout.collector")]
+        assert direct == [], f"{module} imports {direct}"
+    forbidden = ("trollout.cli", "trollout.collector.engine", "trollout.testing")
+    assert reaching(modules_in("trollout.view"), forbidden) == []
 
 
 RAY_MODULES = frozenset(
@@ -226,3 +263,18 @@ def test_the_command_line_loads_neither_asyncio_nor_the_front_ends() -> None:
 
     assert trollout.aio.open_rollouts is not None  # still reachable as attributes
     assert trollout.sync.open_rollouts is not None
+
+
+def test_layering_enrichment_imports_only_leaves() -> None:
+    """trollout.enrichment (the capture reader, projection, ng_perf) imports only leaves and
+    leaf packages (settings: the enrichment settings' one rule): the collector imports it,
+    never the reverse."""
+    allowed = {"trollout.errors", "trollout.records", "trollout.jsonl", "trollout.text"}
+    for module in modules_in("trollout.enrichment"):
+        ours = {
+            m
+            for m in graph()[module]
+            if not within(m, "trollout.enrichment")
+            and not any(within(m, package) for package in LEAF_PACKAGES)
+        }
+        assert ours <= allowed, f"{module} imports {sorted(ours - allowed)}"

@@ -23,6 +23,8 @@ keeps one `Rollouts` across its steps and opens a batch per step::
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
@@ -64,12 +66,54 @@ from .records import (
 from .recovery.layout import RunLayout
 from .recovery.run_folder import MaterializedRows, RunFolder, open_run_folder
 from .recovery.store import RunStore, check_run_folder, open_run_store
-from .settings import FsyncPolicy, RunConfig, SeedMode, load_config
+from .settings import FsyncPolicy, RunConfig, SeedMode
+from .settings import load_config as _load_settings
 
 if TYPE_CHECKING:
     from . import aio, sync
 
 _FRONT_ENDS = ("aio", "sync")
+
+
+def load_config(
+    *,
+    config_file: str | os.PathLike[str] | None = None,
+    options: Mapping[str, Any] | None = None,
+    overrides: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+    saved: Mapping[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> RunConfig:
+    """Build a validated `RunConfig` from every source, as the command line does.
+
+    `trollout.settings.load_config` (the command line's loader, without the notes it prints),
+    then the health check ids checked, as ``trollout collect`` checks them: they are known to
+    `trollout.health`, and settings, a leaf package, imports nothing of it.
+
+    Args:
+        config_file: a YAML file of settings (NeMo Gym key names; ``config_paths`` too).
+        options: settings given as options (None values are left out).
+        overrides: ``+key=value`` tokens.
+        defaults: settings below all of these (a command's own defaults).
+        saved: a resumed run's settings, below the options and overrides.
+        labels: how each option is spelled, for messages.
+
+    Raises:
+        ConfigError: a file that cannot be read, an unknown key, a bad value or an unknown
+            health check id, naming it.
+    """
+    config = _load_settings(
+        config_file=config_file,
+        options=options,
+        overrides=overrides,
+        defaults=defaults,
+        saved=saved,
+        labels=labels,
+    )
+    from .health.after import HealthSettings  # here: `import trollout` does not load health
+
+    HealthSettings.of(config)
+    return config
 
 
 def __getattr__(name: str) -> Any:

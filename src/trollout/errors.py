@@ -11,9 +11,13 @@ A failed rollout is data (`records.Failed`), never an exception. Only run-level 
     │   ├── RunFolderLockedError         another collector owns the folder
     │   ├── RunChangedError              resume found a changed input, plan or agent set
     │   └── RunFolderWriteError ─┐       the folder could not be written mid-run (disk full)
+    ├── CaptureFileError(OSError)        a model-call capture file refused (enrichment: a gap)
     ├── RunStoppedError(RuntimeError)    a run-level stop no retry can fix (exit 1)
     │   └── RunFolderWriteError ─┘       (both: a folder problem that stopped a run; exit 1)
-    └── IncompleteEvaluationError        require_complete and work left (exit 75 or 76)
+    ├── IncompleteEvaluationError        require_complete and work left (exit 75 or 76)
+    ├── RolloutRequestError              the NeMo Gym drop-in's failed ``/run`` (failures not
+    │                                    routed to the sidecar: NeMo Gym raises there too)
+    └── UnsupportedOptionError(NotImplementedError)  a NeMo Gym option trollout does not do yet
 
 Every message names the thing, shows the bad value with ``!r``, says what was expected and ends
 with the remedy. `InputError` and `UnknownAgentError` carry every problem found, so a user fixes
@@ -26,10 +30,12 @@ from collections.abc import Sequence
 
 __all__ = [
     "ArgumentTypeError",
+    "CaptureFileError",
     "ConfigError",
     "DeploymentError",
     "IncompleteEvaluationError",
     "InputError",
+    "RolloutRequestError",
     "RunChangedError",
     "RunFolderError",
     "RunFolderLockedError",
@@ -37,6 +43,7 @@ __all__ = [
     "RunStoppedError",
     "TrolloutError",
     "UnknownAgentError",
+    "UnsupportedOptionError",
 ]
 
 
@@ -96,6 +103,13 @@ class RunChangedError(RunFolderError):
     """Resume refused: the run's input, plan settings or agent set changed since it began."""
 
 
+class CaptureFileError(TrolloutError, OSError):
+    """A model-call capture file cannot be read safely (a symlink, too big, not a regular file,
+    another file's hard link, unreadable); the message names the file and why. Enrichment turns
+    it into the rollout's gap marker (``model_call_capture_unreadable``), never a failed
+    rollout."""
+
+
 class RunStoppedError(TrolloutError, RuntimeError):
     """A run-level condition stopped the run; its files are kept."""
 
@@ -132,3 +146,34 @@ class IncompleteEvaluationError(TrolloutError, RuntimeError):
             f"require_complete: {unfinished} of {expected} rollouts did not land, so no score "
             f"was written; {remedy}"
         )
+
+
+class RolloutRequestError(TrolloutError):
+    """A rollout's ``/run`` failed, raised where NeMo Gym's ``run_examples`` raises it.
+
+    Only `trollout.nemo_gym` raises it, for a failure not routed to the sidecar
+    (``route_failures_to_sidecar=False``, NeMo Gym's default); everywhere else a failed
+    rollout is data (`records.Failed`).
+
+    Attributes:
+        row: the row as dispatched.
+        failure_row: the typed failure row (``_ng_failure_class``, ``failure_kind``, ...), as
+            the failures sidecar would hold it.
+    """
+
+    def __init__(self, row: dict[str, object], failure_row: dict[str, object]) -> None:
+        self.row = row
+        self.failure_row = failure_row
+        where = f"task {row.get('_ng_task_index')!r} rollout {row.get('_ng_rollout_index')!r}"
+        status = failure_row.get("_ng_failure_http_status")
+        http = f" (HTTP {status})" if status is not None else ""
+        super().__init__(
+            f"/run of {where} failed{http}: {failure_row.get('_ng_failure_class')!s} "
+            f"({failure_row.get('failure_kind')!s}): {failure_row.get('_ng_failure_message')!s}; "
+            "pass route_failures_to_sidecar=True to receive failures as rows instead"
+        )
+
+
+class UnsupportedOptionError(TrolloutError, NotImplementedError):
+    """A NeMo Gym option that trollout does not implement yet; the message names the option,
+    why, and what to do instead. Raised before anything is dispatched."""

@@ -357,3 +357,22 @@ def test_collect_prompt_config_fifo_exits_2_without_opening_it(tmp_path: Path) -
         lambda: run_refused(tmp_path, [json.dumps(row)], f"+prompt_config={fifo}"), fifo
     )
     assert f"{fifo}: prompt_config is a pipe or FIFO, not a regular file" in error
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--observability"], "model_call_capture_dir is required"),
+        (["--observability", "--model-call-capture-dir", "rel/dir"], "absolute path"),
+        (
+            ["+delete_model_call_capture=true", "+include_model_call_payloads=false"],
+            "needs include_model_call_payloads=true",
+        ),
+    ],
+)
+def test_collect_refuses_contradictory_enrichment_settings(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    """Enrichment settings that cannot work: exit 2, one line naming the key, nothing written."""
+    error, _ = run_refused(tmp_path, None, *args)
+    assert says in error

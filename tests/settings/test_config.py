@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from trollout.collector.dispatch.request import DispatchPolicy
 from trollout.collector.dispatch.retry import RetryPolicy
+from trollout.enrichment import EnrichmentOptions
 from trollout.errors import ConfigError
 from trollout.settings import (
     NULL_MEANS_DEFAULT,
@@ -708,3 +709,43 @@ def test_unknown_choices_are_one_error_naming_the_key(key: str, value: object) -
         ConfigError, match=rf"^{key} must be one of .* \(got {re.escape(repr(value))}\)$"
     ):
         RunConfig(**{key: value})
+
+
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        ({"observability_enabled": True}, "model_call_capture_dir is required"),
+        (
+            {"observability_enabled": True, "model_call_capture_dir": "model-calls"},
+            "model_call_capture_dir must be an absolute path",
+        ),
+        (
+            {"delete_model_call_capture": True, "include_model_call_payloads": False},
+            "delete_model_call_capture=true needs include_model_call_payloads=true",
+        ),
+    ],
+)
+def test_contradictory_enrichment_settings_are_one_rule(values: dict[str, Any], match: str) -> None:
+    """`RunConfig` and `EnrichmentOptions` refuse the same settings with the same line: one
+    rule (`settings.enrichment_problem`), which enrichment reads from the leaf package."""
+    with pytest.raises(ConfigError, match=match) as from_config:
+        build_config(values)
+    with pytest.raises(ConfigError) as from_options:
+        EnrichmentOptions(
+            observability=values.get("observability_enabled", False),
+            capture_dir=values.get("model_call_capture_dir"),
+            include_payloads=values.get("include_model_call_payloads", True),
+            delete_capture=values.get("delete_model_call_capture", False),
+        )
+    assert str(from_config.value) == str(from_options.value)
+    assert "\n" not in str(from_config.value)
+
+
+def test_enrichment_settings_that_agree_are_taken() -> None:
+    """Observability on with an absolute capture dir; payloads kept by default."""
+    config = build_config(
+        {"observability_enabled": True, "model_call_capture_dir": "/srv/gym/model-calls"}
+    )
+    assert config.include_model_call_payloads is True
+    assert config.delete_model_call_capture is False
+    assert RunConfig().observability_enabled is False

@@ -124,6 +124,9 @@ SAMPLES: dict[str, str] = {
     "count_failure_classes_as_zero": "[agent_run_error]",
     "count_missing_rollouts_as_zero": "true",
     "disable_aggregation": "true",
+    "disable_health_check": "true",
+    "health_check_ignored_checks": "[model_call_failed,agent_turn_hollow]",
+    "health_check_workers": "4",
     "environment_protocol_violation_stop_after": "3",
     "environment_routing_mode": "agent",
     "environment_server_name": "env",
@@ -140,23 +143,17 @@ SAMPLES: dict[str, str] = {
 # A valid value asking for something trollout lacks (unsupported), or handled its own way.
 ASKING: dict[str, str] = {
     "skills": "{path:skills/}",
-    "health_check_ignored_checks": "[rollout_turns]",
-    "health_check_workers": "4",
     "rollout_collection_driver": "my.module:run",
     "reuse_existing_data_preparation": "true",
     "split": "benchmark",
     "upload_rollouts": "true",
-    "disable_health_check": "false",
 }
 INERT: dict[str, str] = {
     "skills": "null",
-    "health_check_ignored_checks": "[]",
-    "health_check_workers": "null",
     "rollout_collection_driver": "null",
     "reuse_existing_data_preparation": "false",
     "split": "null",
     "upload_rollouts": "false",
-    "disable_health_check": "true",
     "retain_results_in_memory": "false",
     "route_failures_to_sidecar": "true",
 }

@@ -104,6 +104,14 @@ TOKENS: tuple[tuple[str, str], ...] = (
     ("shard", "1/4"),
     ("shard", "4/4"),
     ("retry_terminal_timeouts", "true"),
+    ("health_check_ignored_checks", "[model_call_failed]"),
+    ("health_check_ignored_checks", "[rollout_turns]"),
+    ("health_check_ignored_checks", "model_call_failed,agent_turn_hollow"),
+    ("observability_enabled", "true"),
+    ("model_call_capture_dir", "/srv/gym/model-calls"),
+    ("model_call_capture_dir", "relative/dir"),
+    ("include_model_call_payloads", "false"),
+    ("delete_model_call_capture", "true"),
     ("num_repats", "2"),
 )
 
@@ -114,6 +122,20 @@ def outcome(load: Any) -> tuple[str, Any]:
         return "config", load()
     except ConfigError as exc:
         return "error", str(exc)
+
+
+def test_the_public_loader_refuses_an_unknown_health_check_as_the_command_line_does() -> None:
+    """The check ids are trollout.health's: both loaders' callers check them (settings is a
+    leaf and does not know them), with the same one-line error."""
+    tokens = ["+health_check_ignored_checks=[rollout_turns]"]
+    with pytest.raises(ConfigError, match=r"Unknown rollout health check\(s\): rollout_turns") as a:
+        trollout.load_config(overrides=tokens)
+    with pytest.raises(ConfigError) as b:
+        build_run_config(list(tokens), {})
+    assert str(a.value) == str(b.value)
+    assert "\n" not in str(a.value)
+    config = trollout.load_config(overrides=["+health_check_ignored_checks=[model_call_failed]"])
+    assert config.health_check_ignored_checks == ["model_call_failed"]
 
 
 @given(st.lists(st.sampled_from(TOKENS), max_size=8))

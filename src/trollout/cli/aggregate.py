@@ -34,12 +34,16 @@ from rich.console import Console
 
 from ..collector.deployment.discovery import discover
 from ..errors import ConfigError, DeploymentError
+from ..health import KEYS as HEALTH_KEYS
+from ..health import HealthSettings
 from ..metrics import AggregateOptions, AggregateResult, aggregate_shards, print_report
 from ..metrics import resolve_inputs as resolve_globs
 from ..metrics.server import Target
 from ..settings import head_server_url, load_aggregate_settings
 from ..text import visible
 from .common import EXIT_INCOMPLETE_RETRYABLE, fail, http_client
+from .health import after_run, health_options
+from .view import view_command
 
 __all__ = ["aggregate"]
 
@@ -87,6 +91,7 @@ are skipped with a warning.
     help="Planned rollouts with no row count as reward 0 in the metrics.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@health_options
 @click.option("--no-report", is_flag=True, help="Do not write <stem>_report.html.")
 @click.option("--seed", type=int, default=None, help="Bootstrap seed (default 0).")
 @click.option(
@@ -139,11 +144,16 @@ def aggregate(args: tuple[str, ...], **opts: Any) -> None:
         fail(str(exc))
     for warning in result.warnings:
         click.echo(f"trollout: warning: {visible(warning)}", err=True)
+    checked = [result.merged_path] if result.merged_path else list(result.inputs.shards)
+    health = after_run(checked, result.metrics_path.parent, settings, result)
     if settings["as_json"]:
-        click.echo(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode())
+        document = {**result.to_json(), "health": health}
+        click.echo(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
     else:
         print_report(result, Console(soft_wrap=False))
         _print_files(result)
+        for line in health:
+            click.echo(visible(line))
     unsettled = result.coverage.without_outcome()
     if unsettled:
         coverage = result.coverage
@@ -171,6 +181,7 @@ def _settings(args: Sequence[str], opts: dict[str, Any]) -> dict[str, Any]:
     loaded = load_aggregate_settings(_given(opts), overrides, _LABELS)
     for note in loaded.notes:
         click.echo(f"trollout: note: {visible(note)}", err=True)
+    HealthSettings.from_values(loaded.values)  # unknown health check ids: refused here
     inputs = _inputs(args, opts, loaded.tokens, loaded.files)
     return {**opts, **loaded.values, "inputs": inputs, "targets": _targets(opts)}
 
@@ -195,6 +206,7 @@ def _given(opts: dict[str, Any]) -> dict[str, Any]:
         "seed": opts["seed"],
         "max_input_line_bytes": opts.get("max_line_bytes"),
         "overwrite": opts["overwrite"],
+        **{key: opts.get(key) for key in HEALTH_KEYS},
     }
     return {k: v for k, v in given.items() if v is not None}
 
@@ -285,3 +297,5 @@ async def _discover(client: httpx.AsyncClient, head: Any, allow: list[str]) -> l
 def _print_files(result: AggregateResult) -> None:
     written = [result.merged_path, result.metrics_path, result.report_path]
     click.echo("wrote " + ", ".join(visible(str(p)) for p in written if p is not None), err=True)
+    runs = [result.merged_path] if result.merged_path else result.inputs.shards
+    click.echo(f"view: {visible(view_command(*runs))}", err=True)

@@ -56,8 +56,10 @@ from .common import (
     print_summary,
     run_trio,
 )
+from .health import after_run
 from .scaleout import collect_any, scaleout_options
 from .session import StopWhen, run_session, timing_report
+from .view import view_command
 
 if TYPE_CHECKING:
     from ..telemetry.runtime import Telemetry
@@ -89,6 +91,7 @@ class RunResult:
     signal: int | None = None
     deadline_reached: bool = False
     aggregate: AggregateResult | None = None
+    health: tuple[str, ...] = ()  # the rollout health lines (trollout.health)
     differences: tuple[str, ...] = ()
     stopped: str | None = None
 
@@ -194,6 +197,11 @@ async def collect_run(
         aggregate = await _aggregate(layout, config, deployment)
     if config.batch_manifest_fpath and aggregate is None:
         await trio.to_thread.run_sync(_batch_status_not_aggregated, layout, config)
+    health = []  # after the metrics, as in NeMo Gym; never after an abort or without metrics
+    if aggregate is not None:
+        health = await trio.to_thread.run_sync(
+            after_run, [layout.rollouts], layout.rollouts.parent, config, aggregate
+        )
     return RunResult(
         layout=layout,
         expected=run.expected,
@@ -205,6 +213,7 @@ async def collect_run(
         signal=end.signal,
         deadline_reached=end.deadline_reached,
         aggregate=aggregate,
+        health=tuple(health),
         differences=tuple(differences(config)),
         stopped=end.stopped,
     )
@@ -394,6 +403,14 @@ def resume_options(f: F) -> F:
     help="Resume the run in the output folder (+resume_from_cache=true): dispatch "
     "only what is not done; a folder with no outcomes starts afresh.",
 )
+@click.option(
+    "--observability",
+    "observability_enabled",
+    is_flag=True,
+    default=None,
+    help="Merge each rollout's model-call capture (+observability_enabled=true).",
+)
+@click.option("--model-call-capture-dir", help="The model servers' capture dir (absolute).")
 @resume_options
 @scaleout_options
 def collect(args: tuple[str, ...], live: str, **options: Any) -> None:
@@ -436,6 +453,9 @@ def report_run(result: RunResult, *, title: str) -> None:
         click.echo(f"metrics: {visible(str(result.aggregate.metrics_path))}")
         if result.aggregate.report_path is not None:
             click.echo(f"report:  {visible(str(result.aggregate.report_path))}")
+    for line in result.health:
+        click.echo(visible(line))
+    click.echo(f"view:    {visible(view_command(result.layout.output))}")
     if result.signal is not None:
         click.echo(f"stopped by {signal.Signals(result.signal).name}; resume to finish", err=True)
         sys.exit(128 + result.signal)

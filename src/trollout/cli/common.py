@@ -28,8 +28,10 @@ from ..errors import (
     RunStoppedError,
     TrolloutError,
 )
+from ..health import HealthSettings
 from ..settings import RunConfig, load_run_config
 from ..text import visible
+from .health import HEALTH_OPTIONS
 from .progress import summary_table
 
 __all__ = [
@@ -405,6 +407,7 @@ def run_options(*names: str) -> Callable[[F], F]:
     return attach
 
 
+_RUN_OPTIONS.update(HEALTH_OPTIONS)  # --no-health-check, --health-check-ignore, -workers
 collect_options = run_options(*_RUN_OPTIONS)
 """The options of a collection run (collect and demo take them all)."""
 
@@ -429,7 +432,9 @@ def build_run_config(
     key; one setting given twice on the command line is refused (`settings.load_run_config`).
     ``saved``: a resumed run's settings, below the command line. ``labels``: how settings the
     caller put in ``options`` were given (``RUN``), for messages. Beyond `RunConfig`'s own
-    checks, a dispatch budget of 0 is refused here: for the engine (and an embedding driver)
+    checks, the health check ids are checked here (by `health.HealthSettings`, as
+    `trollout.load_config` does: settings does not know them), and a dispatch budget of 0 is
+    refused: for the engine (and an embedding driver)
     it means "start nothing", which from the command line can only be a mistake that would end
     in a run with no rollout.
     """
@@ -461,6 +466,7 @@ def build_run_config(
     )
     for note in notes:
         click.echo(f"trollout: note: {visible(note)}", err=True)
+    HealthSettings.of(config)  # unknown health check ids, refused before anything runs
     if config.dispatch_budget_s == 0:
         raise ConfigError(
             f"dispatch_budget_s (--budget) must be > 0 (got {config.dispatch_budget_s!r}): a "

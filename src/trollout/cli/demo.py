@@ -71,6 +71,12 @@ def demo(args: tuple[str, ...], spec_path: str, live: str, **options: Any) -> No
         spec = _load_spec(spec_path)
         if not config.environment_server_routes:
             config = attrs.evolve(config, environment_server_routes=spec.routes)
+        if not config.observability_enabled:  # the fake model server captures its calls
+            captures = str(Path(config.output_jsonl_fpath or DEFAULT_OUTPUT).absolute().parent)
+            config = attrs.evolve(
+                config, observability_enabled=True, model_call_capture_dir=captures + "/model-calls"
+            )
+        spec = attrs.evolve(spec, model_call_capture_dir=config.model_call_capture_dir)
     except ConfigError as exc:
         fail(str(exc))
     result: RunResult = run_trio(_demo, spec, config, live_mode(live))

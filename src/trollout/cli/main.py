@@ -14,9 +14,11 @@ from .. import __version__
 from .aggregate import aggregate
 from .collect import collect
 from .demo import demo
+from .health import health_check
 from .resume import resubmit, resume
 from .scaleout import sbatch
 from .status import status
+from .view import view
 
 __all__ = ["cli", "main"]
 
@@ -37,6 +39,8 @@ cli.add_command(resubmit)
 cli.add_command(status)
 cli.add_command(aggregate)
 cli.add_command(sbatch)
+cli.add_command(health_check)
+cli.add_command(view)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

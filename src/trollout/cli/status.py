@@ -34,6 +34,7 @@ import orjson
 from rich.console import Console
 
 from ..errors import ConfigError, RunFolderLockedError, TrolloutError
+from ..health import verdict_counts
 from ..metrics.exports import run_exports
 from ..records import RunManifest
 from ..recovery.layout import RunLayout
@@ -88,6 +89,7 @@ def run_status(
     # A folder that plans nothing (a Ray block given no task) has nothing to export, and the
     # metrics reader refuses a rollouts file that holds no row.
     doc["export_metrics"] = run_exports(layout, cap) if tally.tally.expected else {}
+    doc["health"] = verdict_counts(layout.rollouts.parent)  # None: no health check ran
     return doc
 
 
@@ -275,6 +277,10 @@ def _human_lines(doc: dict[str, Any]) -> list[str]:
         if shards["not_started"]:
             listed = ", ".join(map(str, shards["not_started"][:20]))
             lines.append(f"    not started       {listed}")
+    health = doc.get("health")
+    if health:
+        counts = ", ".join(f"{n} {verdict}" for verdict, n in health.items())
+        lines.append(f"  rollout health      {counts} (quality_summary.json)")
     if shards is not None and not shards["count"]:
         verdict = "no shard has started yet: nothing is known of this run"
     elif doc["complete"]:

@@ -76,6 +76,7 @@ class Rollouts:
         run_id: str | None = None,
         record_shard: str | None = None,
         record_output_dir: str | os.PathLike[str] | None = None,
+        enrich_results: bool = True,
     ) -> AsyncIterator[Batch]:
         """Open a batch: ``async with rollouts.open_batch(rows) as batch: async for item in ...``.
 
@@ -86,6 +87,10 @@ class Rollouts:
             record_shard: record the batch as shard ``rollouts-<record_shard>.jsonl`` (label
                 ``[A-Za-z0-9][A-Za-z0-9_.-]*``); an existing shard of that label is replaced.
             record_output_dir: the shard's folder (default: `record_output_dir`).
+            enrich_results: enrich each landed rollout as collection does (model-call capture,
+                trajectory, ``ng_perf``: `trollout.enrichment`, per the config's
+                observability settings); a recorded shard holds the enriched rows. False:
+                outcomes exactly as the servers replied.
 
         Leaving the block closes the batch (`Batch.aclose`): what has not finished is cancelled,
         and every accepted rollout has reached the sink (the shard) when the block is left.
@@ -100,7 +105,9 @@ class Rollouts:
         if record_shard is None:
             if record_output_dir is not None:
                 raise ConfigError("record_output_dir= needs record_shard=<label> too")
-            async with self.collector.open_batch(rows, run_id=run_id) as batch:
+            async with self.collector.open_batch(
+                rows, run_id=run_id, enrich_results=enrich_results
+            ) as batch:
                 yield batch
             return
         folder = record_output_dir if record_output_dir is not None else self.record_output_dir
@@ -119,7 +126,9 @@ class Rollouts:
                 label=record_shard,
                 run_id=run_id,
             ) as shard,
-            self.collector.open_batch(shard.rows, run_id=run_id, sink=shard.store) as batch,
+            self.collector.open_batch(
+                shard.rows, run_id=run_id, sink=shard.store, enrich_results=enrich_results
+            ) as batch,
         ):
             yield batch
 

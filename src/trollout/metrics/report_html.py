@@ -6,22 +6,35 @@ views with intervals, and four charts: reward distribution, pass@k curve (both v
 bars), rollouts not scored by class, and the latency histogram (``elapsed_seconds``). Every
 text from the data goes through `_e`: control characters shown as escapes (`visible`: they are
 invisible, or invalid, in HTML), then HTML-escaped.
+
+Above the groups, the run: what its manifest says (`run_info`: input and digest, date, version,
+deployment, the settings that differ from the defaults) and the rollouts that did not land (from
+the batch status, at most `_LISTED`), each a link by id, ``rollout/0/TASK/ROLLOUT``: relative, so
+it opens the rollout page where ``trollout view`` serves this report (``/run/N/report``); in the
+file opened on its own the id still names the rollout.
 """
 
 from __future__ import annotations
 
+import datetime
 import html
+import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from ..recovery.files import replace_atomically
+from ..recovery.layout import RunLayout
 from ..text import visible
 from .coverage import coverage_lines
+from .run_info import run_info
 from .summary import GroupSummary, Histogram
 from .views import Estimate, ViewSummary
 
 if TYPE_CHECKING:
+    from ..health import HealthReport
     from .aggregate import AggregateResult
 
 __all__ = ["render_report", "write_report"]
@@ -39,26 +52,42 @@ padding-top:18px}.muted{color:#68707c}.cover{font-weight:600}
 .error{background:#fdecec;border:1px solid #e39a9a;padding:6px 10px;border-radius:4px}
 table{border-collapse:collapse;margin:8px 0}td,th{border-bottom:1px solid #e6e9ed;padding:4px 10px;
 text-align:right}th:first-child,td:first-child{text-align:left}th{background:#f5f7f9}
+table.meta td{text-align:left;word-break:break-all}a.rollout{font-family:monospace}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:12px}
 .chart{border:1px solid #e6e9ed;border-radius:6px;padding:4px}svg{width:100%;height:auto}
 svg text{font:11px system-ui,sans-serif;fill:#3b434d}svg .title{font-size:13px;font-weight:600}
 """
 
 
-def write_report(path: Path, result: AggregateResult) -> None:
-    """Write the report atomically."""
-    replace_atomically(path, [render_report(result, title=path.name).encode()])
+def write_report(
+    path: Path, result: AggregateResult, *, health: HealthReport | None = None
+) -> None:
+    """Write the report atomically (with a rollout health section when ``health`` is given)."""
+    page = render_report(result, title=path.name, health=health, links_from=path.parent)
+    replace_atomically(path, [page.encode()])
 
 
-def render_report(result: AggregateResult, *, title: str = "trollout report") -> str:
-    """Return the report as one HTML document."""
+def render_report(
+    result: AggregateResult,
+    *,
+    title: str = "trollout report",
+    health: HealthReport | None = None,
+    links_from: Path | None = None,
+) -> str:
+    """Return the report as one HTML document (``links_from``: the page's folder, for links)."""
     head = [f"<h1>{_e(title)}</h1>"]
     head += [f'<p class="cover">{_e(line)}</p>' for line in coverage_lines(result.coverage)[:1]]
     head += [f'<p class="muted">{_e(line)}</p>' for line in coverage_lines(result.coverage)[1:]]
     head += [f'<p class="warn">{_e(line)}</p>' for line in result.inputs.lines()]
     shards = ", ".join(str(p) for p in result.inputs.shards)
     head.append(f'<p class="muted">Shards: {_e(shards)}</p>')
-    body = "\n".join(head + [_group(g) for g in result.groups] + [_FOOTER])
+    run = result.merged_path or (result.inputs.shards[0] if result.inputs.shards else None)
+    if run is not None:
+        head.append(_run_section(RunLayout.for_output(run)))
+    sections = [_group(g) for g in result.groups]
+    if health is not None:
+        sections.append(_health(health, links_from))
+    body = "\n".join(head + sections + [_FOOTER])
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body>\n{body}\n</body></html>\n"
@@ -89,6 +118,130 @@ def _group(g: GroupSummary) -> str:
     parts.append('<div class="charts">' + "".join(f'<div class="chart">{c}</div>' for c in charts))
     parts.append("</div></section>")
     return "\n".join(parts)
+
+
+_UNHEALTHY_SHOWN = 20  # rollouts listed by id in the health section
+
+
+def _health(report: HealthReport, links_from: Path | None) -> str:
+    """The rollout health section: verdicts, top flagged checks, flagged tasks, unhealthy ids."""
+
+    def href(path: Path) -> str:
+        target = os.path.relpath(path, links_from) if links_from is not None else str(path)
+        return html.escape(target, quote=True)
+
+    v = report.verdicts
+    parts = ['<section id="health"><h2>Rollout health</h2>']
+    parts.append(f'<p class="cover">{_e(report.lines()[0])}</p>')
+    parts.append(
+        "<table><tr><th>verdict</th><th>rollouts</th></tr>"
+        + "".join(f"<tr><td>{k}</td><td>{v[k]}</td></tr>" for k in v)
+        + "</table>"
+    )
+    tasks = report.summary.get("tasks", {})
+    flagged = sum(1 for task in tasks.values() if task.get("flags"))
+    parts.append(f'<p class="muted">Tasks flagged: {flagged} of {len(tasks)}.</p>')
+    top = report.top_flagged(8)
+    chart = _hbars(top, "Top flagged checks (findings)", "no check flagged")
+    parts.append(f'<div class="chart">{chart}</div>')
+    unhealthy = _unhealthy_rows(report.verdicts_path, _UNHEALTHY_SHOWN)
+    if unhealthy:
+        items = "".join(
+            f"<li><code>{_e(rid)}</code>: {_e(', '.join(checks))}</li>" for rid, checks in unhealthy
+        )
+        more = v["unhealthy"] - len(unhealthy)
+        tail = f'<p class="muted">and {more} more.</p>' if more > 0 else ""
+        parts.append(f"<p>Unhealthy rollouts, by rollout id:</p><ul>{items}</ul>{tail}")
+    parts.append(
+        f'<p class="muted">Every verdict: <a href="{href(report.verdicts_path)}">'
+        f"{_e(report.verdicts_path.name)}</a>; the summary: "
+        f'<a href="{href(report.summary_path)}">{_e(report.summary_path.name)}</a>.</p>'
+    )
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _unhealthy_rows(path: Path, limit: int) -> list[tuple[str, list[str]]]:
+    """The first ``limit`` unhealthy rows of a verdict file: rollout id and flagged checks."""
+    out: list[tuple[str, list[str]]] = []
+    with open(path, "rb") as f:
+        for line in f:
+            if b'"verdict":"unhealthy"' not in line:
+                continue
+            row = orjson.loads(line)
+            checks = list(dict.fromkeys(finding["check"] for finding in row["findings"]))
+            out.append((str(row["rollout_id"]), checks))
+            if len(out) == limit:
+                break
+    return out
+
+
+_LISTED = 200  # rollouts that did not land, listed with links
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def _run_section(layout: RunLayout) -> str:
+    """The run's metadata and its rollouts that did not land, linked by id (module doc)."""
+    info = run_info(_read_json(layout.manifest))
+    parts = ["<section><h2>Run</h2>"]
+    if info is None:
+        parts.append('<p class="muted">No manifest: the run\'s settings are unknown.</p>')
+    else:
+        created = info["created_at"]
+        when = (
+            datetime.datetime.fromtimestamp(created, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+            if isinstance(created, int | float)
+            else "?"
+        )
+        deployment = info["deployment"] if isinstance(info["deployment"], dict) else {}
+        rows = [
+            ("input", info["input"]),
+            ("input sha256", info["input_sha256"]),
+            ("created", when),
+            ("trollout", info["trollout_version"]),
+            ("run id", info["run_id"]),
+            ("agents", ", ".join(map(str, deployment.get("agents") or []))),
+            (
+                "environment servers",
+                ", ".join(map(str, deployment.get("environment_servers") or [])),
+            ),
+            ("planned", f"{info['expected_rollouts']} rollouts of {info['tasks']} tasks"),
+        ]
+        rows += [
+            (key, orjson.dumps(value).decode()) for key, value in info["settings_changed"].items()
+        ]
+        parts.append('<table class="meta">')
+        parts += [f"<tr><td>{_e(k)}</td><td>{_e(str(v))}</td></tr>" for k, v in rows]
+        parts.append("</table>")
+    status = _read_json(layout.batch_status)
+    states = status.get("rollouts") if isinstance(status, dict) else None
+    if isinstance(states, list) and states:
+        links = []
+        for state in states[:_LISTED]:
+            if not isinstance(state, dict):
+                continue
+            task, rollout = state.get("task_index"), state.get("rollout_index")
+            if type(task) is not int or type(rollout) is not int:
+                continue
+            what = _e(str(state.get("failure_class") or state.get("state") or "?"))
+            links.append(
+                f'<a class="rollout" href="rollout/0/{task}/{rollout}">{task}/{rollout}</a> {what}'
+            )
+        more = len(states) - _LISTED
+        parts.append(
+            f"<h3>Rollouts that did not land ({len(states)})</h3><p>{' · '.join(links)}"
+            + (f" … and {more} more" if more > 0 else "")
+            + '</p><p class="muted">Each id (task/rollout) opens its rollout in '
+            f"<code>trollout view {_e(str(layout.output))}</code>.</p>"
+        )
+    parts.append("</section>")
+    return "".join(parts)
 
 
 def _views_table(views: Sequence[ViewSummary]) -> str:
@@ -170,12 +323,12 @@ def _bars(hist: Histogram | None, title: str, color: str) -> str:
     return _frame(title, "".join(out))
 
 
-def _hbars(items: Sequence[tuple[str, int]], title: str) -> str:
+def _hbars(
+    items: Sequence[tuple[str, int]], title: str, empty: str = "every planned rollout landed"
+) -> str:
     if not items:
         return _frame(
-            title,
-            f'<text x="{_W / 2}" y="{_H / 2}" text-anchor="middle">'
-            "every planned rollout landed</text>",
+            title, f'<text x="{_W / 2}" y="{_H / 2}" text-anchor="middle">{_e(empty)}</text>'
         )
     top = max(n for _, n in items)
     left = 170

@@ -8,7 +8,9 @@ fields.py); how a mapping becomes a validated record (build.py); the NeMo Gym ke
 (aggregation.py) and whose other rows say how trollout handles a key it does not implement;
 the text of settings, YAML files, ``+key=value`` overrides and URLs, parsed as untrusted input
 (syntax.py); numeric ranges (numbers.py); the one setting NeMo Gym derives from another
-(derived.py); and the loader (loader.py).
+(derived.py); the rule the enrichment settings obey together, shared with
+`trollout.enrichment` (enrichment.py); the cattrs converter (structure.py); and the loader
+(loader.py).
 
 One loader. `load_run_config` merges the sources of a run's settings, lowest first: defaults,
 ``config_paths`` files, ``--config``, a resumed run's saved settings, the command line. The
@@ -29,7 +31,10 @@ Where a new key goes (docs/architecture.md's newcomer section):
 
 Layering: a leaf package. It imports nothing of trollout's but `trollout.errors` (and
 itself), so every layer may read settings; what it needs from above is passed in (a resumed
-run's saved settings are read from the manifest by the caller and given as ``saved``).
+run's saved settings are read from the manifest by the caller and given as ``saved``), or
+checked by the caller: the health check ids (``health_check_ignored_checks``) are known to
+`trollout.health`, so the command line and `trollout.load_config` check them with
+`health.HealthSettings` after loading; here they are only given a shape.
 
 Rejected: keeping the record in a leaf module and the NeMo Gym table with the command line's
 loader in a second module that imported the run folder: the public `load_config` then took
@@ -46,6 +51,7 @@ from __future__ import annotations
 from .aggregation import AGGREGATE_SETTINGS, AggregateSetting
 from .build import build_config
 from .derived import materialized_jsonl_fpath, output_stem
+from .enrichment import enrichment_problem
 from .fields import FsyncPolicy, OutagePolicy, SeedMode, parse_shard, repeats_problems
 from .keys import AGGREGATE, BY_NAME, COLLECT, KEYS, Handling, NemoKey, differences, translate
 from .loader import (
@@ -132,6 +138,7 @@ __all__ = [
     "converter",
     "default_max_attempts",
     "differences",
+    "enrichment_problem",
     "head_server_url",
     "load_aggregate_settings",
     "load_config",

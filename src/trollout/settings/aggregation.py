@@ -99,6 +99,22 @@ AGGREGATE_SETTINGS: Final[tuple[AggregateSetting, ...]] = (
         DEFAULT_MAX_INPUT_LINE_BYTES,
     ),
     AggregateSetting("overwrite", _FLAG, _bool, False),
+    # the post-run health check (its callers check the check ids with trollout.health)
+    AggregateSetting("disable_health_check", _FLAG, _optional_bool, False, nemo=True),
+    AggregateSetting(
+        "health_check_workers",
+        "an integer >= 1",
+        lambda v: v is None or (type(v) is int and v >= 1),
+        None,
+        nemo=True,
+    ),
+    AggregateSetting(
+        "health_check_ignored_checks",
+        "a list of check ids",
+        lambda v: v is None or isinstance(v, str) or str_list_of(v),
+        [],
+        nemo=True,
+    ),
 )
 AGGREGATE_BY_NAME: Final = {s.name: s for s in AGGREGATE_SETTINGS}
 AGGREGATE_DEFAULTS: Final = {s.name: s.default for s in AGGREGATE_SETTINGS if s.defaulted}

@@ -284,6 +284,14 @@ SEEDS: Final = Shape(
 OBJECT: Final = Shape("a mapping of parameters", _object, "{temperature:0.6}", [1])
 ROUTING_MODE: Final = Shape("one of agent, legacy, taskset", _is_str, "agent", 1)
 HEAD: Final = Shape("a URL or {host, port}", _head, "{host:127.0.0.1,port:11000}", [1])
+# NeMo Gym's list of check ids, or its comma-separated string (trollout.health parses both and
+# knows the ids: its callers check them, settings imports nothing of health)
+IGNORED_CHECKS: Final = Shape(
+    "a list of check ids, or a comma-separated string",
+    lambda v: isinstance(v, str) or str_list_of(v),
+    "[model_call_failed]",
+    5,
+)
 
 
 # --- the row ----------------------------------------------------------------------------------

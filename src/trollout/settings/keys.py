@@ -14,7 +14,7 @@ and their mixins (``config_paths``, ``upload_rollouts``) is accepted by ``trollo
   ``materialized_jsonl_fpath`` (always ``<stem>_materialized_inputs.jsonl`` beside the output,
   as in NeMo Gym, where it is derived: another path is refused).
 - **own way**: accepted with one line saying how trollout already does it (a row in `_OTHERS`).
-- **unsupported**: a subsystem trollout does not have (skills, health checks, uploads, E2E
+- **unsupported**: a subsystem trollout does not have (skills, uploads, E2E
   serving and data preparation, custom drivers): accepted at the value that asks for nothing,
   otherwise refused in one line saying what is not supported and what to do instead (a row in
   `_OTHERS`).
@@ -73,24 +73,12 @@ def _flag(value: Any) -> bool:
     return isinstance(value, bool)
 
 
-def _true(value: Any) -> bool:
-    return value is True
-
-
 def _false(value: Any) -> bool:
     return value is False
 
 
 def _none(value: Any) -> bool:
     return value is None
-
-
-def _empty(value: Any) -> bool:
-    return value is None or value == []
-
-
-def _optional_count(value: Any) -> bool:
-    return value is None or (type(value) is int and value >= 1)
 
 
 @frozen
@@ -134,10 +122,6 @@ def _unsupported(
     )
 
 
-_HEALTH: Final = (
-    "trollout has no rollout health check (its coverage report and run timing report stand "
-    "in); drop the key"
-)
 _E2E: Final = (
     "trollout collects from a running deployment (gym eval run --no-serve); it does not serve "
     "servers or prepare datasets: prepare the split with NeMo Gym, then pass its JSONL as INPUT"
@@ -178,36 +162,6 @@ _OTHERS: Final[tuple[NemoKey, ...]] = (
         "skills/",
     ),
     # SharedRolloutCollectionConfig
-    NemoKey(
-        "disable_health_check",
-        Handling.OWN_WAY,
-        _BOTH,
-        _FLAG,
-        _flag,
-        _true,
-        "disable_health_check: trollout runs no post-run health check; its coverage report and "
-        "run timing report say how healthy the run was",
-        field=False,
-        wrong="yes",
-    ),
-    _unsupported(
-        "health_check_ignored_checks",
-        "a list of check ids",
-        lambda v: v is None or str_list_of(v),
-        _empty,
-        _HEALTH,
-        "rollout_turns",
-        _BOTH,
-    ),
-    _unsupported(
-        "health_check_workers",
-        "an integer >= 1, or null",
-        _optional_count,
-        _none,
-        _HEALTH,
-        "many",
-        _BOTH,
-    ),
     NemoKey(
         "retain_results_in_memory",
         Handling.OWN_WAY,

@@ -18,15 +18,16 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
-import cattrs
 import orjson
 from attrs import frozen
 
 from ..errors import ConfigError
+from .enrichment import enrichment_problem
 from .fields import (
     AGENT_MAP,
     FAN_OUT,
     HEAD,
+    IGNORED_CHECKS,
     OBJECT,
     OPTIONAL_LIST,
     OPTIONAL_STR_LIST,
@@ -56,7 +57,6 @@ from .numbers import (
     DEFAULT_MAX_INPUT_LINE_BYTES,
     DEFAULT_START_MIN_FRACTION,
     FRACTION,
-    MAX_COUNT,
     PORT,
     POSITIVE_COUNT,
     POSITIVE_RATIO,
@@ -66,6 +66,7 @@ from .numbers import (
     SEED,
     default_max_attempts,
 )
+from .structure import converter
 from .syntax import validate_url
 
 __all__ = [
@@ -234,6 +235,12 @@ class RunConfig:
     status_interval_s: float = setting(2.0, POSITIVE_SECONDS)
     record_omitted_rollouts: bool = setting(False, flag, nemo=True)
     disable_aggregation: bool = setting(False, flag, nemo=True)
+    # the post-run rollout health check (trollout.health, which checks the ids: its callers ask)
+    disable_health_check: bool = setting(False, flag, nemo=True)
+    health_check_workers: int | None = setting(None, POSITIVE_COUNT.or_none, nemo=True)
+    health_check_ignored_checks: Any = setting(
+        factory=list, shape=IGNORED_CHECKS, nemo=True, null_default=True
+    )
     count_failure_classes_as_zero: list[str] | None = setting(
         None, shape=OPTIONAL_STR_LIST, nemo=True
     )
@@ -256,6 +263,13 @@ class RunConfig:
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL (OTEL_EXPORTER_OTLP_ENDPOINT's role)
     metrics_port: int | None = setting(None, PORT.or_none)  # Prometheus
     metrics_host: str = "127.0.0.1"  # where the Prometheus endpoint binds
+    # enrichment (trollout.enrichment): model-call capture merged into each landed row
+    observability_enabled: bool = setting(False, flag)
+    model_call_capture_dir: str | None = setting(  # required with observability_enabled
+        None, shape=path("/srv/gym/model-calls", "an absolute path")
+    )
+    include_model_call_payloads: bool = setting(True, flag)
+    delete_model_call_capture: bool = setting(False, flag)
 
     @property
     def resident_rollouts(self) -> int:
@@ -284,6 +298,14 @@ class RunConfig:
             )
         if self.environment_routing_mode == "taskset" and not self.environment_server_routes:
             raise ConfigError(TASKSET_NEEDS_ROUTES)
+        enrichment = enrichment_problem(
+            self.observability_enabled,
+            self.model_call_capture_dir,
+            self.include_model_call_payloads,
+            self.delete_model_call_capture,
+        )
+        if enrichment is not None:
+            raise ConfigError(enrichment)
 
     def _check_urls(self) -> None:
         for agent, url in self.agent_urls.items():
@@ -365,36 +387,3 @@ def plan_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[s
         if before != after:
             diffs.append(f"{key} {before!r} -> {after!r}")
     return diffs
-
-
-converter = cattrs.Converter(forbid_extra_keys=True)
-
-
-def _structure_repeats(value: Any, _: Any) -> Any:
-    # cattrs has no hook for `int | dict[str, int]`; values pass through and `repeats_problems`
-    # refuses bad ones, naming the key.
-    return dict(value) if isinstance(value, Mapping) else value
-
-
-converter.register_structure_hook(int | dict[str, int], _structure_repeats)
-converter.register_structure_hook(bool | dict[str, bool], _structure_repeats)
-converter.register_structure_hook(str | int, lambda value, _: value)  # `task_ids_check` checks
-
-
-def _as_given(value: Any, _: Any) -> Any:
-    # cattrs would call int(), bool() or float() on the value: int(1.5) is 1, bool("false") is
-    # True and float("nan") parses. Values pass through as given and the field validators,
-    # which know the key, refuse the wrong kind.
-    return value
-
-
-def _as_float(value: Any, _: Any) -> Any:
-    # An integer is a fine number of seconds (``+read_timeout_s=30``); keep the field a float.
-    if type(value) is int and abs(value) <= MAX_COUNT:
-        return float(value)
-    return value
-
-
-converter.register_structure_hook(int, _as_given)
-converter.register_structure_hook(bool, _as_given)
-converter.register_structure_hook(float, _as_float)

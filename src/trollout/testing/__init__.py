@@ -17,12 +17,15 @@ answer materialized task rows (`episode_task_rows`). Faults are scripted per req
 `FaultContext`, its index within its attempt included; `FaultScript` is the hook as a file,
 which the fake in its own process follows too); answers come from a seeded policy (`policy`).
 `trollout.testing.strategies` (needs hypothesis: the ``testing`` extra) draws fault sequences
-per attempt for property tests of a driver's own code.
+per attempt for property tests of a driver's own code. `assert_exactly_once` (`audit`) checks
+a run folder or a folder of shards, with the fake's request log (each entry names the batch
+that sent it), for rollouts lost, duplicated or miscounted.
 """
 
 from __future__ import annotations
 
 from .aggregate import aggregate_metrics
+from .audit import AuditReport, assert_exactly_once, audit_folder, audit_run
 from .deployment import FAKE_API_KEY, FakeDeployment, FakeUrls, build_config, open_fake_deployment
 from .fault_scripts import FaultScript, fault_to_dict, read_fault_script, write_fault_script
 from .faults import (
@@ -54,6 +57,7 @@ __all__ = [
     "FAKE_API_KEY",
     "FAULT_FIELD",
     "AgentSpec",
+    "AuditReport",
     "DeploymentSpec",
     "EpisodeServerSpec",
     "FakeDeployment",
@@ -70,6 +74,9 @@ __all__ = [
     "RunSeen",
     "aggregate_metrics",
     "answer_row",
+    "assert_exactly_once",
+    "audit_folder",
+    "audit_run",
     "build_config",
     "episode_task_rows",
     "fault_from_dict",

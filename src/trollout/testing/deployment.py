@@ -23,8 +23,8 @@ import trio
 import yaml
 from attrs import evolve, frozen
 
+from ..httpserver import listen, serve_connection, serve_listener
 from .faults import FaultFn, FaultPlan
-from .httpserver import listen, serve_connection, serve_listener
 from .policy import MODEL_ID
 from .servers import DeploymentState, FakeServer, Role
 from .spec import DeploymentSpec, Generation, load_spec

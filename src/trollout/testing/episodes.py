@@ -22,8 +22,8 @@ from typing import Any, Final
 import orjson
 
 from ..errors import ConfigError
+from ..httpserver import Reply
 from .faults import Fault, FaultKind, unit_hash
-from .httpserver import Reply
 
 __all__ = ["episode_key", "episode_reply", "parse_episode"]
 

@@ -7,6 +7,7 @@ One `FakeServer` per instance (head, agent, environment, resources, model); all 
 every server       ``GET /``                               ``{"status": "ok"}``
 head               ``GET /global_config_dict_yaml``        the config, YAML inside a JSON string
 head (ours)        ``GET /_fake/stats``, ``/_fake/runs``   counters; the detailed /run log
+head (ours)        ``GET /_fake/requests``                 the log as objects, with run ids
 agent, environment ``POST /run``, ``POST /aggregate_metrics``
 episode env.       ``POST /run`` (episode requests only)   `episodes`; ``/aggregate_metrics``
 resources          ``POST /aggregate_metrics``
@@ -30,7 +31,9 @@ import trio
 from attrs import define
 
 from ..errors import ConfigError
+from ..httpserver import Action, Reply, Request, encode_head
 from .aggregate import aggregate_metrics
+from .capture import capture_rollout
 from .episodes import episode_key, episode_reply, parse_episode, run_id_of
 from .faults import (
     EPISODE_KINDS,
@@ -43,7 +46,6 @@ from .faults import (
     FaultPlan,
     row_fault,
 )
-from .httpserver import Action, Reply, Request, encode_head
 from .policy import MODEL_ID, answer_row, answer_task, build_response
 from .spec import AgentSpec, DeploymentSpec, EpisodeServerSpec, Latency
 from .stats import FakeStats
@@ -145,6 +147,7 @@ class FakeServer:
             routes[("GET", "/global_config_dict_yaml")] = self._config
             routes[("GET", "/_fake/stats")] = self._stats
             routes[("GET", "/_fake/runs")] = self._runs
+            routes[("GET", "/_fake/requests")] = self._requests
         if self.role in (Role.AGENT, Role.ENVIRONMENT):
             routes[("POST", "/run")] = self._run
         if self.role in (Role.AGENT, Role.ENVIRONMENT, Role.RESOURCES):
@@ -196,6 +199,9 @@ class FakeServer:
         ]
         return Reply(body=orjson.dumps(runs))
 
+    async def _requests(self, request: Request) -> Reply:
+        return Reply(body=orjson.dumps([s.to_json() for s in self.state.stats.runs]))
+
     async def _metrics(self, request: Request) -> Reply:
         return Reply(body=vllm_metrics(self.state), content_type="text/plain; version=0.0.4")
 
@@ -231,7 +237,10 @@ class FakeServer:
         fault = self._fault_for(row, row, key, agent.name, plan)
         kind = None if fault is None else fault.kind.value
         trace = request.headers.get("traceparent")
-        self.state.stats.run_seen(self.name, agent.name, key, kind, traceparent=trace)
+        run_id = run_id_of(row)
+        self.state.stats.run_seen(
+            self.name, agent.name, key, kind, traceparent=trace, run_id=run_id
+        )
         latency = agent.latency or self.state.spec.latency
         return await self._run_in_flight(key, fault, latency, partial(self._flat_reply, row))
 
@@ -247,7 +256,9 @@ class FakeServer:
         fault = self._fault_for(data["task"]["task_input"], data, key, episode.agent, plan)
         kind = None if fault is None else fault.kind.value
         trace = request.headers.get("traceparent")
-        self.state.stats.run_seen(self.name, episode.agent, key, kind, traceparent=trace)
+        run_id = run_id_of(data)
+        stats = self.state.stats
+        stats.run_seen(self.name, episode.agent, key, kind, traceparent=trace, run_id=run_id)
         latency = episode.latency or self.state.spec.latency
         answer = partial(self._episode_reply, data, episode, key[1])
         return await self._run_in_flight(key, fault, latency, answer)
@@ -327,8 +338,14 @@ class FakeServer:
             row, agent=agent.name, accuracy=agent.accuracy, policy_seed=spec.policy_seed
         )
         response = build_response(row, answer, model=MODEL_ID)
+        traced: dict[str, Any] = {}
+        if spec.model_call_capture_dir is not None:  # the model server captures its calls
+            trajectory = capture_rollout(
+                spec.model_call_capture_dir, row, response, spec.model_name
+            )
+            traced = {"ng_trajectory": trajectory}
         if self.role is Role.AGENT:
-            return {**row, "response": response, "reward": answer.reward}
+            return {**row, "response": response, "reward": answer.reward, **traced}
         return {
             "responses_create_params": row["responses_create_params"],
             "response": response,
@@ -336,6 +353,7 @@ class FakeServer:
             "mask_sample": False,
             "failure_kind": None,
             "failure_reason": None,
+            **traced,
         }
 
 

@@ -164,6 +164,8 @@ class DeploymentSpec:
             ``vllm:num_requests_waiting``.
         record_runs: keep the detailed log of every ``/run`` (benchmarks turn it off).
         episode_servers: episode environment servers, after the agents in port order.
+        model_call_capture_dir: the model server captures every call into this dir
+            (`capture`: NeMo Gym's capture files; agents reply with a trajectory); None: off.
     """
 
     agents: tuple[AgentSpec, ...] = field(
@@ -178,6 +180,7 @@ class DeploymentSpec:
     max_running: int = 256
     record_runs: bool = True
     episode_servers: tuple[EpisodeServerSpec, ...] = field(default=(), converter=_episode_servers)
+    model_call_capture_dir: str | None = None
 
     def __attrs_post_init__(self) -> None:
         names = [a.name for a in self.agents]
@@ -295,6 +298,7 @@ _SPEC_KEYS = {
     "max_running",
     "record_runs",
     "episode_servers",
+    "model_call_capture_dir",
 }
 
 
@@ -390,4 +394,5 @@ def spec_to_dict(spec: DeploymentSpec) -> dict[str, Any]:
         "faults": _plan_to_dict(spec.faults),
         "agents": [_agent_to_dict(a) for a in spec.agents],
         "episode_servers": [_episode_server_to_dict(e) for e in spec.episode_servers],
+        "model_call_capture_dir": spec.model_call_capture_dir,
     }

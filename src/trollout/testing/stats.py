@@ -25,6 +25,19 @@ class RunSeen:
     attempt_index: int
     fault: str | None  # the fault kind applied, or None
     traceparent: str | None = None  # the request's W3C ``traceparent`` header, if it had one
+    run_id: str | None = None  # the batch that sent it: the request's ``_ng_run_id``, if any
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the entry as a JSON-able mapping (``GET /_fake/requests`` serves a list)."""
+        return {
+            "server": self.server,
+            "agent": self.agent,
+            "task_index": self.task_index,
+            "rollout_index": self.rollout_index,
+            "attempt_index": self.attempt_index,
+            "fault": self.fault,
+            "run_id": self.run_id,
+        }
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -81,13 +94,15 @@ class FakeStats:
         fault: str | None,
         *,
         traceparent: str | None = None,
+        run_id: str | None = None,
     ) -> None:
-        """Record one ``/run``: who got it, its (task, rollout, attempt), the fault applied."""
+        """Record one ``/run``: who got it, its (task, rollout, attempt), the fault applied,
+        and the batch (run id) that sent it."""
         self.runs_total += 1
         if fault is not None:
             self.by_fault[fault] += 1
         if self.record_runs:
-            self.runs.append(RunSeen(server, agent, *key, fault, traceparent))
+            self.runs.append(RunSeen(server, agent, *key, fault, traceparent, run_id))
 
     def run_keys(self) -> Counter[tuple[int, int, int]]:
         """Return how often each ``(task, rollout, attempt)`` was received."""

@@ -9,8 +9,10 @@ rollouts finish, which is when a hand-over that is not protected loses an outcom
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import trio
 import trio.testing
@@ -21,7 +23,9 @@ from builders import URLS, ScriptedTransport, materialized_rows
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.engine.sink import ListSink
 from trollout.collector.http.transport import RawResponse
+from trollout.enrichment import Enricher, EnrichmentOptions
 from trollout.errors import RunStoppedError
+from trollout.records import Landed
 from trollout.settings import RunConfig
 
 EXITS = ("cancel", "raise", "wind_down", "cancel_in_flight", "normal")
@@ -117,13 +121,18 @@ def test_engine_settles_every_accepted_rollout_exactly_once(
 class GatedTransport:
     """Replies when the test opens the gate, as a socket turns readable, then never yields."""
 
-    def __init__(self, expected: int) -> None:
+    def __init__(self, expected: int, capture_dir: Path | None = None) -> None:
+        self.capture_dir = capture_dir  # the model server's: a line still being written
         self.gate = trio.Event()
         self.all_waiting = trio.Event()
         self.expected = expected
         self.waiting = 0
 
     async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+        if self.capture_dir is not None:
+            row = orjson.loads(body)
+            key = f"{row['_ng_task_index']}-{row['_ng_rollout_index']}"
+            (self.capture_dir / f"{key}.capture.jsonl").write_bytes(b'{"partial')
         self.waiting += 1
         if self.waiting == self.expected:
             self.all_waiting.set()
@@ -134,15 +143,25 @@ class GatedTransport:
         pass
 
 
+@pytest.mark.parametrize("observability", [False, True])
 @pytest.mark.parametrize("how", ["cancel_in_flight", "raise", "outer_cancel", "stop"])
-async def test_engine_reply_and_exit_in_one_instant_still_settles(how: str) -> None:
-    """Replies that wake workers just as the block is left settle: no hand-over is lost."""
-    transport = GatedTransport(4)
+async def test_engine_reply_and_exit_in_one_instant_still_settles(
+    how: str, observability: bool, tmp_path: Path
+) -> None:
+    """Replies that wake workers just as the block is left settle: no hand-over is lost.
+
+    With observability on, each worker then enriches its outcome from a capture file whose
+    last line is still being written (it waits): the exit reaches it mid-read.
+    """
+    transport = GatedTransport(4, tmp_path if observability else None)
     sink = ListSink()
+    enrichment: dict[str, Any] = {}
+    if observability:
+        enrichment = {"observability_enabled": True, "model_call_capture_dir": str(tmp_path)}
     with trio.CancelScope() as outer:
         try:
             async with open_collector(
-                config=RunConfig(num_samples_in_parallel=4),
+                config=RunConfig(num_samples_in_parallel=4, **enrichment),
                 urls=URLS,
                 sink=sink,
                 transport=transport,
@@ -163,3 +182,50 @@ async def test_engine_reply_and_exit_in_one_instant_still_settles(how: str) -> N
         except (DriverQuit, RunStoppedError):
             pass
     assert sorted(o.identity.task_index for o in sink.outcomes) == [0, 1, 2, 3]
+
+
+class CapturingTransport(ScriptedTransport):
+    """Its model server leaves each rollout's last capture line half written."""
+
+    def __init__(self, capture_dir: Path, **options: Any) -> None:
+        super().__init__(**options)
+        self.capture_dir = capture_dir
+        self.replied = 0
+        self.all_replied = trio.Event()
+
+    async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+        row = orjson.loads(body)
+        key = f"{row['_ng_task_index']}-{row['_ng_rollout_index']}"
+        (self.capture_dir / f"{key}.capture.jsonl").write_bytes(b'{"partial')
+        response = await super().post(url, body)
+        self.replied += 1
+        if self.replied == 3:
+            self.all_replied.set()
+        return response
+
+
+async def test_enrichment_cancelled_mid_read_settles_each_rollout_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Every rollout landed and waits (fake clock) on a capture line that never ends; the
+    driver cancels in flight: each settles once, landed, with the 'cancelled' gap marker."""
+    # The wait is unbounded here: with threads (the reads) the fake clock jumps whenever every
+    # task waits, so only "never" is a bound no jump can reach.
+    options = EnrichmentOptions(observability=True, capture_dir=str(tmp_path), wait_s=1e9)
+    sink = ListSink()
+    transport = CapturingTransport(tmp_path, delay=lambda row: 0.5)
+    async with open_collector(
+        urls=URLS, sink=sink, transport=transport, enrich=Enricher(options)
+    ) as c:
+        for row in materialized_rows(3):
+            await c.submit(row)
+        await transport.all_replied.wait()
+        await trio.sleep(1.0)  # every worker now waits on its capture's last line
+        c.cancel_in_flight("the driver leaves")
+    assert sorted(o.identity.task_index for o in sink.outcomes) == [0, 1, 2]
+    for outcome in sink.outcomes:
+        assert isinstance(outcome, Landed)
+        assert outcome.reward in (0.0, 1.0)
+        [gap] = outcome.result["ng_model_call_capture"]["gaps"]
+        assert gap["code"] == "model_call_capture_unreadable"
+        assert "cancelled" in gap["detail"]

@@ -355,6 +355,7 @@ async def open_batch(
     *,
     run_id: str | None = None,
     sink: OutcomeSink | None = None,
+    enrich_results: bool = True,
 ) -> AsyncIterator[Batch]:
     """Open a batch of rollouts on a collector; leaving the block closes it (`Batch.aclose`).
 
@@ -364,6 +365,7 @@ async def open_batch(
             copied and stamped (module docstring). Read lazily, as workers free up.
         run_id: the batch's run id (default: a fresh one); it prefixes every rollout id.
         sink: where the batch's outcomes go (default: the collector's sink).
+        enrich_results: enrich each landed outcome as the collector does (False: as replied).
 
     Raises:
         ConfigError: ``run_id`` cannot prefix rollout ids.
@@ -381,6 +383,8 @@ async def open_batch(
         run_id=check_run_id(run_id) if run_id is not None else new_run_id(),
         sink=sink,
     )
+    if not enrich_results:
+        batch.pool.enrich = None
     stamp = RowStamper(batch.run_id)
     await collector.start_pool(batch.pool)
     collector._begin()

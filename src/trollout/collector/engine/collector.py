@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ...enrichment import Enricher, EnrichmentOptions
 from ...errors import ConfigError, RunStoppedError, UnknownAgentError
 from ...records import Identity, MaterializedRow, Omitted, Outcome
 from ...settings import RunConfig
@@ -78,7 +79,7 @@ from ..dispatch.request import DispatchPolicy, check_run_url
 from ..dispatch.retry import RetryState
 from ..http.transport import Http11Transport, PostTransport
 from .observer import Guarded, Observer
-from .pool import SHIELDED_FLUSH_S, Pool, Settled
+from .pool import SHIELDED_FLUSH_S, Enrich, Pool, Settled
 from .progress import Progress
 from .sink import AttemptReserver, OutcomeSink
 from .stops import RunStops
@@ -88,7 +89,7 @@ from .window import DispatchWindow
 if TYPE_CHECKING:
     from .batch import Batch, BatchRows
 
-__all__ = ["Collector", "open_collector", "url_resolver"]
+__all__ = ["Collector", "enricher_for", "open_collector", "url_resolver"]
 
 UrlResolver = Callable[[Identity], str]
 _WRITER_BATCH = 512  # outcomes handed to the sinks in one round, at most
@@ -160,8 +161,10 @@ class Collector:
         rng: random.Random,
         policy_model_servers: Mapping[str, str] | None = None,
         observer: Observer | None = None,
+        enrich: Enrich | None = None,
     ) -> None:
         self.config = config
+        self.enrich = enrich  # applied by every pool's workers to each landed outcome
         self.observer = observer
         self.policy_servers = policy_model_servers or {}
         self.progress = Progress(started_at=trio.current_time())
@@ -257,6 +260,7 @@ class Collector:
         *,
         run_id: str | None = None,
         sink: OutcomeSink | None = None,
+        enrich_results: bool = True,
     ) -> AbstractAsyncContextManager[Batch]:
         """Open a batch of rollouts: ``async with collector.open_batch(rows) as batch``.
 
@@ -264,7 +268,7 @@ class Collector:
         """
         from .batch import open_batch
 
-        return open_batch(self, rows, run_id=run_id, sink=sink)
+        return open_batch(self, rows, run_id=run_id, sink=sink, enrich_results=enrich_results)
 
     async def next_outcome(self) -> Outcome:
         """Wait for and return the oldest settled outcome not yet consumed.
@@ -472,6 +476,7 @@ async def open_collector(
     seed: int | None = None,
     policy_model_servers: Mapping[str, str] | None = None,
     observer: Observer | None = None,
+    enrich: Enrich | bool | None = True,
 ) -> AsyncIterator[Collector]:
     """Open a collection engine: worker pools and a writer inside one nursery.
 
@@ -490,6 +495,9 @@ async def open_collector(
             each outcome is stamped ``ng_policy_model_server`` from its agent, else its
             environment server (`Deployment.policy_model_servers`).
         observer: telemetry's hook (`observer.Observer`, `trollout.telemetry`); None: off.
+        enrich: what each landed outcome goes through before it is written: True (default)
+            the enrichment the settings ask for (`enricher_for`), False or None nothing, or
+            an `Enrich` of the caller's.
 
     On a normal exit the block waits for every submitted rollout to settle. On an exception, or
     when the surrounding scope is cancelled, rollouts in flight are cancelled and settle as
@@ -519,6 +527,7 @@ async def open_collector(
         rng=random.Random(seed),
         policy_model_servers=policy_model_servers,
         observer=None if observer is None else Guarded(observer),
+        enrich=enricher_for(config) if enrich is True else enrich or None,
     )
     try:
         async with _running(collector) as driver_error:
@@ -534,6 +543,21 @@ async def open_collector(
         raise collector.error
     if collector.stop_reason is not None:
         raise RunStoppedError(collector.stop_reason)
+
+
+def enricher_for(config: RunConfig) -> Enricher:
+    """Return the enrichment a run's settings ask for (`trollout.enrichment`).
+
+    Observability off still projects an agent's own trajectory, as NeMo Gym's collector does.
+    """
+    return Enricher(
+        EnrichmentOptions(
+            observability=config.observability_enabled,
+            capture_dir=config.model_call_capture_dir,
+            include_payloads=config.include_model_call_payloads,
+            delete_capture=config.delete_model_call_capture,
+        )
+    )
 
 
 @asynccontextmanager

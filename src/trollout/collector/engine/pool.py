@@ -67,13 +67,15 @@ numbers are as durable as the outcome rows, per the run's policy.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, TypeAlias
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import trio
 
 from ...records import (
     Failed,
+    Identity,
+    Landed,
     MaterializedRow,
     OmitReason,
     Omitted,
@@ -86,7 +88,7 @@ from .sink import AttemptReserver, OutcomeSink, ResendRecorder
 if TYPE_CHECKING:
     from .collector import Collector
 
-__all__ = ["SHIELDED_FLUSH_S", "Pool", "Settled", "hand_over", "lend_batches"]
+__all__ = ["SHIELDED_FLUSH_S", "Enrich", "Pool", "Settled", "hand_over", "lend_batches"]
 
 SHIELDED_FLUSH_S = 30.0  # how long a cancelled run may spend flushing settled outcomes
 _LEND_BATCH = 256  # rows taken from the input at once, at most (their numbers are not reserved)
@@ -95,6 +97,21 @@ Settled: TypeAlias = tuple["Pool", Outcome, MaterializedRow | None]
 """What workers send the writer: the pool, the outcome, and the row when the outcome is the
 rollout's final one (None for an attempt superseded by a new one under ``retry_requests``)."""
 Deliver = Callable[["Pool", list[tuple[Outcome, MaterializedRow | None]]], None]
+
+
+class Enrich(Protocol):
+    """What a worker applies to a landed outcome before handing it over (`enrichment.Enricher`).
+
+    ``__call__`` returns the outcome to record (it may read files; never raises for what it
+    reads). ``interrupted`` returns, without I/O, what to record when that call was cancelled.
+    """
+
+    async def __call__(self, outcome: Landed, row: Mapping[str, Any] | None = None) -> Landed: ...
+
+    def interrupted(self, outcome: Landed, row: Mapping[str, Any] | None = None) -> Landed: ...
+
+    async def before(self, identity: Identity, attempt: int) -> None:
+        """Called right before an attempt is sent (clears stale evidence of its key)."""
 
 
 class Pool:
@@ -122,6 +139,7 @@ class Pool:
         self._reserve_now = getattr(reserver, "reserve_now", None)
         self._on_resend = sink.resent if isinstance(sink, ResendRecorder) else None
         self._deliver = deliver
+        self.enrich: Enrich | None = engine.enrich  # a batch may turn it off (enrich_results)
         self.rows_tx, self._rows_rx = trio.open_memory_channel[_Job](0)
         self.feed_scope = trio.CancelScope()
         self.admitting = True
@@ -340,6 +358,8 @@ class Pool:
                     outcome = await self._attempt(row, attempt, url, outcomes)
                 finally:
                     engine.resident -= 1
+                if type(outcome) is Landed and self.enrich is not None:
+                    outcome = await self._enriched(outcome, row, outcomes)
                 if outcome is not None:
                     await hand_over(outcomes, (self, outcome, row))
                 self._idle += 1
@@ -432,6 +452,8 @@ class Pool:
                     self._reserve_now is not None and self._reserve_now(identity, attempt)
                 ):
                     await first.reserve(((identity, attempt),))
+                if self.enrich is not None:
+                    await self.enrich.before(identity, attempt)
                 engine.timer.started(identity, began)
                 reason = OmitReason.INTERRUPTED
                 return await dispatch(
@@ -464,6 +486,32 @@ class Pool:
                 raise  # a cancellation (bare or grouped) or an interrupt: it goes on
             if goes_on is not None:
                 raise goes_on from None  # the cancellation part of a group that held errors
+            return None
+
+    async def _enriched(
+        self,
+        outcome: Landed,
+        row: MaterializedRow,
+        outcomes: trio.MemorySendChannel[Settled],
+    ) -> Landed | None:
+        """Return the landed outcome enriched, or None when it was settled here already.
+
+        Exactly once: if the enrichment is cancelled (or raises), the outcome is handed over
+        as `Enrich.interrupted` makes it before the exception goes on, as `_attempt` does.
+        """
+        assert self.enrich is not None
+        try:
+            return await self.enrich(outcome, row.body)
+        except BaseException as exc:
+            await hand_over(outcomes, (self, self.enrich.interrupted(outcome, row.body), row))
+            errors, goes_on = _split_errors(exc)
+            if errors is not None:
+                where = f"task {row.identity.task_index} rollout {row.identity.rollout_index}"
+                self.engine.fail(self, errors, f"enriching {where} raised {errors!r}")
+            if goes_on is exc:
+                raise
+            if goes_on is not None:
+                raise goes_on from None
             return None
 
     def _new_attempt(

@@ -1,5 +1,9 @@
 """A minimal HTTP/1.1 server on Trio, built to script faults and to be fast.
 
+Two users: the fake deployment (`trollout.testing`), which scripts faults with it, and
+`trollout view`, which serves a run folder's JSON API and page on loopback. It is a leaf (it
+imports nothing of ours), so the view does not load the test kit to serve a page.
+
 Design note: each connection is one Trio task that owns a non-blocking stdlib socket. It reads
 a request head up to its blank line, reads a ``Content-Length`` body, awaits the handler and
 writes the whole reply at once. Keep-alive and pipelining come free from the loop (the buffer
@@ -51,7 +55,9 @@ _RECEIVE_BYTES = 64 * 1024
 
 _REASONS = {
     200: "OK",
+    304: "Not Modified",
     400: "Bad Request",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     408: "Request Timeout",
@@ -87,12 +93,14 @@ class Request:
         path: the target without its query string.
         headers: header names lowercased; a repeated header keeps its last value.
         body: the raw body (empty without ``Content-Length``).
+        query: the target's query string, without the ``?`` (still percent-encoded).
     """
 
     method: str
     path: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""
 
 
 @frozen
@@ -165,9 +173,10 @@ class _Reader:
             end = self._buf.find(b"\r\n\r\n")
         head = bytes(self._buf[:end])
         del self._buf[: end + 4]
-        method, path, keep_alive, headers = _parse_head(head)
+        method, target, keep_alive, headers = _parse_head(head)
         body = await self._read_body(_content_length(headers))
-        return Request(method, path, headers, body), keep_alive
+        path, _, query = target.partition("?")
+        return Request(method, path, headers, body, query), keep_alive
 
     async def _read_body(self, length: int) -> bytes:
         while len(self._buf) < length:
@@ -198,7 +207,7 @@ def _parse_head(head: bytes) -> tuple[str, str, bool, dict[str, str]]:
         headers[name.strip().lower()] = value.strip()
     connection = headers.get("connection", "").lower()
     keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-    return method, target.partition("?")[0], keep_alive, headers
+    return method, target, keep_alive, headers
 
 
 def _content_length(headers: dict[str, str]) -> int:
