@@ -22,7 +22,7 @@ from .summary import GroupSummary, Histogram
 from .views import Estimate, ViewSummary
 
 if TYPE_CHECKING:
-    from .aggregate import AggregateResult
+    from .result import AggregateResult
 
 __all__ = ["render_report", "write_report"]
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import orjson
 import trio
@@ -39,19 +39,18 @@ from attrs import frozen
 from ...errors import ConfigError, InputError
 from ...records import (
     ROLLOUT_ID_PATTERN,
+    Identity,
     Landed,
     MaterializedRow,
     Omitted,
     Outcome,
 )
-from .pool import SHIELDED_FLUSH_S, Pool
+from .pool import SHIELDED_FLUSH_S, Pool, PoolHost
 from .sink import AttemptReserver, OutcomeSink
-
-if TYPE_CHECKING:
-    from .collector import Collector
 
 __all__ = [
     "Batch",
+    "BatchHost",
     "BatchOutcome",
     "BatchRows",
     "RowStamper",
@@ -184,6 +183,31 @@ class RowStamper:
             yield self(item, index)
 
 
+class BatchHost(PoolHost, Protocol):
+    """What a batch uses of its collector (`collector.Collector`), beyond what its pool does.
+
+    A batch hosts its pool in the collector (`start_pool`, `forget_pool`), sends to the
+    collector's sink unless given its own, resolves URLs with the collector's resolver and
+    starts the run's dispatch clock (`begin_dispatch`). Naming exactly this keeps the batch
+    from importing the collector, which opens batches: no import cycle between the two.
+    """
+
+    sink: OutcomeSink | None
+    resolve: Callable[[Identity], str]
+
+    async def start_pool(self, pool: Pool) -> None:
+        """Host ``pool``'s workers in the collector's nursery."""
+        ...
+
+    def forget_pool(self, pool: Pool) -> None:
+        """Drop a completed pool."""
+        ...
+
+    def begin_dispatch(self) -> None:
+        """Start the dispatch window and the run's clock, once."""
+        ...
+
+
 class Batch:
     """A batch of rollouts in flight on a collector; open one with `Collector.open_batch`.
 
@@ -196,7 +220,7 @@ class Batch:
 
     def __init__(
         self,
-        collector: Collector,
+        collector: BatchHost,
         *,
         run_id: str,
         sink: OutcomeSink | None,
@@ -343,14 +367,14 @@ class Batch:
             self._pending.append(BatchOutcome(body, outcome, self.run_id))
 
 
-def _resolver(collector: Collector) -> Any:
+def _resolver(collector: BatchHost) -> Any:
     resolve = collector.resolve
     return lambda row: resolve(row.identity)
 
 
 @asynccontextmanager
 async def open_batch(
-    collector: Collector,
+    collector: BatchHost,
     rows: BatchRows,
     *,
     run_id: str | None = None,
@@ -383,7 +407,7 @@ async def open_batch(
     )
     stamp = RowStamper(batch.run_id)
     await collector.start_pool(batch.pool)
-    collector._begin()
+    collector.begin_dispatch()
     batch.pool.start_soon(batch.feed, stamp.all(rows))
     try:
         yield batch

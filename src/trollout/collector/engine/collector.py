@@ -220,7 +220,7 @@ class Collector:
         Cancellation: a checkpoint; if cancelled, the row was not taken and nothing was sent.
         """
         url = self.resolve(row.identity)
-        self._begin()
+        self.begin_dispatch()
         await self._own.offer(row, attempt_index, url)
 
     async def collect(
@@ -237,7 +237,7 @@ class Collector:
         Cancellation: a checkpoint between rows; rows not yet submitted were never started, and
         every rollout in flight settles as `Omitted` through the writer.
         """
-        self._begin()
+        self.begin_dispatch()
         pool = self._own
         # The feeder's scope is the dispatch window: its deadline is the budget's end, and
         # stop_admission cancels it; either way rows not yet handed out are never started.
@@ -377,7 +377,8 @@ class Collector:
         """Drop a completed pool (its batch has closed)."""
         self._pools.discard(pool)
 
-    def _begin(self) -> None:
+    def begin_dispatch(self) -> None:
+        """Start the dispatch window and the run's clock, once (the first row or batch)."""
         if self.window.started_at is None:
             self.window.begin()
             self.timer.mark_dispatch_start()

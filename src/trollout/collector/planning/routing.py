@@ -4,7 +4,8 @@ The planner asks a `Router` (implemented by `deployment.Deployment`; tests pass 
 five questions, and nothing else:
 
 - ``known_agents``: the agent names the deployment serves;
-- ``route(agent)``: where that agent's rows go (`deployment.Route`); may raise `DeploymentError`
+- ``route(agent)``: where that agent's rows go (`RouteInfo`: a `deployment.Route`, read
+  through a protocol so planning imports nothing of deployment); may raise `DeploymentError`
   (an agent fronted by two environment servers);
 - ``agent_for_task_source(name)``: the agent that runs rows whose only route is the config
   instance ``name`` (the one that declared their dataset); raises `DeploymentError` saying why
@@ -51,10 +52,17 @@ from typing import Any, Final, NamedTuple, Protocol
 from ...config import TASKSET_NEEDS_ROUTES, RunConfig, repeats_problems
 from ...errors import DeploymentError
 from ...records import is_mapping
-from ..deployment.discovery import Route
 from .input_file import Problems, is_task_row
 
-__all__ = ["Copy", "EnvironmentServerInfo", "Issue", "Resolution", "Resolver", "Router"]
+__all__ = [
+    "Copy",
+    "EnvironmentServerInfo",
+    "Issue",
+    "Resolution",
+    "Resolver",
+    "RouteInfo",
+    "Router",
+]
 
 DEFAULT: Final = "_default"
 _MODES: Final = ("agent", "legacy", "taskset")
@@ -82,6 +90,20 @@ class EnvironmentServerInfo(Protocol):
         ...
 
 
+class RouteInfo(Protocol):
+    """What the planner reads of where an agent's rows go (`deployment.Route`)."""
+
+    @property
+    def environment_server(self) -> str | None:
+        """The environment server fronting the agent, if any."""
+        ...
+
+    @property
+    def result_type(self) -> str | None:
+        """That server's implementation name (``_ng_result_type``), if any."""
+        ...
+
+
 class Router(Protocol):
     """The deployment as the planner sees it (see the module docstring)."""
 
@@ -90,7 +112,7 @@ class Router(Protocol):
         """Every agent name the deployment serves."""
         ...
 
-    def route(self, agent_name: str) -> Route:
+    def route(self, agent_name: str) -> RouteInfo:
         """Return where rows of a known agent go."""
         ...
 
