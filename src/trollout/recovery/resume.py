@@ -68,7 +68,7 @@ from ..records import MaterializedRow, RolloutState, RolloutStatus
 from .layout import RunLayout
 from .ledger import SentNumbers, read_entries
 from .run_files import materialized_keys, row_key, run_rows
-from .store import rollout_key
+from .status import rollout_key
 
 __all__ = ["Fate", "Resubmit", "ResumePlan", "ResumeRules", "RunTally", "scan_run"]
 
