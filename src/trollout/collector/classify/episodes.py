@@ -49,13 +49,8 @@ import orjson
 from ... import records
 from ...records import Delivery, Failed, FailureClass, Identity, Landed
 from ..http.transport import RawResponse
-from .outcomes import (
-    echo_mismatches,
-    json_type,
-    one_line_message,
-    outcome_from_response,
-    same_json,
-)
+from .echo import echo_mismatches, json_type, same_json
+from .outcomes import one_line_message, outcome_from_response
 
 __all__ = [
     "EPISODE_FAILURE",

@@ -35,10 +35,10 @@ from ...config import POSITIVE_COUNT, POSITIVE_SECONDS, RunConfig
 from ...errors import ConfigError
 from ...records import Delivery, Failed, FailureClass, Identity, Landed, MaterializedRow
 from ...text import public_url
+from ..classify.echo import expected_echo
 from ..classify.episodes import IDENTITY_VIOLATION, outcome_from_episode_response
 from ..classify.outcomes import (
     IDENTITY_MISMATCH,
-    expected_echo,
     one_line_message,
     outcome_from_error,
     outcome_from_response,
