@@ -63,14 +63,13 @@ from .input_file import (
     FileSource,
     Problems,
     RowsSource,
-    Selection,
-    TaskTable,
     check_row,
     check_write_back,
 )
 from .router import Router
 from .routing import Copy, Resolver
 from .seeds import Materializer, Prepared, rollout_seed
+from .tasks import Selection, TaskTable
 
 __all__ = ["Plan", "Router", "plan_rollouts", "plan_rows", "rollout_seed"]
 
