@@ -1,3 +1,5 @@
+# Stays whole: one scan of the run folder (`_Scanner`) and the plan it returns: each fate and
+# the rule that assigns it are read together.
 """Resume: decide from the run folder alone what is done and what to dispatch next.
 
 `scan_run` reads the materialized inputs, the rollouts file, the failures sidecar and the

@@ -1,3 +1,5 @@
+# Stays whole: the sink's life cycle (start, append, fsync, status, failure) acts on one set of
+# state; file operations live in `files`, the batch status in `status`.
 """The run folder's only writer: appends outcome rows, fsyncs them, and saves progress.
 
 `open_run_store` checks the folder (`preflight`: no symlinked or special run files; a folder that
@@ -49,9 +51,6 @@ hundreds of rollouts' bookkeeping).
 
 Memory: the set of landed keys (one int per landed rollout) plus the latest `RolloutStatus` of
 every rollout that has an outcome but has not landed.
-
-Length: this module runs past the house's ~400 lines because the sink's life cycle (start,
-append, fsync, status, failure) shares one set of state; file operations live in `files`.
 """
 
 from __future__ import annotations

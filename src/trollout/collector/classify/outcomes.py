@@ -1,3 +1,5 @@
+# Stays whole: the reply table (the docstring) and the rule behind each of its rows, read side
+# by side; the echo check is `echo`, episode replies `episodes`.
 """Turn a `/run` reply or a transport error into an outcome (docs/protocol.md section 2).
 
 Pure functions, no I/O. A reply decides by status first, then, for a 200 whose body is a JSON

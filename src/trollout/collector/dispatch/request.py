@@ -1,3 +1,5 @@
+# Stays whole: one rollout's request loop (`_Rollout`: send, wait, re-send, supersede) and the
+# policy it reads share the attempt's state; the retry decisions are `retry`.
 """One rollout: POST the materialized row to `/run`, re-send what is safe, classify the result.
 
 Design note. `dispatch` runs one rollout's request loop; which results are re-sent, after how

@@ -1,3 +1,5 @@
+# Stays whole: the collector's exits (stop, cancel, wind down, the block's own exit) and its
+# single writer act on one set of state; the pools and batches live in `pool` and `batch`.
 """The engine: one nursery per collector, worker pools, and one writer.
 
 Shape (docs/design.md, Concurrency)::
@@ -54,10 +56,6 @@ Rejected alternative: a task per rollout (``nursery.start_soon`` for every row, 
 semaphore), which is NeMo Gym's shape (`as_completed` over all rows). It makes memory grow with
 the input (every pending task holds its row and a coroutine frame) and makes back-pressure
 impossible; a fixed pool of workers reading a channel is both bounded and cheaper per rollout.
-
-Length: past the house's ~400 lines because the collector's exits (stop, cancel, wind down,
-the block's own exit) and its single writer act on one set of state; the pools and batches
-live in `pool` and `batch`.
 """
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Stays whole: the feeder and the workers share one ready queue, its counters and the rows
+# channel: one state machine (see "Rows are lent a batch at a time").
 """The workers of one source of rows: the collector's own (`submit`, `collect`) or one batch.
 
 A `Pool` owns a nursery of workers, each holding at most one rollout; the collector owns
