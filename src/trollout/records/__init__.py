@@ -27,6 +27,9 @@ each is read alone, and the converter's design note lives in `rows`.
 
 from __future__ import annotations
 
+# Every public name of the four modules is re-exported, and `__all__` spells the list again:
+# repeated on purpose (duplicates flags it), since a computed `__all__` is opaque to mypy and
+# ruff, which would then see no export at all.
 from .identity import Identity, is_mapping, is_task_row, policy_model_server_of, provenance_of
 from .keys import (
     AGENT_REF,

@@ -53,12 +53,18 @@ def _materialized_from_row(row: Mapping[str, Any], _: type) -> MaterializedRow:
     return MaterializedRow.from_body(row)
 
 
-def _landed_to_row(outcome: Landed) -> Row:
-    row = dict(outcome.result)
+def _stamped(row: Row, outcome: Outcome) -> Row:
+    """Put the outcome's identity stamps and elapsed time on ``row`` (its last keys) and
+    return it: every outcome row ends the same way."""
     outcome.identity.stamp(row, outcome.attempt_index)
     if outcome.elapsed_seconds is not None:
         row[ELAPSED] = outcome.elapsed_seconds
     return row
+
+
+def _landed_to_row(outcome: Landed) -> Row:
+    row = dict(outcome.result)
+    return _stamped(row, outcome)
 
 
 def _landed_from_row(row: Mapping[str, Any], _: type) -> Landed:
@@ -84,10 +90,7 @@ def _failed_to_row(outcome: Failed) -> Row:
     row[FAILURE_KIND] = outcome.kind
     if outcome.no_persist:
         row[NO_PERSIST] = True
-    outcome.identity.stamp(row, outcome.attempt_index)
-    if outcome.elapsed_seconds is not None:
-        row[ELAPSED] = outcome.elapsed_seconds
-    return row
+    return _stamped(row, outcome)
 
 
 def _failed_from_row(row: Mapping[str, Any], _: type) -> Failed:
@@ -121,10 +124,7 @@ def _omitted_to_row(outcome: Omitted) -> Row:
     if outcome.reason is OmitReason.DRAINED:
         row[DISPATCH_DRAINED] = True
         row[NO_PERSIST] = True
-    outcome.identity.stamp(row, outcome.attempt_index)
-    if outcome.elapsed_seconds is not None:
-        row[ELAPSED] = outcome.elapsed_seconds
-    return row
+    return _stamped(row, outcome)
 
 
 def _omitted_from_row(row: Mapping[str, Any], _: type) -> Omitted:

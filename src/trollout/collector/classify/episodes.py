@@ -104,6 +104,8 @@ def outcome_from_episode_response(
 ) -> Landed | Failed:
     """Classify the reply to an episode request (the table in the module doc).
 
+    A `outcomes.ReplyClassifier`: its signature is `outcomes.outcome_from_response`'s.
+
     Args:
         identity: the rollout (its ``environment_server`` names the server in messages).
         attempt_index: the attempt that got this reply.

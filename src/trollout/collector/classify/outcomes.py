@@ -49,7 +49,7 @@ import email.utils
 import http
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import httpx
 import orjson
@@ -65,6 +65,7 @@ __all__ = [
     "IDENTITY_MISMATCH",
     "MAX_DECODED_BODY_BYTES",
     "MAX_TEXT_CHARS",
+    "ReplyClassifier",
     "cut_text",
     "error_kind",
     "failure_compatibility_fields",
@@ -140,6 +141,23 @@ def retry_after_seconds(response: RawResponse, *, now: float | None = None) -> f
             return None
         seconds = moment.timestamp() - (time.time() if now is None else now)
     return max(seconds, 0.0) if seconds == seconds else None  # NaN is no delay
+
+
+class ReplyClassifier(Protocol):
+    """The one interface of the reply classifiers: `outcome_from_response` for a flat row's
+    reply, `episodes.outcome_from_episode_response` for an episode's; dispatch calls whichever
+    the row needs, and each spells this signature out (mypy holds both to it)."""
+
+    def __call__(
+        self,
+        identity: Identity,
+        attempt_index: int,
+        response: RawResponse,
+        *,
+        elapsed_seconds: float | None,
+        max_attempts: int | None,
+        echo: Sequence[tuple[str, Any]] = (),
+    ) -> Landed | Failed: ...
 
 
 def outcome_from_response(

@@ -41,6 +41,7 @@ from ..classify.echo import expected_echo
 from ..classify.episodes import IDENTITY_VIOLATION, outcome_from_episode_response
 from ..classify.outcomes import (
     IDENTITY_MISMATCH,
+    ReplyClassifier,
     one_line_message,
     outcome_from_error,
     outcome_from_response,
@@ -312,7 +313,7 @@ class _Rollout:
         self.echo: list[tuple[str, Any]] = []
         self.observer: AttemptObserver | None = None
         self.trace: AttemptTrace | None = None
-        self.classify: Callable[..., Landed | Failed] = (
+        self.classify: ReplyClassifier = (
             outcome_from_episode_response if row.is_episode else outcome_from_response
         )
 
