@@ -43,7 +43,8 @@ from ..metrics.server import Target
 from ..nemo_keys import AGGREGATE, BY_NAME, command_line, merge_config_paths, translate
 from ..text import visible
 from .common import EXIT_INCOMPLETE_RETRYABLE, fail, http_client
-from .health import after_run, health_options
+from .health import after_run
+from .health_options import health_options
 from .view import view_command
 
 __all__ = ["aggregate"]
