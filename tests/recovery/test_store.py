@@ -32,6 +32,7 @@ from trollout.records import (
     converter,
     outcome_from_row,
 )
+from trollout.recovery import status as status_mod
 from trollout.recovery import store as store_mod
 from trollout.recovery.files import replace_atomically
 from trollout.recovery.layout import RunLayout
@@ -415,13 +416,13 @@ async def test_store_status_interval_on_fake_clock(
     A fresh run in a new folder, fed no inputs, starts at its first outcome (0.5 s).
     """
     saved: list[tuple[float, int, bool]] = []
-    real = store_mod._write_status_file
+    real = status_mod.write_status_file
 
     def recording(path: Path, status: BatchStatus) -> None:
         saved.append((trio.current_time(), status.completed, status.closed))
         real(path, status)
 
-    monkeypatch.setattr(store_mod, "_write_status_file", recording)
+    monkeypatch.setattr(status_mod, "write_status_file", recording)
     config = RunConfig(status_interval_s=2.0)
     async with open_run_store(layout, config, expected=5) as store, trio.open_nursery() as nursery:
         await nursery.start(store.run_housekeeping)

@@ -42,7 +42,8 @@ from ..metrics.server import Target
 from ..settings import head_server_url, load_aggregate_settings
 from ..text import visible
 from .common import EXIT_INCOMPLETE_RETRYABLE, fail, http_client
-from .health import after_run, health_options
+from .health import after_run
+from .health_options import health_options
 from .view import view_command
 
 __all__ = ["aggregate"]

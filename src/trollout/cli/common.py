@@ -31,7 +31,7 @@ from ..errors import (
 from ..health import HealthSettings
 from ..settings import RunConfig, load_run_config
 from ..text import visible
-from .health import HEALTH_OPTIONS
+from .health_options import HEALTH_OPTIONS
 from .progress import summary_table
 
 __all__ = [

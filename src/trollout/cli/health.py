@@ -12,53 +12,21 @@ is `trollout.health.check_run`; docs/health.md describes the checks.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..errors import ConfigError, InputError
 from ..health import HealthSettings, check_run, parse_ignored, run_after
 from ..text import visible
+from .common import fail
 
 if TYPE_CHECKING:
     from ..metrics import AggregateResult
 
-__all__ = ["HEALTH_OPTIONS", "after_run", "health_check", "health_options"]
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-# collect's and aggregate's switches of the post-run health check (NeMo Gym's spellings); each
-# sets the NeMo Gym key of the same meaning, so +key=value and a config file work alike.
-HEALTH_OPTIONS: dict[str, Callable[[F], F]] = {
-    "no-health-check": click.option(
-        "--no-health-check",
-        "disable_health_check",
-        is_flag=True,
-        default=None,
-        help="Skip the rollout health check after the run (+disable_health_check=true).",
-    ),
-    "health-check-ignore": click.option(
-        "--health-check-ignore",
-        "health_check_ignored_checks",
-        metavar="CHECK[,CHECK...]",
-        help="Health checks to leave out of the verdicts (+health_check_ignored_checks=[...]).",
-    ),
-    "health-check-workers": click.option(
-        "--health-check-workers",
-        "health_check_workers",
-        type=int,
-        help="Worker processes of the health check (+health_check_workers=N; default 1).",
-    ),
-}
-
-
-def health_options(f: F) -> F:
-    """Attach the three health switches (aggregate's; collect takes them as run options)."""
-    for option in reversed(HEALTH_OPTIONS.values()):
-        f = option(f)
-    return f
+__all__ = ["after_run", "health_check"]
 
 
 def after_run(
@@ -127,7 +95,6 @@ def _default_workers() -> int:
 )
 @click.option("--json", "as_json", is_flag=True, help="Output as machine-readable JSON.")
 def health_check(run_dir: str, extra: tuple[str, ...], **opts: Any) -> None:
-    from .common import fail  # common attaches HEALTH_OPTIONS to collect: import it late
 
     if extra:
         if any(token.startswith("+") or "=" in token for token in extra):

@@ -1,3 +1,4 @@
+# Stays whole: the 14 checks are one table, read side by side as the reference lists them.
 """The rollout checks: one JSONL line in, one `RowResult` out (findings, unobserved, digests).
 
 This is the map step of the health check (`health.run` is the reduce): a pure function of one

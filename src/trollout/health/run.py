@@ -1,3 +1,4 @@
+# Stays whole: the one pass and the state it folds (task flags, verdict spool) act together.
 """The reduce step: one pass over a rollouts file, task state, the two files, the report lines.
 
 See the package docstring for the design; this module holds `check_run` and `check_files`.

@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 import httpx
@@ -43,10 +42,11 @@ from ..errors import ConfigError
 from ..recovery.layout import RunLayout
 from ..settings import DEFAULT_MAX_INPUT_LINE_BYTES, RunConfig, default_max_attempts
 from .batch import read_batch_manifest, status_path, write_batch_status
-from .coverage import Coverage, GroupKey, coverage_lines
+from .coverage import GroupKey
 from .output import metrics_entries, write_metrics_file
-from .reader import Collection, InputReport
+from .reader import Collection
 from .report_html import write_report
+from .result import AggregateResult
 from .server import Target, fetch_server_metrics, target_for
 from .shards import (
     MergeWriter,
@@ -119,61 +119,6 @@ class AggregateOptions:
             max_bootstrap_categories=self.max_bootstrap_categories,
             max_attempts=self.max_attempts,
         )
-
-
-@frozen
-class AggregateResult:
-    """What an aggregation found and wrote.
-
-    Attributes:
-        groups: one summary per agent or environment server, sorted by label.
-        inputs: the shards read, files skipped, duplicates and torn lines.
-        metrics_path: the ``<stem>_aggregate_metrics.json`` written.
-        report_path: the HTML report written, or None.
-        merged_path: the merged rollouts file written, or None.
-        warnings: one line per shard whose status file was not marked, and why.
-    """
-
-    groups: tuple[GroupSummary, ...]
-    inputs: InputReport
-    metrics_path: Path
-    report_path: Path | None = None
-    merged_path: Path | None = None
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def coverage(self) -> Coverage:
-        """The coverage of all groups together."""
-        total = Coverage()
-        for group in self.groups:
-            total = total + group.coverage
-        return total
-
-    @property
-    def server_errors(self) -> tuple[str, ...]:
-        """The error of every failed ``/aggregate_metrics`` call."""
-        return tuple(g.aggregation_error for g in self.groups if g.aggregation_error)
-
-    @property
-    def ok(self) -> bool:
-        """Whether every server call asked for succeeded."""
-        return not self.server_errors
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the whole result as a JSON-able mapping (``trollout aggregate --json``)."""
-        return {
-            "ok": self.ok,
-            "coverage": self.coverage.to_json(),
-            "coverage_report": coverage_lines(self.coverage),
-            "inputs": self.inputs.to_json(),
-            "warnings": list(self.warnings),
-            "groups": [g.to_json() for g in self.groups],
-            "files": {
-                "merged": str(self.merged_path) if self.merged_path else None,
-                "metrics": str(self.metrics_path),
-                "report": str(self.report_path) if self.report_path else None,
-            },
-        }
 
 
 async def aggregate_run(

@@ -1,3 +1,5 @@
+# Stays whole: one streaming pass (`Collection`) whose rules (identity across shards,
+# duplicates, empty shards, the union plan) act on one set of per-task masks.
 """One streaming pass over the shards, then the failure resolution and the imputed zeros.
 
 `Collection` reads every shard's materialized inputs (the plan), then its rollouts file, then its

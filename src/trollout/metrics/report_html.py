@@ -35,7 +35,7 @@ from .views import Estimate, ViewSummary
 
 if TYPE_CHECKING:
     from ..health import HealthReport
-    from .aggregate import AggregateResult
+    from .result import AggregateResult
 
 __all__ = ["render_report", "write_report"]
 

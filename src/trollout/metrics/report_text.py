@@ -20,7 +20,7 @@ from .summary import GroupSummary
 from .views import Estimate, ViewSummary
 
 if TYPE_CHECKING:
-    from .aggregate import AggregateResult
+    from .result import AggregateResult
 
 __all__ = ["print_report", "summary_table"]
 

@@ -1,3 +1,4 @@
+# Stays whole: one class mirroring NeMo Gym's RolloutCollectionHelper, method for method.
 """`RolloutCollectionHelper` and `BaseServerConfig`: NeMo Gym's direct collection API.
 
 Each method keeps NeMo Gym 0.7.0's signature and returns what it returns (the package

@@ -1,3 +1,5 @@
+# Stays whole: one scan of the run folder (`_Scanner`) and the plan it returns: each fate and
+# the rule that assigns it are read together.
 """Resume: decide from the run folder alone what is done and what to dispatch next.
 
 `scan_run` reads the materialized inputs, the rollouts file, the failures sidecar and the
@@ -68,7 +70,7 @@ from ..records import MaterializedRow, RolloutState, RolloutStatus
 from .layout import RunLayout
 from .ledger import SentNumbers, read_entries
 from .run_files import materialized_keys, row_key, run_rows
-from .store import rollout_key
+from .status import rollout_key
 
 __all__ = ["Fate", "Resubmit", "ResumePlan", "ResumeRules", "RunTally", "scan_run"]
 

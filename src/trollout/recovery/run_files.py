@@ -15,7 +15,7 @@ import orjson
 
 from .. import jsonl, records
 from ..errors import InputError, RunFolderError
-from .store import rollout_key
+from .status import rollout_key
 
 __all__ = ["materialized_keys", "row_key", "run_rows"]
 

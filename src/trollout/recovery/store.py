@@ -1,3 +1,5 @@
+# Stays whole: the sink's life cycle (start, append, fsync, status, failure) acts on one set of
+# state; file operations live in `files`, the batch status in `status`.
 """The run folder's only writer: appends outcome rows, fsyncs them, and saves progress.
 
 `open_run_store` checks the folder (`preflight`: no symlinked or special run files; a folder that
@@ -49,26 +51,20 @@ hundreds of rollouts' bookkeeping).
 
 Memory: the set of landed keys (one int per landed rollout) plus the latest `RolloutStatus` of
 every rollout that has an outcome but has not landed.
-
-Length: this module runs past the house's ~400 lines because the sink's life cycle (start,
-append, fsync, status, failure) shares one set of state; file operations live in `files`.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import os
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
-import orjson
 import trio
 from attrs import frozen
 
@@ -78,26 +74,22 @@ from ..records import (
     FAILURE_MAX_ATTEMPTS,
     BatchStatus,
     Failed,
-    FailureClass,
     Identity,
     Landed,
     MaterializedRow,
-    OmitReason,
     Omitted,
     Outcome,
-    RolloutState,
     RolloutStatus,
-    converter,
     outcome_to_row,
 )
 from ..settings import FsyncPolicy, RunConfig
+from . import status as status_file  # its functions looked up when called (tests replace them)
 from .files import (
     Appender,
     fsync_all,
     fsync_dir,
     os_errors,
     remove_temp_files,
-    replace_atomically,
     write_materialized,
 )
 from .layout import RunLayout
@@ -105,17 +97,20 @@ from .ledger import encode_release, encode_resend, encode_reservation
 from .lock import RunLock
 from .manifest import FolderState, folder_state
 from .preflight import check_fresh, check_run_folder, check_run_paths
+from .status import (
+    RolloutKey,
+    build_status,
+    identity_key,
+    never_started,
+    rollout_key,
+    status_of,
+)
 
-__all__ = ["RunStore", "StoreCounts", "check_run_folder", "open_run_store", "rollout_key"]
+__all__ = ["RunStore", "StoreCounts", "check_run_folder", "open_run_store"]
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-# A landed key packs (task, rollout) into one int; a tuple for indices outside the packed range.
-_Key: TypeAlias = int | tuple[int, int]
-_ROLLOUT_BITS = 32
-_ROLLOUT_LIMIT = 1 << _ROLLOUT_BITS
 _STOP_WAIT_S = 10.0  # how long a cancelled whole-file write may take to stop and clean up
-_DRAINED = OmitReason.DRAINED.value  # the kind of a never-started attempt's status
 
 
 @frozen
@@ -221,8 +216,8 @@ class RunStore:
         self._may_start_bare = False  # a fresh run in a new folder: its first outcome starts it
         self._started = False
         self._failure: RunFolderWriteError | None = None
-        self._landed: set[_Key] = set()
-        self._pending: dict[_Key, RolloutStatus] = {}
+        self._landed: set[RolloutKey] = set()
+        self._pending: dict[RolloutKey, RolloutStatus] = {}
         self._reserved = 0  # reservation lines appended (``row``: fsynced up to _reserved_synced)
         self._reserved_synced = 0
         self._fsync_each = config.fsync is FsyncPolicy.ROW  # a reservation waits for its fsync
@@ -259,12 +254,12 @@ class RunStore:
 
     def has_outcome(self, identity: Identity) -> bool:
         """Whether the rollout has an outcome in this store (landed, or a latest state)."""
-        key = _key(identity)
+        key = identity_key(identity)
         return key in self._landed or key in self._pending
 
     def snapshot(self, *, finished: bool = False) -> BatchStatus:
         """Return the batch status as of now (what the status file would hold)."""
-        return _build_status(
+        return build_status(
             self.expected, len(self._landed), list(self._pending.values()), finished
         )
 
@@ -302,7 +297,9 @@ class RunStore:
         self._opened(status_at=trio.current_time())
         return count
 
-    def seed(self, *, expected: int, landed: set[_Key], statuses: Iterable[RolloutStatus]) -> None:
+    def seed(
+        self, *, expected: int, landed: set[RolloutKey], statuses: Iterable[RolloutStatus]
+    ) -> None:
         """Start a resumed store from what the run folder already holds.
 
         Call it once the caller's checks of the folder passed: only then are torn tails repaired
@@ -569,18 +566,18 @@ class RunStore:
     ) -> tuple[
         list[bytes],
         list[bytes],
-        list[tuple[_Key, RolloutStatus | None, bool]],
+        list[tuple[RolloutKey, RolloutStatus | None, bool]],
         list[tuple[int, int, int]],
     ]:
         """Serialize a batch: landed lines, sidecar lines, the status change of each, and the
         attempts that never reached a server (their numbers are released)."""
         landed: list[bytes] = []
         failures: list[bytes] = []
-        changes: list[tuple[_Key, RolloutStatus | None, bool]] = []
+        changes: list[tuple[RolloutKey, RolloutStatus | None, bool]] = []
         released: list[tuple[int, int, int]] = []
-        batch: set[_Key] = set()
+        batch: set[RolloutKey] = set()
         for outcome in outcomes:
-            key = _key(outcome.identity)
+            key = identity_key(outcome.identity)
             if type(outcome) is Landed:
                 if key in self._landed or key in batch:
                     self._refuse(outcome)
@@ -592,8 +589,8 @@ class RunStore:
                 assert isinstance(outcome, Failed | Omitted)
                 if self._persists(outcome):
                     failures.append(jsonl.dumps(self._failure_row(outcome)))
-                started = not _never_started(outcome)
-                changes.append((key, _status_of(outcome), started))
+                started = not never_started(outcome)
+                changes.append((key, status_of(outcome), started))
                 if not started:
                     ident = outcome.identity
                     released.append((ident.task_index, ident.rollout_index, outcome.attempt_index))
@@ -633,7 +630,7 @@ class RunStore:
             self._changed.set()
         self._unsynced_rows += rows
 
-    def _apply(self, changes: list[tuple[_Key, RolloutStatus | None, bool]]) -> None:
+    def _apply(self, changes: list[tuple[RolloutKey, RolloutStatus | None, bool]]) -> None:
         for key, status, supersedes in changes:
             if status is None:
                 self._landed.add(key)
@@ -688,7 +685,7 @@ class RunStore:
             self._status_dirty, self._status_at = False, trio.current_time()
             path = self.layout.batch_status
             with self._mid_run(path, "save the batch status"):
-                await _off_loop(_save_status, path, *args)
+                await _off_loop(status_file.save_status, path, *args)
 
     @contextmanager
     def _mid_run(self, path: Path, action: str) -> Iterator[None]:
@@ -746,88 +743,4 @@ def _clear_run_files(layout: RunLayout, status: BatchStatus, new_inputs: Path | 
         if not (new_inputs is not None and path == layout.materialized_inputs):
             with suppress(FileNotFoundError):
                 os.unlink(path)
-    _write_status_file(layout.batch_status, status)
-
-
-def _build_status(
-    expected: int, completed: int, pending: list[RolloutStatus], closed: bool
-) -> BatchStatus:
-    """Count the rollouts by latest state; the rest of ``expected`` never started (nothing of
-    them reached the store, or only a drained attempt), so the counts sum to ``expected``."""
-    pending.sort(key=lambda s: (s.task_index, s.rollout_index))
-    states = collections.Counter(s.state for s in pending)
-    classes = collections.Counter(
-        s.failure_class or "" for s in pending if s.state is RolloutState.FAILED
-    )
-    drained = sum(1 for s in pending if s.state is RolloutState.OMITTED and s.kind == _DRAINED)
-    omitted = states[RolloutState.OMITTED] - drained
-    settled = completed + states[RolloutState.FAILED] + states[RolloutState.NO_PERSIST] + omitted
-    not_started = max(0, expected - settled)
-    return BatchStatus(
-        expected=expected,
-        completed=completed,
-        failed=states[RolloutState.FAILED],
-        no_persist=states[RolloutState.NO_PERSIST],
-        omitted=omitted,
-        not_started=not_started,
-        failures_by_class=dict(sorted(classes.items())),
-        finished=closed and not_started == 0,
-        closed=closed,
-        updated_at=time.time(),
-        rollouts=tuple(pending),
-    )
-
-
-def _save_status(
-    path: Path, expected: int, completed: int, pending: list[RolloutStatus], closed: bool
-) -> None:
-    _write_status_file(path, _build_status(expected, completed, pending, closed))
-
-
-def _write_status_file(path: Path, status: BatchStatus) -> None:
-    data = orjson.dumps(converter.unstructure(status), option=orjson.OPT_INDENT_2)
-    replace_atomically(path, [data, b"\n"])
-
-
-def _key(identity: Identity) -> _Key:
-    return rollout_key(identity.task_index, identity.rollout_index)
-
-
-def rollout_key(task: int, rollout: int) -> _Key:
-    """Return the compact key of a rollout (one int when the indices fit, else a tuple)."""
-    if task >= 0 and 0 <= rollout < _ROLLOUT_LIMIT:
-        return task << _ROLLOUT_BITS | rollout
-    return (task, rollout)
-
-
-def _never_started(outcome: Failed | Omitted) -> bool:
-    """Whether the attempt never reached a server (its status does not replace an earlier one)."""
-    if isinstance(outcome, Omitted):
-        return outcome.reason is OmitReason.DRAINED
-    return not outcome.spends_attempt
-
-
-def _status_of(outcome: Failed | Omitted) -> RolloutStatus:
-    ident = outcome.identity
-    if type(outcome) is Failed:
-        state = RolloutState.NO_PERSIST if outcome.no_persist else RolloutState.FAILED
-        return RolloutStatus(
-            task_index=ident.task_index,
-            rollout_index=ident.rollout_index,
-            attempt_index=outcome.attempt_index,
-            state=state,
-            agent_name=ident.agent_name,
-            failure_class=outcome.failure_class,
-            kind=outcome.kind,
-            terminal=outcome.terminal,
-        )
-    assert type(outcome) is Omitted
-    return RolloutStatus(
-        task_index=ident.task_index,
-        rollout_index=ident.rollout_index,
-        attempt_index=outcome.attempt_index,
-        state=RolloutState.OMITTED,
-        agent_name=ident.agent_name,
-        failure_class=FailureClass.CANCELLED.value,
-        kind=outcome.reason.value,
-    )
+    status_file.write_status_file(layout.batch_status, status)

@@ -1,3 +1,4 @@
+# Stays whole: one audit, each rule beside the others it cross-checks.
 """An exactly-once auditor for run folders and shards, for tests (users' property tests too).
 
 ``assert_exactly_once(path)`` reads a run (its rollouts file) or a folder of shards and raises

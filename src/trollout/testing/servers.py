@@ -21,7 +21,7 @@ shaped like FastAPI's.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -31,14 +31,14 @@ import trio
 from attrs import define
 
 from ..errors import ConfigError
-from ..httpserver import Action, Reply, Request, encode_head
+from ..httpserver import Action, Reply, Request
 from .aggregate import aggregate_metrics
 from .capture import capture_rollout
 from .episodes import episode_key, episode_reply, parse_episode, run_id_of
+from .fault_replies import fault_reply
 from .faults import (
     EPISODE_KINDS,
     FAULT_FIELD,
-    ONE_MEGABYTE,
     Fault,
     FaultContext,
     FaultFn,
@@ -312,7 +312,7 @@ class FakeServer:
                 f"fault kind {fault.kind.value!r} is for episode servers; a flat row's server "
                 "cannot apply it"
             )
-        return _fault_reply(fault, row, self._result)
+        return fault_reply(fault, row, self._result)
 
     def _episode_reply(
         self, data: dict[str, Any], episode: EpisodeServerSpec, seed: int, fault: Fault | None
@@ -329,7 +329,7 @@ class FakeServer:
 
         if fault is None or fault.kind is FaultKind.LATENCY or fault.kind not in _TRANSPORT:
             return Reply(body=orjson.dumps(episode_reply(data, answer, fault)))
-        return _fault_reply(fault, data, partial(episode_reply, answer=answer, fault=None))
+        return fault_reply(fault, data, partial(episode_reply, answer=answer, fault=None))
 
     def _result(self, row: dict[str, Any]) -> dict[str, Any]:
         """Return the success reply to ``row`` as a mapping."""
@@ -372,114 +372,6 @@ _TRANSPORT = frozenset(
         FaultKind.NOT_OBJECT,
     }
 )
-
-
-def _sentinel(
-    fault: Fault, row: dict[str, Any], result: Callable[[dict[str, Any]], dict[str, Any]]
-) -> dict[str, Any]:
-    params = {"responses_create_params": row["responses_create_params"]}
-    if fault.kind is FaultKind.NO_PERSIST:
-        extra = {} if fault.failure_class is None else {"_ng_failure_class": fault.failure_class}
-        return params | {"_ng_no_persist": True} | extra
-    if fault.kind is FaultKind.FAILURE_CLASS:
-        cls = fault.failure_class or "transient"
-        terminal = {"_ng_failure_terminal": True} if fault.terminal else {}
-        return (
-            params | {"_ng_failure_class": cls, "failure_reason": f"fake {cls} failure"} | terminal
-        )
-    reason = fault.body or f"fake {fault.kind.value}"
-    masked = {"reward": 0.0, "mask_sample": True, "failure_reason": reason}
-    if fault.kind is FaultKind.JUDGE_FAILED:
-        judge = {"failure_kind": "judge_failed", "_ng_failure_class": "judge_failed"}
-        return result(row) | masked | judge | {"_ng_failure_judge_error": reason}
-    return result(row) | masked | {"failure_kind": fault.failure_class or "session_lost"}
-
-
-def fault_reply(
-    fault: Fault,
-    row: dict[str, Any],
-    result: Callable[[dict[str, Any]], dict[str, Any]],
-    *,
-    on_done: Callable[[], None] | None = None,
-) -> Reply:
-    """Return the reply that carries out ``fault`` for ``row``."""
-    return attrs.evolve(_fault_reply(fault, row, result), on_done=on_done)
-
-
-def _fault_reply(
-    fault: Fault, row: dict[str, Any], result: Callable[[dict[str, Any]], dict[str, Any]]
-) -> Reply:
-    kind = fault.kind
-    if kind is FaultKind.STATUS:
-        status = fault.status or 500
-        headers = () if fault.retry_after is None else (("retry-after", f"{fault.retry_after:g}"),)
-        body = orjson.dumps(fault.body or f"fake HTTP {status}")
-        return Reply(status=status, body=body, headers=headers)
-    if kind is FaultKind.OVERSIZED:
-        size = max(fault.size, 2)
-        stream = partial(_json_string, size)
-        length = None if fault.until_eof else size
-        return Reply(status=fault.status or 500, action=Action.STREAM, length=length, stream=stream)
-    if kind is FaultKind.SLOWLORIS:
-        return Reply(action=Action.STREAM, stream=partial(_trickle, fault.interval_s))
-    if kind is FaultKind.UNSOLICITED_REPLY:
-        return _unsolicited(fault, result(row))
-    if kind is FaultKind.RESET_MID_REQUEST:
-        return Reply(action=Action.RESET)
-    if kind is FaultKind.DISCONNECT:
-        return Reply(action=Action.CLOSE)
-    if kind is FaultKind.RESET_MID_RESPONSE:
-        return Reply(body=orjson.dumps(result(row)), action=Action.RESET_MID_BODY)
-    if kind is FaultKind.HANG:
-        return Reply(action=Action.HANG)
-    if kind is FaultKind.NOT_JSON:
-        return Reply(body=b"<html>this is not JSON</html>")
-    if kind is FaultKind.NOT_OBJECT:
-        return Reply(body=b'["not", "an", "object"]')
-    return Reply(body=orjson.dumps(_sentinel(fault, row, result)))
-
-
-async def _json_string(size: int) -> AsyncGenerator[bytes]:
-    """Yield a JSON string of `size` (>= 2) bytes in pieces: it never exists whole."""
-    yield b'"'
-    piece, left = b"x" * ONE_MEGABYTE, size - 2
-    while left > 0:
-        yield piece if left >= len(piece) else piece[:left]
-        left -= len(piece)
-    yield b'"'
-
-
-async def _trickle(interval_s: float) -> AsyncGenerator[bytes]:
-    """Yield the start of a JSON string, then one more byte every `interval_s`, forever."""
-    yield b'"'
-    while True:
-        await trio.sleep(interval_s)
-        yield b"x"
-
-
-def _unsolicited(fault: Fault, answer: dict[str, Any]) -> Reply:
-    """Answer with `answer`, then send one more complete reply nobody asked for.
-
-    The extra reply replays the answer, or (`fault.body` set) forges its text and reward while
-    keeping whatever identity the answer echoes.
-    """
-    body = orjson.dumps(answer)
-    extra = body
-    if fault.body is not None:
-        forged = orjson.loads(body)
-        result = forged.get("result", forged)  # an episode reply nests its result
-        result["response"]["output"][0]["content"][0]["text"] = fault.body
-        result["reward"] = 1.0
-        extra = orjson.dumps(forged)
-    unsolicited = encode_head(Reply(body=extra), keep_alive=True) + extra
-    stream = partial(_then, body, fault.interval_s, unsolicited)
-    return Reply(action=Action.STREAM, length=len(body), stream=stream)
-
-
-async def _then(first: bytes, gap_s: float, then: bytes) -> AsyncGenerator[bytes]:
-    yield first
-    await trio.sleep(gap_s)
-    yield then
 
 
 def vllm_metrics(state: DeploymentState) -> bytes:

@@ -1,3 +1,4 @@
+# Stays whole: one index class; its tailing and its summaries update the same slots.
 """One run's rollouts as compact summaries plus byte offsets, kept current by tailing.
 
 `RunIndex` holds one slot per rollout (a (shard, task, rollout) seen in the materialized

@@ -10,11 +10,10 @@ import httpx
 import orjson
 import pytest
 
+from trollout.collector.classify.echo import echo_mismatches, expected_echo
 from trollout.collector.classify.outcomes import (
     cut_text,
-    echo_mismatches,
     error_kind,
-    expected_echo,
     outcome_from_error,
     outcome_from_response,
     retry_after_seconds,

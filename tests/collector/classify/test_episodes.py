@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
+from trollout.collector.classify.echo import echo_mismatches, expected_echo, same_json
 from trollout.collector.classify.episodes import (
     MAX_REPORT_EVENTS,
     describe_reply,
@@ -14,7 +15,6 @@ from trollout.collector.classify.episodes import (
     is_collector_key,
     outcome_from_episode_response,
 )
-from trollout.collector.classify.outcomes import echo_mismatches, expected_echo, same_json
 from trollout.collector.http.transport import RawResponse
 from trollout.records import (
     Delivery,

@@ -19,13 +19,8 @@ import trio.testing
 from test_dispatch import POLICY, URL, answer, scripted
 
 from builders import AGENT, materialized_rows, row_body
-from trollout.collector.classify.outcomes import (
-    ECHOED_PARAMS,
-    IDENTITY_MISMATCH,
-    expected_echo,
-    outcome_from_response,
-    same_input,
-)
+from trollout.collector.classify.echo import ECHOED_PARAMS, expected_echo, same_input
+from trollout.collector.classify.outcomes import IDENTITY_MISMATCH, outcome_from_response
 from trollout.collector.dispatch.request import DispatchPolicy, dispatch
 from trollout.collector.engine.collector import open_collector
 from trollout.collector.http.transport import RawResponse

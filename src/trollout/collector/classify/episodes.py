@@ -49,13 +49,8 @@ import orjson
 from ... import records
 from ...records import Delivery, Failed, FailureClass, Identity, Landed
 from ..http.transport import RawResponse
-from .outcomes import (
-    echo_mismatches,
-    json_type,
-    one_line_message,
-    outcome_from_response,
-    same_json,
-)
+from .echo import echo_mismatches, json_type, same_json
+from .outcomes import one_line_message, outcome_from_response
 
 __all__ = [
     "EPISODE_FAILURE",
@@ -108,6 +103,8 @@ def outcome_from_episode_response(
     echo: Sequence[tuple[str, Any]] = (),
 ) -> Landed | Failed:
     """Classify the reply to an episode request (the table in the module doc).
+
+    A `outcomes.ReplyClassifier`: its signature is `outcomes.outcome_from_response`'s.
 
     Args:
         identity: the rollout (its ``environment_server`` names the server in messages).

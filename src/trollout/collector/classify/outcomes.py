@@ -1,3 +1,5 @@
+# Stays whole: the reply table (the docstring) and the rule behind each of its rows, read side
+# by side; the echo check is `echo`, episode replies `episodes`.
 """Turn a `/run` reply or a transport error into an outcome (docs/protocol.md section 2).
 
 Pure functions, no I/O. A reply decides by status first, then, for a 200 whose body is a JSON
@@ -37,36 +39,8 @@ another one, or a forged body. Two mechanisms stand against it, one per layer:
   that carried it, which is no longer in step with its server. `echo_mismatches` checks what
   `expected_echo` lists, each only when the request carried it and the reply echoes it: the
   identity stamps (``_ng_task_index``, ``_ng_rollout_index``, ``_ng_attempt_index``,
-  ``_ng_rollout_id``), compared as JSON; and the input, ``responses_create_params.input``.
-
-The input echo. NeMo Gym agents and 0.7.0 environment servers echo the request's
-``responses_create_params`` in their reply, after their request model has validated it: each
-input item gains the model's defaults (``type: message``, ``phase: null``; a string input may
-come back as one user message, string content as a list of text parts), so the echo is not the
-bytes sent. What the model never changes is the conversation: each item's role and text. The
-check therefore compares the two inputs as lists of ``(role, texts)`` (`_conversation`; an item
-without a role, a tool call or its output, counts by its ``type``), and fails a reply whose
-conversation is another one. It is what catches a stray reply against servers that echo no
-identity (0.7.0 environment servers' replies to flat rows): a forged or replayed reply carries
-the input of the request it answered. A reply that echoes no ``responses_create_params`` (or one
-without ``input``) passes: not every agent echoes. An agent that rewrites its input (adds a
-system prompt, summarises the history) would fail every rollout; ``check_echoed_input: false``
-(``DispatchPolicy.check_echoed_input``) turns the input check off, and the identity checks stay.
-Its cost is on every 200: an ``==`` of the two inputs, which answers at once when the echo is
-verbatim, else one walk of each (a few dicts per message). Rejected alternatives: comparing the
-whole ``responses_create_params`` (an agent fills in ``model``, ``tools`` defaults, ``metadata``
-merges: every real reply would fail); comparing a digest of the input (the echo is not the bytes
-sent, and the conversation view is as cheap as hashing it).
-
-What remains: a stray reply that echoes neither identity nor input, or whose input is the same
-as the next request's (another repeat of one task), and that arrives after the next request was
-written (in the microseconds between the checkout poll and the write, or while the request is in
-flight), is indistinguishable from that request's reply, and is taken as it. No mechanism at the
-HTTP level can tell them apart; closing every connection after one request would, at a TCP
-connect per rollout. The episode protocol (docs/protocol.md section 3) makes the ``episode_id`` and
-``task_id`` echo mandatory, which closes the gap for episodes through the same `echo_mismatches`
-(`expected_echo` of an episode request): there a wrong echo is the server's protocol violation
-(`episodes`).
+  ``_ng_rollout_id``), compared as JSON; and the input, ``responses_create_params.input``
+  (`echo`: how the input is compared, and what no check can catch).
 """
 
 from __future__ import annotations
@@ -74,8 +48,8 @@ from __future__ import annotations
 import email.utils
 import http
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Protocol
 
 import httpx
 import orjson
@@ -84,62 +58,31 @@ from ... import records
 from ...records import Delivery, Failed, FailureClass, Identity, Landed
 from ...text import public_url
 from ..http.transport import RawResponse, ResponseBeganError, delivery_of
+from .echo import ECHOED_PARAMS, conversation, echo_mismatches, json_type
 
 __all__ = [
-    "ECHOED_IDENTITY_KEYS",
-    "ECHOED_PARAMS",
     "GATEWAY_STATUSES",
     "IDENTITY_MISMATCH",
     "MAX_DECODED_BODY_BYTES",
     "MAX_TEXT_CHARS",
+    "ReplyClassifier",
     "cut_text",
-    "echo_mismatches",
     "error_kind",
-    "expected_echo",
     "failure_compatibility_fields",
-    "json_type",
     "one_line_message",
     "outcome_from_error",
     "outcome_from_response",
     "retry_after_seconds",
-    "same_input",
-    "same_json",
 ]
 
 GATEWAY_STATUSES: Final = frozenset({429, 502, 503, 504})  # a gateway answered: nothing proven
 MAX_DECODED_BODY_BYTES: Final = 8192
 MAX_TEXT_CHARS: Final = 2000
 IDENTITY_MISMATCH: Final = "identity_mismatch"
-ECHOED_IDENTITY_KEYS: Final = (
-    records.TASK_INDEX,
-    records.ROLLOUT_INDEX,
-    records.ATTEMPT_INDEX,
-    records.ROLLOUT_ID,
-)
-"""The request keys a reply may echo back; an echo must carry the value that was sent."""
-ECHOED_PARAMS: Final = "responses_create_params"
-"""The request key whose ``input`` a reply may echo only as the same conversation."""
 _ELLIPSIS: Final = "…"
 _LEGACY_CLASS: Final = "_ng_failure_legacy_class"  # the original producer's class
 _JUDGE_ERROR: Final = "_ng_failure_judge_error"  # a judge failure's reason
 _MAX_VALUE_CHARS: Final = 60
-
-# Keys of the reply the collector owns: stamps it re-applies, failure fields it maps.
-_STAMP_KEYS: Final = records.STAMP_KEYS
-_FAILURE_FIELD_KEYS: Final = frozenset(
-    {
-        records.FAILURE_CLASS,
-        records.FAILURE_TERMINAL,
-        records.FAILURE_TYPE,
-        records.FAILURE_MESSAGE,
-        records.FAILURE_HTTP_STATUS,
-        records.FAILURE_BODY,
-        records.FAILURE_MAX_ATTEMPTS,
-        records.FAILURE_DELIVERY,
-        records.FAILURE_KIND,
-        records.NO_PERSIST,
-    }
-)
 
 # Exception kinds, most specific first (ConnectTimeout is no ConnectError in httpx).
 _KINDS: Final[tuple[tuple[type[BaseException], str], ...]] = (
@@ -200,6 +143,23 @@ def retry_after_seconds(response: RawResponse, *, now: float | None = None) -> f
     return max(seconds, 0.0) if seconds == seconds else None  # NaN is no delay
 
 
+class ReplyClassifier(Protocol):
+    """The one interface of the reply classifiers: `outcome_from_response` for a flat row's
+    reply, `episodes.outcome_from_episode_response` for an episode's; dispatch calls whichever
+    the row needs, and each spells this signature out (mypy holds both to it)."""
+
+    def __call__(
+        self,
+        identity: Identity,
+        attempt_index: int,
+        response: RawResponse,
+        *,
+        elapsed_seconds: float | None,
+        max_attempts: int | None,
+        echo: Sequence[tuple[str, Any]] = (),
+    ) -> Landed | Failed: ...
+
+
 def outcome_from_response(
     identity: Identity,
     attempt_index: int,
@@ -236,8 +196,8 @@ def outcome_from_response(
         )
     if reply.get(records.NO_PERSIST) is True or reply.get(records.FAILURE_CLASS) is not None:
         return _producer_failure(identity, attempt_index, reply, elapsed_seconds, max_attempts)
-    if not _STAMP_KEYS.isdisjoint(reply):  # an echo of the row: the record restamps it
-        reply = {key: value for key, value in reply.items() if key not in _STAMP_KEYS}
+    if not records.STAMP_KEYS.isdisjoint(reply):  # an echo of the row: the record restamps it
+        reply = {key: value for key, value in reply.items() if key not in records.STAMP_KEYS}
     return Landed(identity, attempt_index, reply, elapsed_seconds)
 
 
@@ -295,91 +255,9 @@ def _public_type_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def expected_echo(request: Mapping[str, Any], *, check_input: bool = True) -> list[tuple[str, Any]]:
-    """Return the (key, value sent) pairs of `request` that a reply may echo only unchanged.
-
-    For an episode request, the ``episode_id`` and the task's ``task_id`` (docs/protocol.md
-    section 3); for a flat row, the identity keys it carries and, with `check_input`, its
-    ``responses_create_params`` when that holds an ``input`` (compared as a conversation: the
-    module's design note).
-    """
-    if "episode_id" in request:
-        return [("episode_id", request["episode_id"]), ("task_id", request["task"]["task_id"])]
-    echo = [(key, request[key]) for key in ECHOED_IDENTITY_KEYS if key in request]
-    if check_input:
-        params = request.get(ECHOED_PARAMS)
-        if type(params) is dict and "input" in params:
-            echo.append((ECHOED_PARAMS, params))
-    return echo
-
-
-def echo_mismatches(
-    reply: Mapping[str, Any], expected: Iterable[tuple[str, Any]]
-) -> list[tuple[str, Any, Any]]:
-    """Return (key, sent, echoed) for each expected key that `reply` echoes with another value.
-
-    Values compare as JSON, types included (`same_json`); ``responses_create_params`` compares
-    by the conversation of its ``input`` (`same_input`). A key the reply leaves out is no
-    contradiction: servers need not echo (an episode reply must, which `episodes` checks first).
-    """
-    return [
-        (key, sent, reply[key])
-        for key, sent in expected
-        if key in reply
-        and not (
-            _same_params(reply[key], sent) if key == ECHOED_PARAMS else same_json(reply[key], sent)
-        )
-    ]
-
-
-def _same_params(echoed: Any, sent: Mapping[str, Any]) -> bool:
-    """Return whether an echoed ``responses_create_params`` holds the input that was sent.
-
-    An echo that is no mapping, or has no ``input``, shows nothing to compare: it passes.
-    """
-    if type(echoed) is not dict or "input" not in echoed:
-        return True
-    return same_input(echoed["input"], sent["input"])
-
-
-def same_input(echoed: Any, sent: Any) -> bool:
-    """Return whether two ``responses_create_params.input`` values are one conversation.
-
-    Each item's role and text are compared, not the defaults a server's request model adds
-    (the module's design note): ``[{"role": "user", "content": "hi", "type": "message"}]``
-    is the same input as ``"hi"``.
-    """
-    return echoed == sent or _conversation(echoed) == _conversation(sent)
-
-
-def _conversation(value: Any) -> tuple[Any, ...]:
-    """Return an input as ``(role, texts)`` per message (``(None, type)`` for other items)."""
-    if type(value) is str:
-        return (("user", (value,)),)
-    if type(value) is not list:
-        return ((None, value),)
-    return tuple(
-        (item["role"], _texts(item.get("content")))
-        if type(item) is dict and "role" in item
-        else (None, item.get("type") if type(item) is dict else item)
-        for item in value
-    )
-
-
-def _texts(content: Any) -> tuple[Any, ...]:
-    """Return a message content's texts: the string, or each text part's ``text``."""
-    if type(content) is not list:
-        return () if content is None else (content,)
-    return tuple(
-        part["text"] if type(part) is dict else part
-        for part in content
-        if type(part) is not dict or type(part.get("text")) is str
-    )
-
-
 def _input_difference(echoed: Any, sent: Any) -> str:
     """Say how an echoed input differs from the one sent (roles and counts, never text)."""
-    have, want = _conversation(echoed), _conversation(sent)
+    have, want = conversation(echoed), conversation(sent)
     if len(have) != len(want):
         return f"{len(have)} input items where {len(want)} were sent"
     for index, (got, expected) in enumerate(zip(have, want, strict=True)):
@@ -428,8 +306,7 @@ def _foreign(
 
 
 def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= _MAX_VALUE_CHARS else text[:_MAX_VALUE_CHARS] + _ELLIPSIS
+    return cut_text(repr(value), _MAX_VALUE_CHARS)
 
 
 def _status_failure(
@@ -523,8 +400,8 @@ def failure_compatibility_fields(reply: Mapping[str, Any]) -> dict[str, Any]:
     return {
         key: value
         for key, value in reply.items()
-        if key not in _STAMP_KEYS
-        and key not in _FAILURE_FIELD_KEYS
+        if key not in records.STAMP_KEYS
+        and key not in records.FAILURE_KEYS
         and key != "reward"
         and (key != "response" or keep_response)
     }
@@ -548,29 +425,3 @@ def _status_line(status: int) -> str:
 
 def _where(response: RawResponse) -> str:
     return f"POST {public_url(response.url)}" if response.url else "the server"
-
-
-def json_type(value: object) -> str:
-    """Return the JSON type name of a decoded value (object, array, string, ...)."""
-    names = {
-        dict: "object",
-        list: "array",
-        str: "string",
-        bool: "boolean",
-        int: "number",
-        float: "number",
-    }
-    return names.get(type(value), "null")
-
-
-def same_json(a: object, b: object) -> bool:
-    """Return whether two decoded JSON values are equal, types included (``true`` is not ``1``)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        assert isinstance(b, dict)
-        return a.keys() == b.keys() and all(same_json(value, b[key]) for key, value in a.items())
-    if isinstance(a, list):
-        assert isinstance(b, list)
-        return len(a) == len(b) and all(map(same_json, a, b))
-    return a == b

@@ -1,3 +1,5 @@
+# Stays whole: routing, task_source resolution and admission all read the same server tables
+# and share their messages; reading the served config lives in `served_config`.
 """The deployment: which servers a run talks to, and where each row's `/run` goes.
 
 A `Deployment` is an immutable list of `Server` records plus the routes derived from them. It is
@@ -33,9 +35,6 @@ Bounded reads: the config is read up to `MAX_HEAD_CONFIG_BYTES` (a real 0.7.0 co
 KB), a liveness probe's body up to `MAX_PROBE_REPLY_BYTES` (only its status matters); a longer
 reply is one `DeploymentError` naming the URL and the bound (`transport.read_bounded`).
 
-Length: this module is longer than the house's ~400 lines because routing, task_source
-resolution and admission all read the same server tables and share their messages; parsing the
-config (and its secret handling) lives in `served_config`.
 
 Design note: the rejected alternative kept the raw config mapping and looked things up on demand.
 It is less code, but it carries every secret into reprs, logs and manifests, and it turns a bad

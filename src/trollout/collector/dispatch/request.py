@@ -1,3 +1,5 @@
+# Stays whole: one rollout's request loop (`_Rollout`: send, wait, re-send, supersede) and the
+# policy it reads share the attempt's state; the retry decisions are `retry`.
 """One rollout: POST the materialized row to `/run`, re-send what is safe, classify the result.
 
 Design note. `dispatch` runs one rollout's request loop; which results are re-sent, after how
@@ -35,16 +37,17 @@ from ...errors import ConfigError
 from ...records import Delivery, Failed, FailureClass, Identity, Landed, MaterializedRow
 from ...settings import POSITIVE_COUNT, POSITIVE_SECONDS, RunConfig
 from ...text import public_url
+from ..classify.echo import expected_echo
 from ..classify.episodes import IDENTITY_VIOLATION, outcome_from_episode_response
 from ..classify.outcomes import (
     IDENTITY_MISMATCH,
-    expected_echo,
+    ReplyClassifier,
     one_line_message,
     outcome_from_error,
     outcome_from_response,
 )
-from ..engine.observer import AttemptTrace, Observer
 from ..http.transport import DEFAULT_MAX_BODY_BYTES, Http11Transport, PostTransport, RawResponse
+from .hooks import AttemptObserver, AttemptTrace
 from .retry import (
     ENDPOINT_DOWN,
     REFUSAL_STATUSES,
@@ -137,7 +140,7 @@ async def dispatch(
     retry_state: RetryState | None = None,
     new_attempt: NewAttempt | None = None,
     policy_model_server: str | None = None,
-    observer: Observer | None = None,
+    observer: AttemptObserver | None = None,
     started_at: float | None = None,
     on_resend: OnResend | None = None,
 ) -> Landed | Failed:
@@ -159,7 +162,7 @@ async def dispatch(
             without it such requests are not re-sent.
         policy_model_server: the executing agent's model server, stamped on the outcome as
             ``ng_policy_model_server`` (None: not known, not stamped).
-        observer: telemetry's hook (`observer.Observer`): told when each attempt starts,
+        observer: telemetry's hook (`hooks.AttemptObserver`): told when each attempt starts,
             waits and ends; its trace headers go on every POST (None: off, nothing called).
         started_at: the trio time the rollout started, when the caller has just read the
             clock (the pool does); outcomes' ``elapsed_seconds`` count from it. None: now.
@@ -192,7 +195,7 @@ async def dispatch(
     return rollout.timed_out()
 
 
-async def _observed(rollout: _Rollout, observer: Observer) -> Landed | Failed:
+async def _observed(rollout: _Rollout, observer: AttemptObserver) -> Landed | Failed:
     """`dispatch` with an observer told of every attempt (the off path never comes here)."""
     rollout.observer = observer
     rollout.trace = observer.attempt_started(rollout.row, rollout.attempt, rollout.url)
@@ -308,9 +311,9 @@ class _Rollout:
         self.last: Failed | None = None
         self.note = ""
         self.echo: list[tuple[str, Any]] = []
-        self.observer: Observer | None = None
+        self.observer: AttemptObserver | None = None
         self.trace: AttemptTrace | None = None
-        self.classify: Callable[..., Landed | Failed] = (
+        self.classify: ReplyClassifier = (
             outcome_from_episode_response if row.is_episode else outcome_from_response
         )
 

@@ -1,3 +1,5 @@
+# Stays whole: one retry policy for every signal (the table below): the per-request decision,
+# the retry budget and each endpoint's breaker and outage grace decide together.
 """What may be re-sent, when, and how often: one retry policy for every signal.
 
 Design note. A request's result is one of four signals, and each has one rule. The rules are

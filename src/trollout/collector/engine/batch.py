@@ -11,60 +11,42 @@ has reached the sink. Only this batch's workers are cancelled: never the caller'
 another batch, never the collector. `Batch.aclose_and_drain` closes the same way and returns
 what settled but was not consumed; `Batch.stop_admission` lets rollouts in flight finish.
 
-Rollout ids. Each row is copied and stamped with the batch's run id (``_ng_run_id``) and a
-rollout id prefixed with it (``_ng_rollout_id``: ``<run id>-<the row's own id>``, the own id
-being the row's explicit id or ``<task>-<rollout>``). Two batches, or two shards, that dispatch
-the same task and rollout therefore never share an id (captures, episode ids and shards keep
-them apart), and a row a batch returned that is fed to the next one has its old prefix replaced,
-never nested (NeMo Gym's `_shard_rollout_id`).
-
-Design note: the copy is made once, when the batch takes the row (an orjson round trip, which
-also refuses a row that is not JSON), and that copy is what is dispatched and then handed to
-the consumer, who owns it from then on. The caller's rows are never mutated or aliased. The
-rejected alternative copied at delivery, which reads rows the caller may have changed since.
+Rollout ids: each row is copied and stamped with the batch's run id (`run_ids.RowStamper`);
+the names of `run_ids` are re-exported here, where the front ends import them from.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, Protocol
 
-import orjson
 import trio
 from attrs import frozen
 
-from ...errors import ConfigError, InputError
 from ...records import (
-    ROLLOUT_ID_PATTERN,
+    Identity,
     Landed,
     MaterializedRow,
     Omitted,
     Outcome,
 )
-from .pool import SHIELDED_FLUSH_S, Pool
+from .pool import SHIELDED_FLUSH_S, Pool, PoolHost
+from .run_ids import BatchRows, RowStamper, check_run_id, new_run_id, shard_rollout_id
 from .sink import AttemptReserver, OutcomeSink
-
-if TYPE_CHECKING:
-    from .collector import Collector
 
 __all__ = [
     "Batch",
+    "BatchHost",
     "BatchOutcome",
     "BatchRows",
     "RowStamper",
+    "check_run_id",
     "new_run_id",
     "open_batch",
     "shard_rollout_id",
 ]
-
-BatchRows: TypeAlias = Iterable[MaterializedRow | Mapping[str, Any]]
-TASK_INDEX = "_ng_task_index"
-ROLLOUT_INDEX = "_ng_rollout_index"
-ROLLOUT_ID = "_ng_rollout_id"
-RUN_ID = "_ng_run_id"
 
 
 @frozen
@@ -98,90 +80,29 @@ class BatchOutcome:
         return self.outcome.reward if type(self.outcome) is Landed else None
 
 
-def new_run_id() -> str:
-    """Return a fresh run id (16 hex digits)."""
-    return secrets.token_hex(8)
+class BatchHost(PoolHost, Protocol):
+    """What a batch uses of its collector (`collector.Collector`), beyond what its pool does.
 
-
-def check_run_id(run_id: str) -> str:
-    """Return ``run_id`` if it can prefix rollout ids.
-
-    Raises:
-        ConfigError: it does not match the rollout id pattern, or ends like an attempt suffix.
+    A batch hosts its pool in the collector (`start_pool`, `forget_pool`), sends to the
+    collector's sink unless given its own, resolves URLs with the collector's resolver and
+    starts the run's dispatch clock (`begin_dispatch`). Naming exactly this keeps the batch
+    from importing the collector, which opens batches: no import cycle between the two.
     """
-    if not isinstance(run_id, str) or not ROLLOUT_ID_PATTERN.match(run_id):
-        raise ConfigError(
-            f"run_id must match {ROLLOUT_ID_PATTERN.pattern} (got {run_id!r}); it prefixes "
-            "every rollout id of the batch; use letters, digits, '.', '_' and '-'"
-        )
-    return run_id
 
+    sink: OutcomeSink | None
+    resolve: Callable[[Identity], str]
 
-def shard_rollout_id(row: Mapping[str, Any], run_id: str) -> str:
-    """Return the rollout id a batch of run ``run_id`` dispatches ``row`` under.
+    async def start_pool(self, pool: Pool) -> None:
+        """Host ``pool``'s workers in the collector's nursery."""
+        ...
 
-    The row's own id (its ``_ng_rollout_id``, else ``<task>-<rollout>``) prefixed with the run
-    id; a row an earlier batch returned carries that batch's prefix (named by its
-    ``_ng_run_id``), which is replaced rather than nested.
-    """
-    own = row.get(ROLLOUT_ID)
-    if not isinstance(own, str) or not own:
-        own = f"{row[TASK_INDEX]}-{row[ROLLOUT_INDEX]}"
-    old = row.get(RUN_ID)
-    if isinstance(old, str) and own.startswith(old + "-") and len(own) > len(old) + 1:
-        own = own[len(old) + 1 :]
-    return f"{run_id}-{own}"
+    def forget_pool(self, pool: Pool) -> None:
+        """Drop a completed pool."""
+        ...
 
-
-class RowStamper:
-    """Copies and stamps the rows of one batch, refusing rows that cannot be dispatched."""
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        self._keys: set[tuple[int, int]] = set()
-
-    def __call__(self, item: MaterializedRow | Mapping[str, Any], index: int) -> MaterializedRow:
-        """Return the stamped copy of ``rows[index]``.
-
-        Raises:
-            InputError: the row is not a JSON object, lacks its task and rollout indices, or
-                repeats the (task, rollout) of an earlier row of the batch.
-        """
-        source = item.body if isinstance(item, MaterializedRow) else item
-        try:
-            body: dict[str, Any] = orjson.loads(orjson.dumps(source))
-        except TypeError as exc:
-            raise InputError(
-                [f"rows[{index}] is not JSON ({exc}); rows must be JSON objects"]
-            ) from exc
-        if not isinstance(body, dict):
-            raise InputError([f"rows[{index}] is a {type(body).__name__}, not a JSON object"])
-        key = (body.get(TASK_INDEX), body.get(ROLLOUT_INDEX))
-        if not all(type(i) is int and i >= 0 for i in key):
-            raise InputError(
-                [
-                    f"rows[{index}] has no {TASK_INDEX} and {ROLLOUT_INDEX} (got {key[0]!r}, "
-                    f"{key[1]!r}); plan the rows with trollout.plan_rows(rows, config, "
-                    "deployment) first, or feed back rows a batch returned"
-                ]
-            )
-        if key in self._keys:
-            raise InputError(
-                [
-                    f"rows[{index}] repeats task {key[0]} rollout {key[1]} of an earlier row of "
-                    "this batch; each rollout may appear once per batch (plan repeats with "
-                    "num_repeats, which numbers them)"
-                ]
-            )
-        self._keys.add(key)  # type: ignore[arg-type]
-        body[ROLLOUT_ID] = shard_rollout_id(body, self.run_id)
-        body[RUN_ID] = self.run_id
-        return MaterializedRow.from_body(body)
-
-    def all(self, rows: BatchRows) -> Iterator[MaterializedRow]:
-        """Stamp rows one by one as they are read."""
-        for index, item in enumerate(rows):
-            yield self(item, index)
+    def begin_dispatch(self) -> None:
+        """Start the dispatch window and the run's clock, once."""
+        ...
 
 
 class Batch:
@@ -196,7 +117,7 @@ class Batch:
 
     def __init__(
         self,
-        collector: Collector,
+        collector: BatchHost,
         *,
         run_id: str,
         sink: OutcomeSink | None,
@@ -343,14 +264,14 @@ class Batch:
             self._pending.append(BatchOutcome(body, outcome, self.run_id))
 
 
-def _resolver(collector: Collector) -> Any:
+def _resolver(collector: BatchHost) -> Any:
     resolve = collector.resolve
     return lambda row: resolve(row.identity)
 
 
 @asynccontextmanager
 async def open_batch(
-    collector: Collector,
+    collector: BatchHost,
     rows: BatchRows,
     *,
     run_id: str | None = None,
@@ -387,7 +308,7 @@ async def open_batch(
         batch.pool.enrich = None
     stamp = RowStamper(batch.run_id)
     await collector.start_pool(batch.pool)
-    collector._begin()
+    collector.begin_dispatch()
     batch.pool.start_soon(batch.feed, stamp.all(rows))
     try:
         yield batch

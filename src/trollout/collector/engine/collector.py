@@ -1,3 +1,5 @@
+# Stays whole: the collector's exits (stop, cancel, wind down, the block's own exit) and its
+# single writer act on one set of state; the pools and batches live in `pool` and `batch`.
 """The engine: one nursery per collector, worker pools, and one writer.
 
 Shape (docs/design.md, Concurrency)::
@@ -54,10 +56,6 @@ Rejected alternative: a task per rollout (``nursery.start_soon`` for every row, 
 semaphore), which is NeMo Gym's shape (`as_completed` over all rows). It makes memory grow with
 the input (every pending task holds its row and a coroutine frame) and makes back-pressure
 impossible; a fixed pool of workers reading a channel is both bounded and cheaper per rollout.
-
-Length: past the house's ~400 lines because the collector's exits (stop, cancel, wind down,
-the block's own exit) and its single writer act on one set of state; the pools and batches
-live in `pool` and `batch`.
 """
 
 from __future__ import annotations
@@ -223,7 +221,7 @@ class Collector:
         Cancellation: a checkpoint; if cancelled, the row was not taken and nothing was sent.
         """
         url = self.resolve(row.identity)
-        self._begin()
+        self.begin_dispatch()
         await self._own.offer(row, attempt_index, url)
 
     async def collect(
@@ -240,7 +238,7 @@ class Collector:
         Cancellation: a checkpoint between rows; rows not yet submitted were never started, and
         every rollout in flight settles as `Omitted` through the writer.
         """
-        self._begin()
+        self.begin_dispatch()
         pool = self._own
         # The feeder's scope is the dispatch window: its deadline is the budget's end, and
         # stop_admission cancels it; either way rows not yet handed out are never started.
@@ -381,7 +379,8 @@ class Collector:
         """Drop a completed pool (its batch has closed)."""
         self._pools.discard(pool)
 
-    def _begin(self) -> None:
+    def begin_dispatch(self) -> None:
+        """Start the dispatch window and the run's clock, once (the first row or batch)."""
         if self.window.started_at is None:
             self.window.begin()
             self.timer.mark_dispatch_start()

@@ -27,41 +27,18 @@ from typing import Protocol
 import attrs
 
 from ...records import Failed, Landed, MaterializedRow, Outcome
+from ..dispatch.hooks import AttemptObserver, AttemptTrace
 
-__all__ = ["AttemptTrace", "Guarded", "Observer"]
+__all__ = ["AttemptTrace", "Guarded", "Observer"]  # AttemptTrace: from dispatch.hooks
 
 _log = logging.getLogger(__name__)
 # Header lines: a token name, a value of visible characters and blanks, CRLF; nothing else.
 _HEADER_LINES = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[ \t]*[\x21-\x7e][\x20-\x7e]*\r\n)*")
 
 
-class AttemptTrace(Protocol):
-    """What an observer keeps for one attempt in flight (a span, its start time).
-
-    Attributes:
-        headers: extra request header lines, each ending in CRLF (``traceparent: ...``), that
-            every POST of the attempt carries; ``b""`` for none.
-    """
-
-    headers: bytes
-
-
-class Observer(Protocol):
-    """Watches one collector: attempts as they run, outcomes as the writer settles them."""
-
-    def attempt_started(self, row: MaterializedRow, attempt: int, url: str) -> AttemptTrace:
-        """Note that `attempt` of `row` starts its first POST to `url` (a limiter slot held)."""
-        ...
-
-    def retry_wait(self, trace: AttemptTrace, reason: str, delay_s: float) -> None:
-        """Note that the attempt waits `delay_s` before a re-send (`reason`: ``connect``, ...)."""
-        ...
-
-    def attempt_ended(
-        self, trace: AttemptTrace, outcome: Landed | Failed | None, retries: int
-    ) -> None:
-        """Note the attempt's end: its outcome, or None when it was cancelled in flight."""
-        ...
+class Observer(AttemptObserver, Protocol):
+    """Watches one collector: attempts as they run (`AttemptObserver`, the hooks dispatch
+    calls), outcomes as the writer settles them."""
 
     def outcome_settled(self, outcome: Outcome, final: bool) -> None:
         """Note one outcome the writer settled (`final`: the rollout's last in this run)."""

@@ -1,3 +1,5 @@
+# Stays whole: the feeder and the workers share one ready queue, its counters and the rows
+# channel: one state machine (see "Rows are lent a batch at a time").
 """The workers of one source of rows: the collector's own (`submit`, `collect`) or one batch.
 
 A `Pool` owns a nursery of workers, each holding at most one rollout; the collector owns
@@ -66,9 +68,10 @@ numbers are as durable as the outcome rows, per the run's policy.
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import trio
 
@@ -82,13 +85,25 @@ from ...records import (
     Outcome,
     policy_model_server_of,
 )
-from ..dispatch.request import NewAttempt, dispatch
+from ...settings import RunConfig
+from ..dispatch.request import DispatchPolicy, NewAttempt, dispatch
+from ..dispatch.retry import RetryState
+from ..http.transport import PostTransport
+from .observer import Observer
+from .progress import Progress
 from .sink import AttemptReserver, OutcomeSink, ResendRecorder
+from .timing import RunTimer
+from .window import DispatchWindow
 
-if TYPE_CHECKING:
-    from .collector import Collector
-
-__all__ = ["SHIELDED_FLUSH_S", "Enrich", "Pool", "Settled", "hand_over", "lend_batches"]
+__all__ = [
+    "SHIELDED_FLUSH_S",
+    "Enrich",
+    "Pool",
+    "PoolHost",
+    "Settled",
+    "hand_over",
+    "lend_batches",
+]
 
 SHIELDED_FLUSH_S = 30.0  # how long a cancelled run may spend flushing settled outcomes
 _LEND_BATCH = 256  # rows taken from the input at once, at most (their numbers are not reserved)
@@ -114,11 +129,47 @@ class Enrich(Protocol):
         """Called right before an attempt is sent (clears stale evidence of its key)."""
 
 
+class PoolHost(Protocol):
+    """What a pool uses of the engine hosting it (the `collector.Collector`), and nothing more.
+
+    The pool reads the shared state its workers dispatch with, counts its workers into the
+    engine's totals, hands outcomes to the engine's writer (`out_tx`), and reports the two
+    events that reach beyond the pool (`stop_admission`, `fail`). Naming exactly this keeps the
+    pool from importing the collector, which hosts pools: no import cycle between the two.
+    """
+
+    config: RunConfig
+    progress: Progress  # `submitted` counts every row a pool accepts
+    window: DispatchWindow  # the run's admission
+    limiter: trio.CapacityLimiter  # requests in flight, shared by every pool
+    transport: PostTransport
+    policy: DispatchPolicy
+    retry_state: RetryState
+    rng: random.Random
+    timer: RunTimer
+    observer: Observer | None
+    policy_servers: Mapping[str, str]
+    out_tx: trio.MemorySendChannel[Settled]  # the writer's channel
+    spawned: int  # workers started, every pool
+    resident: int  # rollouts held by workers now, every pool
+    max_resident: int
+    enrich: Enrich | None  # applied to each landed outcome before hand-over (None: off)
+
+    def stop_admission(self, reason: str) -> None:
+        """Start no new rollout in any pool (the run's dispatch window closed)."""
+        ...
+
+    def fail(self, pool: Pool, exc: Exception, reason: str, *, whole_run: bool = False) -> None:
+        """End ``pool`` with ``exc`` (a rollout raised instead of settling)."""
+        ...
+
+
 class Pool:
     """The workers of one source of rows (see the module docstring).
 
     Args:
-        engine: the collector whose limiter, transport and writer the workers share.
+        engine: the collector (`PoolHost`) whose limiter, transport and writer the workers
+            share.
         sink: where the writer hands this pool's outcomes (None: nowhere).
         reserver: what reserves attempt numbers before they are sent (None: nothing does).
         deliver: called by the writer with the outcomes it settled for this pool.
@@ -126,7 +177,7 @@ class Pool:
 
     def __init__(
         self,
-        engine: Collector,
+        engine: PoolHost,
         *,
         sink: OutcomeSink | None,
         reserver: AttemptReserver | None,

@@ -1,3 +1,5 @@
+# Stays whole: an exchange and the `Deadlines` queue that times it call each other (start,
+# push, stop; expire): one timing mechanism, no cancel scope per exchange.
 """One HTTP/1.1 exchange on a connection the pool lent: send, read, time out.
 
 Design note. Each exchange does one ``send`` of its request, then waits for readability and

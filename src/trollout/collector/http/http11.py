@@ -1,3 +1,5 @@
+# Stays whole: a codec: the request encoder and the response parser share one set of framing
+# rules (heads, chunked, content-length, the limits), tested as one.
 """A minimal, strict HTTP/1.1 client codec: request heads out, one response in (sans-I/O).
 
 `ResponseParser` turns the bytes of one response, fed in pieces of any size, into a status,

@@ -1,3 +1,5 @@
+# Stays whole: the keep-alive pool (checkout, peek, checkin, connect) is one O(1) structure
+# over one set of connections; the exchange is `exchange`, the wire format `http11`.
 """The `/run` transport: HTTP/1.1 over Trio sockets with an O(1) keep-alive pool.
 
 `Http11Transport` is the one HTTP client of the hot path. The engine calls its `post` directly

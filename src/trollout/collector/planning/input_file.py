@@ -1,67 +1,40 @@
-"""The plan's input side: re-iterable row sources, row checks, task identity, problem lists.
+"""The plan's input side: re-iterable row sources, row checks, problem lists.
 
 A *source* yields the rows of the input one at a time, each with a label for error messages
 (``path:line`` for a file, ``rows[i]`` for in-memory rows) and its canonical text (the raw line;
 for in-memory rows, JSON with sorted keys). Sources are re-iterable: orderings that need several
 passes read the input again rather than buffering rows (docs/protocol.md section 5).
 
-Task identity (`TaskTable`): a row that carries ``_ng_task_index`` keeps it; otherwise identical
-rows are one task, keyed by a 16-byte blake2b digest of the canonical text. Memory is one digest
-per distinct row, never the rows. Indices are assigned in two steps, because a pre-stamped index
-may appear after the rows that must avoid it: the first pass numbers distinct unstamped rows
-0, 1, 2, ... in order of first occurrence (ordinals); `TaskTable.finish` then gives ordinal ``k``
-the ``k``-th smallest non-negative integer that no row of the input is stamped with. So with rows
-stamped 0 and 2, the unstamped rows take 1, 3, 4, ... in order of first occurrence.
-
-Selection (`Selection`): ``limit N`` keeps every line of the first N distinct tasks in order of
-first appearance (duplicates included); ``task_ids`` then keeps the listed tasks among those, each
-on its first line only, so its repeats come from ``num_repeats`` alone. ``task_ids`` names tasks
-by the id each row stores (`task_selection`), as NeMo Gym selects them; a listed id that no row
-of the input has is refused. ``shard I/N`` then keeps the tasks of shard I among those
-(`task_selection.task_shard`, by the content of each task's first row): a selection on the
-whole plan, so every shard numbers and seeds its tasks as one machine would.
-
-Design note: the rejected alternative numbered unstamped rows from ``max(stamped) + 1``, which
-needs no second step but leaves holes, and a single stamped row with a large index (a shard of
-an earlier run) would push every other task far away from 0.
+Task identity and selection (`TaskTable`, `Selection`) live in `tasks`.
 """
 
 from __future__ import annotations
 
-import bisect
-import hashlib
 import os
 import re
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import orjson
-from attrs import frozen
 
 from ... import jsonl
 from ...errors import InputError
 from ...paths import regular_file
-from ...records import ROLLOUT_ID_PATTERN, is_mapping
+from ...records import ROLLOUT_ID, ROLLOUT_ID_PATTERN, TASK_INDEX, is_mapping
 from ...settings import DEFAULT_MAX_INPUT_LINE_BYTES
-from .task_selection import STORED_ID_PLACES, StoredIds, task_shard
 
 __all__ = [
     "FileSource",
     "Problems",
     "RowsSource",
-    "Selection",
     "SourceLine",
-    "TaskTable",
     "check_row",
     "check_write_back",
     "is_task_row",
 ]
 
-TASK_INDEX: Final = "_ng_task_index"
-ROLLOUT_ID: Final = "_ng_rollout_id"
 PARAMS: Final = "responses_create_params"
 _RESERVED_SUFFIX: Final = re.compile(r"-a[0-9]+\Z")
-_DIGEST_SIZE: Final = 16
 _MAX_LISTED: Final = 100
 
 Row = dict[str, Any]
@@ -324,135 +297,3 @@ class Problems:
             rows = f"{count} rows, first at {label}" if count > 1 else f"{label}"
             out.append(f"{rows}: {what}; {remedy}" if remedy else f"{rows}: {what}")
         return out
-
-
-@frozen
-class Selection:
-    """Which tasks a plan keeps (`limit`, `task_ids`).
-
-    Attributes:
-        tasks: the kept task indices, or None for all.
-        each_once: keep only the first line of each task (`task_ids`).
-        sharded_out: the shard kept none of the tasks `limit` and `task_ids` kept (a small
-            input split into many shards: an empty shard, not a mistake).
-    """
-
-    tasks: frozenset[int] | None = None
-    each_once: bool = False
-    sharded_out: bool = False
-
-    def includes(self, task: int) -> bool:
-        """Return whether rows of ``task`` are kept."""
-        return self.tasks is None or task in self.tasks
-
-
-class TaskTable:
-    """Task indices of the input's rows: recorded in a first pass, fixed by `finish`."""
-
-    def __init__(
-        self,
-        *,
-        limit: int | None = None,
-        task_ids: Sequence[str | int] | None = None,
-        shard: tuple[int, int] | None = None,
-    ) -> None:
-        self._by_digest: dict[bytes, int] = {}  # ordinals until finish(), then task indices
-        self._ids = StoredIds(task_ids)  # the tasks `task_ids` names, by the id rows store
-        self._stamped: set[int] = set()
-        self._stamped_sorted: list[int] = []
-        self.repeated: set[int] = set()  # tasks on more than one line (keys, then indices)
-        self._limit = limit
-        self._first: dict[int, None] = {}  # the first `limit` distinct task keys, in order
-        self._shard = shard
-        self._in_shard: set[int] = set()  # task keys whose first row hashes to `shard`
-        self._finished = False
-
-    @property
-    def count(self) -> int:
-        """Return how many distinct tasks the input holds."""
-        return len(self._by_digest) + len(self._stamped)
-
-    def record(self, line: SourceLine) -> None:
-        """Record one valid row of the first pass."""
-        stamped = line.row.get(TASK_INDEX) if line.row is not None else None
-        if stamped is not None:
-            key, seen = stamped, stamped in self._stamped
-            self._stamped.add(stamped)
-        else:
-            digest = _digest(line.text)
-            ordinal = self._by_digest.get(digest)
-            seen = ordinal is not None
-            if ordinal is None:
-                ordinal = self._by_digest[digest] = len(self._by_digest)
-            key = ~ordinal  # negative keys are ordinals until finish()
-        if seen:
-            self.repeated.add(key)
-        elif self._shard is not None and line.row is not None:
-            index, count = self._shard
-            if task_shard(line.row, count) == index:
-                self._in_shard.add(key)
-        if line.row is not None:
-            self._ids.record(line.row, key)
-        if self._limit is not None and len(self._first) < self._limit:
-            self._first.setdefault(key, None)
-
-    def finish(self) -> None:
-        """Turn ordinals into task indices (the rule in the module docstring)."""
-        self._stamped_sorted = sorted(self._stamped)
-        finals = self._finals(len(self._by_digest))
-        for digest, ordinal in self._by_digest.items():
-            self._by_digest[digest] = finals[ordinal]
-        self.repeated = {finals[~k] if k < 0 else k for k in self.repeated}
-        self._first = {(finals[~k] if k < 0 else k): None for k in self._first}
-        self._in_shard = {finals[~k] if k < 0 else k for k in self._in_shard}
-        self._ids.renumber(lambda k: finals[~k] if k < 0 else k)
-        self._finished = True
-
-    def _finals(self, n: int) -> list[int]:
-        finals: list[int] = []
-        stamped, j, candidate = self._stamped_sorted, 0, 0
-        while len(finals) < n:
-            while j < len(stamped) and stamped[j] < candidate:
-                j += 1
-            if not (j < len(stamped) and stamped[j] == candidate):
-                finals.append(candidate)
-            candidate += 1
-        return finals
-
-    def index_of(self, row: Mapping[str, Any], text: bytes) -> int | None:
-        """Return the task index of a row recorded in the first pass (None: not recorded)."""
-        assert self._finished, "index_of() before finish()"
-        stamped = row.get(TASK_INDEX)
-        if stamped is not None:
-            return int(stamped)
-        return self._by_digest.get(_digest(text))
-
-    def contains(self, task: int) -> bool:
-        """Return whether some row of the input has task index ``task``."""
-        if task in self._stamped:
-            return True
-        rank = task - bisect.bisect_left(self._stamped_sorted, task)
-        return 0 <= rank < len(self._by_digest)
-
-    def selection(self, task_ids: Sequence[str | int] | None, problems: Problems) -> Selection:
-        """Return the tasks kept by `limit` (the first N), then `task_ids`, then `shard`."""
-        kept: set[int] | None = set(self._first) if self._limit is not None else None
-        if task_ids is not None:
-            for missing in self._ids.missing():
-                problems.config(
-                    f"task_ids: {missing!r} is the id of no row of the input (ids are read "
-                    f"from {STORED_ID_PLACES}); list ids the rows store"
-                )
-            wanted = self._ids.tasks()
-            kept = wanted if kept is None else wanted & kept
-        each_once = task_ids is not None
-        if self._shard is None:
-            return Selection(None if kept is None else frozenset(kept), each_once=each_once)
-        before = self.count if kept is None else len(kept)
-        kept = self._in_shard if kept is None else kept & self._in_shard
-        emptied = before > 0 and not kept
-        return Selection(frozenset(kept), each_once=each_once, sharded_out=emptied)
-
-
-def _digest(text: bytes) -> bytes:
-    return hashlib.blake2b(text, digest_size=_DIGEST_SIZE).digest()

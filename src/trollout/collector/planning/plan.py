@@ -3,10 +3,10 @@
 `plan_rollouts` (a JSONL file) and `plan_rows` (in-memory rows, for embedding drivers) check the
 whole input and return a `Plan`: ``tasks``, ``expected`` rollouts, and ``rows()``, a re-iterable
 stream of `MaterializedRow` records in dispatch order (``bodies()``: the same rows' bodies alone,
-what the materialized-inputs file holds, with no identity built). The rules live in three helpers:
-`plan_input` (reading, row checks, task identity, `limit`/`task_ids`/`shard`), `plan_routing`
-(agents, fan-out, environment servers, repeats; the `Router` protocol) and `seeds` (stale keys,
-overrides, seeds, stamps).
+what the materialized-inputs file holds, with no identity built). The rules live in helpers:
+`input_file` (reading, row checks, task identity, `limit`/`task_ids`/`shard`), `routing`
+(agents, fan-out, environment servers, repeats) over the `router.Router` protocol, and `seeds`
+(stale keys, overrides, seeds, stamps).
 
 Passes. Planning reads the input once or twice: pass 1 checks every row (rows that `limit` or
 `task_ids` will drop included, so a broken file never half-runs), records task identity and
@@ -63,13 +63,13 @@ from .input_file import (
     FileSource,
     Problems,
     RowsSource,
-    Selection,
-    TaskTable,
     check_row,
     check_write_back,
 )
-from .routing import Copy, Resolver, Router
+from .router import Router
+from .routing import Copy, Resolver
 from .seeds import Materializer, Prepared, rollout_seed
+from .tasks import Selection, TaskTable
 
 __all__ = ["Plan", "Router", "plan_rollouts", "plan_rows", "rollout_seed"]
 
@@ -87,7 +87,7 @@ def plan_rollouts(input_path: str | os.PathLike[str], config: RunConfig, router:
         input_path: the input JSONL file; it is read again by every ``rows()`` pass and must
             not change meanwhile.
         config: the run's settings (the preprocessing group of `RunConfig`).
-        router: the deployment, as `plan_routing.Router`.
+        router: the deployment, as `router.Router`.
 
     Raises:
         InputError: every problem of the input and the preprocessing settings, together; or

@@ -1,19 +1,6 @@
 """Routing for the plan: which agents and servers run a row, and how many times.
 
-The planner asks a `Router` (implemented by `deployment.Deployment`; tests pass a small table)
-five questions, and nothing else:
-
-- ``known_agents``: the agent names the deployment serves;
-- ``route(agent)``: where that agent's rows go (`deployment.Route`); may raise `DeploymentError`
-  (an agent fronted by two environment servers);
-- ``agent_for_task_source(name)``: the agent that runs rows whose only route is the config
-  instance ``name`` (the one that declared their dataset); raises `DeploymentError` saying why
-  there is no single such agent;
-- ``admission_refusal(agent, task_source, taskset)``: why the ``allowed_agents`` of the rows'
-  verifiers or declaring datasets refuse the agent's type, or None when it is admitted;
-- ``environment_server(name)``: an environment server (its ``implementation`` is the
-  ``_ng_result_type``; ``agent_server`` the agent it binds; ``resources_server`` its verifier);
-  raises `DeploymentError` when there is none of that name.
+The planner asks the deployment through the `router.Router` protocol; the rules it applies:
 
 Rules (docs/protocol.md sections 3 and 5, NeMo Gym 0.7.0), for a flat row whose agent is
 ``agent_ref.name``:
@@ -46,67 +33,21 @@ the router is asked once per distinct key, not once per row.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Set
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple
 
 from ...errors import DeploymentError
 from ...records import is_mapping
 from ...settings import TASKSET_NEEDS_ROUTES, RunConfig, repeats_problems
-from ..deployment.discovery import Route
 from .input_file import Problems, is_task_row
+from .router import EnvironmentServerInfo, Router
 
-__all__ = ["Copy", "EnvironmentServerInfo", "Issue", "Resolution", "Resolver", "Router"]
+__all__ = ["Copy", "Issue", "Resolution", "Resolver"]
 
 DEFAULT: Final = "_default"
 _MODES: Final = ("agent", "legacy", "taskset")
 _MAX_CACHE: Final = 4096
 _MAX_NAMES: Final = 10
 _PAIRING_REMEDY: Final = "route these rows to an agent of an accepted type"
-
-
-class EnvironmentServerInfo(Protocol):
-    """What the planner reads of an environment server."""
-
-    @property
-    def implementation(self) -> str | None:
-        """The implementation name, stamped as ``_ng_result_type``."""
-        ...
-
-    @property
-    def agent_server(self) -> str | None:
-        """The agent it binds (fronts), if any."""
-        ...
-
-    @property
-    def resources_server(self) -> str | None:
-        """The resources server it runs against, if it names one."""
-        ...
-
-
-class Router(Protocol):
-    """The deployment as the planner sees it (see the module docstring)."""
-
-    @property
-    def known_agents(self) -> Set[str]:
-        """Every agent name the deployment serves."""
-        ...
-
-    def route(self, agent_name: str) -> Route:
-        """Return where rows of a known agent go."""
-        ...
-
-    def agent_for_task_source(self, task_source: str) -> str:
-        """Return the agent running rows routed by ``task_source`` (raise `DeploymentError`)."""
-        ...
-
-    def admission_refusal(
-        self, agent_name: str, task_source: str | None = None, taskset: str | None = None
-    ) -> str | None:
-        """Return why the agent may not run these rows, or None."""
-        ...
-
-    def environment_server(self, name: str) -> EnvironmentServerInfo:
-        """Return the environment server ``name`` (raise `DeploymentError` if unknown)."""
-        ...
 
 
 class Copy(NamedTuple):

@@ -1,0 +1,122 @@
+"""Run ids, and the copies of a batch's rows stamped with them.
+
+Rollout ids. Each row is copied and stamped with the batch's run id (``_ng_run_id``) and a
+rollout id prefixed with it (``_ng_rollout_id``: ``<run id>-<the row's own id>``, the own id
+being the row's explicit id or ``<task>-<rollout>``). Two batches, or two shards, that dispatch
+the same task and rollout therefore never share an id (captures, episode ids and shards keep
+them apart), and a row a batch returned that is fed to the next one has its old prefix replaced,
+never nested (NeMo Gym's `_shard_rollout_id`).
+
+Design note: the copy is made once, when the batch takes the row (an orjson round trip, which
+also refuses a row that is not JSON), and that copy is what is dispatched and then handed to
+the consumer, who owns it from then on. The caller's rows are never mutated or aliased. The
+rejected alternative copied at delivery, which reads rows the caller may have changed since.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, TypeAlias
+
+import orjson
+
+from ...errors import ConfigError, InputError
+from ...records import (
+    ROLLOUT_ID,
+    ROLLOUT_ID_PATTERN,
+    ROLLOUT_INDEX,
+    RUN_ID,
+    TASK_INDEX,
+    MaterializedRow,
+)
+
+__all__ = ["BatchRows", "RowStamper", "check_run_id", "new_run_id", "shard_rollout_id"]
+
+BatchRows: TypeAlias = Iterable[MaterializedRow | Mapping[str, Any]]
+
+
+def new_run_id() -> str:
+    """Return a fresh run id (16 hex digits)."""
+    return secrets.token_hex(8)
+
+
+def check_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it can prefix rollout ids.
+
+    Raises:
+        ConfigError: it does not match the rollout id pattern, or ends like an attempt suffix.
+    """
+    if not isinstance(run_id, str) or not ROLLOUT_ID_PATTERN.match(run_id):
+        raise ConfigError(
+            f"run_id must match {ROLLOUT_ID_PATTERN.pattern} (got {run_id!r}); it prefixes "
+            "every rollout id of the batch; use letters, digits, '.', '_' and '-'"
+        )
+    return run_id
+
+
+def shard_rollout_id(row: Mapping[str, Any], run_id: str) -> str:
+    """Return the rollout id a batch of run ``run_id`` dispatches ``row`` under.
+
+    The row's own id (its ``_ng_rollout_id``, else ``<task>-<rollout>``) prefixed with the run
+    id; a row an earlier batch returned carries that batch's prefix (named by its
+    ``_ng_run_id``), which is replaced rather than nested.
+    """
+    own = row.get(ROLLOUT_ID)
+    if not isinstance(own, str) or not own:
+        own = f"{row[TASK_INDEX]}-{row[ROLLOUT_INDEX]}"
+    old = row.get(RUN_ID)
+    if isinstance(old, str) and own.startswith(old + "-") and len(own) > len(old) + 1:
+        own = own[len(old) + 1 :]
+    return f"{run_id}-{own}"
+
+
+class RowStamper:
+    """Copies and stamps the rows of one batch, refusing rows that cannot be dispatched."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._keys: set[tuple[int, int]] = set()
+
+    def __call__(self, item: MaterializedRow | Mapping[str, Any], index: int) -> MaterializedRow:
+        """Return the stamped copy of ``rows[index]``.
+
+        Raises:
+            InputError: the row is not a JSON object, lacks its task and rollout indices, or
+                repeats the (task, rollout) of an earlier row of the batch.
+        """
+        source = item.body if isinstance(item, MaterializedRow) else item
+        try:
+            body: dict[str, Any] = orjson.loads(orjson.dumps(source))
+        except TypeError as exc:
+            raise InputError(
+                [f"rows[{index}] is not JSON ({exc}); rows must be JSON objects"]
+            ) from exc
+        if not isinstance(body, dict):
+            raise InputError([f"rows[{index}] is a {type(body).__name__}, not a JSON object"])
+        key = (body.get(TASK_INDEX), body.get(ROLLOUT_INDEX))
+        if not all(type(i) is int and i >= 0 for i in key):
+            raise InputError(
+                [
+                    f"rows[{index}] has no {TASK_INDEX} and {ROLLOUT_INDEX} (got {key[0]!r}, "
+                    f"{key[1]!r}); plan the rows with trollout.plan_rows(rows, config, "
+                    "deployment) first, or feed back rows a batch returned"
+                ]
+            )
+        if key in self._keys:
+            raise InputError(
+                [
+                    f"rows[{index}] repeats task {key[0]} rollout {key[1]} of an earlier row of "
+                    "this batch; each rollout may appear once per batch (plan repeats with "
+                    "num_repeats, which numbers them)"
+                ]
+            )
+        self._keys.add(key)  # type: ignore[arg-type]
+        body[ROLLOUT_ID] = shard_rollout_id(body, self.run_id)
+        body[RUN_ID] = self.run_id
+        return MaterializedRow.from_body(body)
+
+    def all(self, rows: BatchRows) -> Iterator[MaterializedRow]:
+        """Stamp rows one by one as they are read."""
+        for index, item in enumerate(rows):
+            yield self(item, index)
