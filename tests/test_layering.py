@@ -169,11 +169,15 @@ TELEMETRY_LIBRARY_MODULES = frozenset(
 )
 
 
+# The packages that compose a run (and so may start its telemetry): the run layer, and what
+# sits above it.
+COMPOSERS = ("trollout.cli", "trollout.run", "trollout.scaleout.ray", "trollout.telemetry")
+
+
 def test_layering_telemetry_sits_beside_the_engine() -> None:
-    """The engine knows only its observer hook: nothing below cli reaches telemetry, and
-    telemetry (which watches the collector) reaches neither recovery nor cli."""
-    below = [m for m in sorted(graph()) if not within(m, "trollout.cli")]
-    below = [m for m in below if not within(m, "trollout.telemetry")]
+    """The engine knows only its observer hook: nothing below the run layer reaches telemetry,
+    and telemetry (which watches the collector) reaches neither recovery nor cli."""
+    below = [m for m in sorted(graph()) if not any(within(m, c) for c in COMPOSERS)]
     assert reaching(below, ("trollout.telemetry",)) == []
     forbidden = ("trollout.recovery", "trollout.cli")
     assert reaching(modules_in("trollout.telemetry"), forbidden) == []
@@ -214,3 +218,28 @@ def test_the_command_line_loads_neither_asyncio_nor_the_front_ends() -> None:
 
     assert trollout.aio.open_rollouts is not None  # still reachable as attributes
     assert trollout.sync.open_rollouts is not None
+
+
+def test_layering_the_run_layer_reaches_no_entry_point() -> None:
+    """`trollout.run` is the one composition of a run: the entry points (cli, the Ray blocks,
+    the front ends) call it, and it reaches none of them back."""
+    forbidden = ("trollout.cli", "trollout.scaleout.ray", "trollout.frontends", "trollout.driver")
+    assert reaching(modules_in("trollout.run"), forbidden) == []
+
+
+# The packages held to no cycle at all; collector.engine (collector <-> batch, pool) and
+# metrics (aggregate <-> report_html) still have one each, which their owners remove.
+ACYCLIC = ("trollout.cli", "trollout.run", "trollout.scaleout", "trollout.frontends")
+
+
+def test_layering_no_import_cycle() -> None:
+    """No module of the entry points and the run layer reaches itself again through the
+    imports of ours, lazy ones included (cli.collect and the Ray modules had one)."""
+    cycles = []
+    for module in [m for m in sorted(graph()) if any(within(m, p) for p in ACYCLIC)]:
+        for target in graph()[module]:
+            chain = chains(target)
+            if module in chain:
+                cycles.append(" -> ".join([module, *chain[module]]))
+                break
+    assert cycles == []

@@ -39,8 +39,9 @@ from ..metrics import AggregateOptions, AggregateResult, aggregate_shards, print
 from ..metrics import resolve_inputs as resolve_globs
 from ..metrics.server import Target
 from ..nemo_keys import AGGREGATE, BY_NAME, command_line, merge_config_paths, translate
+from ..run.deployment import http_client
 from ..text import visible
-from .common import EXIT_INCOMPLETE_RETRYABLE, fail, http_client
+from .failures import EXIT_INCOMPLETE_RETRYABLE, fail
 
 __all__ = ["aggregate"]
 

@@ -15,7 +15,7 @@ from .aggregate import aggregate
 from .collect import collect
 from .demo import demo
 from .resume import resubmit, resume
-from .scaleout import sbatch
+from .sbatch import sbatch
 from .status import status
 
 __all__ = ["cli", "main"]

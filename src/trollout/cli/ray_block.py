@@ -38,7 +38,8 @@ from ..collector.engine.collector import Collector
 from ..collector.engine.progress import Progress
 from ..config import RunConfig
 from ..errors import ConfigError, DeploymentError, RunFolderError, RunStoppedError, TrolloutError
-from .collect import RunResult, collect_run
+from ..run.collect import RunResult
+from .session import collect_run
 
 __all__ = ["BlockReport", "Control", "run_block"]
 

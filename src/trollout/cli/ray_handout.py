@@ -35,8 +35,8 @@ from ..collector.deployment.discovery import Deployment
 from ..collector.engine.progress import Progress
 from ..config import RunConfig
 from ..recovery.layout import RunLayout
+from ..run.observe import progress_line
 from ..scaleout.layout import shard_output
-from .progress import progress_line
 from .ray_block import CANCEL, WIND_DOWN, BlockReport, Control, run_block
 
 __all__ = ["HandoutEnd", "RayBlocks", "RayRun", "Reporter", "drive", "total_progress"]

@@ -85,12 +85,12 @@ from ..recovery.manifest import (
 )
 from ..recovery.preflight import check_run_folder, check_run_paths
 from ..recovery.run_folder import input_sha256
+from ..run.collect import RunResult
+from ..run.deployment import http_client, load_deployment
+from ..run.observe import format_duration
+from ..run.status import sharded_status
 from ..scaleout.layout import check_shards_root, shard_folders, shard_output
-from .collect import RunResult, load_deployment
-from .common import http_client
-from .progress import format_duration
 from .ray_handout import HandoutEnd, RayRun, drive, total_progress
-from .status import sharded_status
 
 __all__ = ["collect_on_ray"]
 
