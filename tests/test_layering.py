@@ -136,12 +136,31 @@ def test_layering_metrics_imports_neither_cli_nor_the_engine() -> None:
 
 
 RAY_MODULES = frozenset(
-    {"trollout.cli.ray_run", "trollout.cli.ray_handout", "trollout.cli.ray_block"}
+    {
+        "trollout.scaleout.ray.driver",
+        "trollout.scaleout.ray.handout",
+        "trollout.scaleout.ray.block",
+    }
 )
 
 
+def lazily_imported(module: str) -> set[str]:
+    """Return the modules of ours `module` imports inside a function (not at module level)."""
+    path = SRC / (module.replace(".", "/") + ".py")
+    package = module.rpartition(".")[0]
+    known = set(graph())
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    top = {id(node) for node in tree.body}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in top:
+            found |= {owning_module(t, known) for t in imported(node, package, known)}
+    return {m for m in found if m is not None}
+
+
 def test_layering_only_the_ray_modules_import_ray() -> None:
-    """Only the cli.ray_* modules import Ray; only cli.scaleout reaches them (lazily)."""
+    """Only scaleout.ray's modules import Ray; only cli reaches them, and lazily (one import
+    inside `cli.scaleout.collect_any`), so neither ``import trollout`` nor the CLI loads Ray."""
     importers = set()
     for path in (SRC / ROOT).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
@@ -153,8 +172,12 @@ def test_layering_only_the_ray_modules_import_ray() -> None:
             if any(name == "ray" or name.startswith("ray.") for name in names):
                 importers.add(module_name(path))
     assert importers == RAY_MODULES
-    reaching_ray = {m for m in graph() if graph()[m] & RAY_MODULES} - RAY_MODULES
+    ray_package = {"trollout.scaleout.ray", *RAY_MODULES}
+    reaching_ray = {m for m in graph() if graph()[m] & ray_package} - ray_package
     assert reaching_ray == {"trollout.cli.scaleout"}
+    assert lazily_imported("trollout.cli.scaleout") & ray_package
+    assert graph()["trollout.scaleout.ray"] == frozenset()  # the package imports nothing
+    assert reaching(sorted(ray_package), ("trollout.cli",)) == []
 
 
 TELEMETRY_IMPORTS = ("opentelemetry", "prometheus_client")

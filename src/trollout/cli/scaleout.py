@@ -2,7 +2,8 @@
 
 - ``collect --shard I/N``: shard I of the plan, a setting like ``limit`` (`RunConfig.shard`).
 - ``collect --ray [ADDRESS] --workers N`` (and ``resume`` of such a run): `collect_any` sends
-  the run to `ray_run`, imported only then, so the plain command line never imports Ray.
+  the run to `trollout.scaleout.ray.driver`, imported only then, so the plain command line never
+  imports Ray; everything else goes to the run layer (`session.collect_run`).
 - ``trollout sbatch``: writes the Slurm array script (`sbatch`, the command of its own).
 
 A folder a Ray run made is resumed on Ray: a plain ``collect --resume`` into it is refused,
@@ -24,6 +25,7 @@ from ..recovery.layout import RunLayout
 from ..recovery.manifest import read_manifest
 from ..recovery.resume import Resubmit
 from ..run.collect import RunResult
+from .progress import ConsoleObserver
 
 __all__ = ["collect_any", "ray_options", "scaleout_options"]
 
@@ -82,14 +84,14 @@ async def collect_any(
     if config.ray_address in (None, "local"):
         os.environ.setdefault(_LOCAL_ONLY, "0")
     try:
-        from . import ray_run
+        from ..scaleout.ray import driver
     except ImportError as exc:
         if exc.name != "ray" and not str(exc.name).startswith("ray."):
             raise
         raise ConfigError(
             "--ray needs Ray, which is not installed; pip install 'trollout[ray]'"
         ) from None
-    return await ray_run.collect_on_ray(config, live=live)
+    return await driver.collect_on_ray(config, observer=ConsoleObserver(None, live))
 
 
 def _check_ray_settings(config: RunConfig, resubmit: Resubmit | None) -> None:
