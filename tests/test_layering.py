@@ -232,8 +232,8 @@ def test_the_command_line_loads_neither_asyncio_nor_the_front_ends() -> None:
     probe = (
         "import sys, trollout, trollout.cli.main; "
         "print(sorted(m for m in sys.modules if m == 'asyncio' or m.startswith("
-        "('trio_asyncio', 'trollout.aio', 'trollout.sync', 'trollout.driver.aio', "
-        "'trollout.driver.sync'))))"
+        "('trio_asyncio', 'trollout.aio', 'trollout.sync', 'trollout.frontends.aio', "
+        "'trollout.frontends.sync'))))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
@@ -246,7 +246,7 @@ def test_the_command_line_loads_neither_asyncio_nor_the_front_ends() -> None:
 def test_layering_the_run_layer_reaches_no_entry_point() -> None:
     """`trollout.run` is the one composition of a run: the entry points (cli, the Ray blocks,
     the front ends) call it, and it reaches none of them back."""
-    forbidden = ("trollout.cli", "trollout.scaleout.ray", "trollout.frontends", "trollout.driver")
+    forbidden = ("trollout.cli", "trollout.scaleout.ray", "trollout.frontends")
     assert reaching(modules_in("trollout.run"), forbidden) == []
 
 

@@ -22,7 +22,7 @@ from rich.console import Console
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..metrics import print_report
-from ..run.collect import RunResult
+from ..run.compose import RunResult
 from ..text import visible
 from .common import collect_options, live_mode
 from .failures import EXIT_FAILED, fail, run_trio

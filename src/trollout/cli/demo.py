@@ -26,7 +26,7 @@ import click
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..run.collect import RunResult
+from ..run.compose import RunResult
 from .collect import report_run
 from .common import collect_options, live_mode
 from .failures import fail, run_trio

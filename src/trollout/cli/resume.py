@@ -5,7 +5,7 @@ the settings saved in the run's manifest, apply the options and ``+key=value`` o
 now (say a new ``--head-server`` after the deployment moved), and call `collect_run` with
 ``resume_from_cache``. An override that changes the materialized rows (``+num_repeats=8``)
 is refused like any other change, unless ``--allow-unsafe-resume``. The saved settings come
-from the run layer (`trollout.run.resume.saved_settings`, the library's `resume` reads them the
+from the run layer (`trollout.run.saved_settings`, the library's `resume` reads them the
 same way); this module adds the command line's options and sends the run where it ran (Ray or
 this process, `scaleout.collect_any`).
 
@@ -26,8 +26,8 @@ import click
 from ..config import RunConfig
 from ..errors import ConfigError, TrolloutError
 from ..recovery.resume import Resubmit
-from ..run.collect import RunResult
-from ..run.resume import saved_settings
+from ..run.compose import RunResult
+from ..run.resumption import saved_settings
 from .collect import report_run, resume_options
 from .common import live_mode, run_options
 from .failures import fail, run_trio

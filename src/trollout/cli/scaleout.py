@@ -24,7 +24,7 @@ from ..errors import ConfigError, TrolloutError
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import read_manifest
 from ..recovery.resume import Resubmit
-from ..run.collect import RunResult
+from ..run.compose import RunResult
 from .progress import ConsoleObserver
 
 __all__ = ["collect_any", "ray_options", "scaleout_options"]

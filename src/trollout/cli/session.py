@@ -15,7 +15,7 @@ from ..collector.deployment.discovery import Deployment
 from ..collector.http.transport import PostTransport
 from ..config import RunConfig
 from ..recovery.resume import Resubmit
-from ..run.collect import RunResult, collect
+from ..run.compose import RunResult, collect
 from ..run.session import StopWhen
 from ..run.signals import watch_signals
 from .progress import ConsoleObserver

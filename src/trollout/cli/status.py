@@ -23,7 +23,7 @@ from rich.console import Console
 from ..errors import TrolloutError
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import locate_run
-from ..run.status import locate_sharded, status_of
+from ..run.state import locate_sharded, status_of
 from ..text import visible
 from .failures import fail
 

@@ -1,6 +1,6 @@
 """The run layer: one composition of a run, used by every entry point.
 
-A run is always the same steps, in this order (`collect.collect`, whose body is the list):
+A run is always the same steps, in this order (`compose.collect`, whose body is the list):
 
 1. check everything that needs neither the deployment nor a write (`checks.check_before_writing`);
 2. find the deployment (`deployment.load_deployment`: ``--agent-url``s, else the head server);
@@ -12,7 +12,7 @@ A run is always the same steps, in this order (`collect.collect`, whose body is 
 6. refuse an incomplete run under ``require_complete``, then aggregate (`checks`, `metrics`).
 
 The health check and the enrichment pass join this list when they land: each is one more step
-in `collect.collect`, between 5 and 6 (health, enrichment), and nothing else changes.
+in `compose.collect`, between 5 and 6 (health, enrichment), and nothing else changes.
 
 Who calls it: the command line (`trollout.cli`: parsing and printing around these functions),
 the Ray blocks (`trollout.scaleout.ray.block`), a Slurm job (which is ``trollout collect``), an
@@ -44,13 +44,50 @@ between `collect` and `trollout.scaleout.ray.driver`).
 
 from __future__ import annotations
 
-from .collect import RunResult, collect
-from .deployment import http_client, load_deployment
-from .observe import RunObserver, RunView, Snapshot, StreamObserver
-from .resume import resubmit, resume, saved_settings
-from .session import Session, Watcher
-from .signals import watch_signals
-from .status import RunStatus, status
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .compose import RunResult, collect
+    from .deployment import http_client, load_deployment
+    from .observe import RunObserver, RunView, Snapshot, StreamObserver
+    from .resumption import resubmit, resume, saved_settings
+    from .session import Session, Watcher
+    from .signals import watch_signals
+    from .state import RunStatus, status
+
+# Each public name, and the module of this package that defines it. They are loaded on first
+# use: the front ends import `shards` alone (so ``import trollout`` does not load the metrics,
+# the settings table and the rest, ~40 ms), while ``from trollout import run; run.collect``
+# reads as if they were imported here. The modules are not named after the functions
+# (`compose` holds `collect`, `state` holds `status`, `resumption` holds `resume`): a
+# submodule, once imported, is an attribute of the package and would hide the function.
+_WHERE = {
+    "RunObserver": "observe",
+    "RunResult": "compose",
+    "RunStatus": "state",
+    "RunView": "observe",
+    "Session": "session",
+    "Snapshot": "observe",
+    "StreamObserver": "observe",
+    "Watcher": "session",
+    "collect": "compose",
+    "http_client": "deployment",
+    "load_deployment": "deployment",
+    "resubmit": "resumption",
+    "resume": "resumption",
+    "saved_settings": "resumption",
+    "status": "state",
+    "watch_signals": "signals",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name's module on first use (see `_WHERE`)."""
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "RunObserver",

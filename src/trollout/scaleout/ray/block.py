@@ -40,7 +40,7 @@ from ...collector.engine.collector import Collector
 from ...collector.engine.progress import Progress
 from ...config import RunConfig
 from ...errors import ConfigError, DeploymentError, RunFolderError, RunStoppedError, TrolloutError
-from ...run.collect import RunResult, collect
+from ...run.compose import RunResult, collect
 from ...run.observe import StreamObserver
 from ...run.signals import watch_signals
 

@@ -90,10 +90,10 @@ from ...recovery.manifest import (
 )
 from ...recovery.preflight import check_run_folder, check_run_paths
 from ...recovery.run_folder import input_sha256
-from ...run.collect import RunResult
+from ...run.compose import RunResult
 from ...run.deployment import http_client, load_deployment
 from ...run.observe import RunObserver, StreamObserver, format_duration
-from ...run.status import sharded_status
+from ...run.state import sharded_status
 from ..layout import check_shards_root, shard_folders, shard_output
 from .handout import HandoutEnd, RayRun, drive, total_progress
 

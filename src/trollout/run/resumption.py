@@ -30,7 +30,7 @@ from ..nemo_keys import load_run_config
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import locate_run, read_manifest
 from ..recovery.resume import Resubmit
-from .collect import RunResult, collect
+from .compose import RunResult, collect
 from .observe import RunObserver, StreamObserver
 
 __all__ = ["resubmit", "resume", "resume_config", "saved_settings"]
