@@ -266,3 +266,14 @@ def test_layering_no_import_cycle() -> None:
                 cycles.append(" -> ".join([module, *chain[module]]))
                 break
     assert cycles == []
+
+
+def test_cli_modules_are_at_most_250_lines() -> None:
+    """The command line is parsing and printing: no module of cli/ grows past 250 lines (a
+    longer one holds something the run layer or a package of its own should)."""
+    long = {}
+    for path in sorted((SRC / ROOT / "cli").glob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > 250:
+            long[path.name] = lines
+    assert long == {}

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from builders import invoke, write_jsonl
-from trollout.cli.aggregate import _settings as aggregate_settings
+from trollout.cli.aggregate_settings import _settings as aggregate_settings
 from trollout.config import FIELD_NAMES, parse_value
 from trollout.errors import ConfigError
 from trollout.nemo_keys import (

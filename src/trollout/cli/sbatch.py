@@ -1,7 +1,7 @@
 """`trollout sbatch`: write a Slurm array script that collects a run as N shards.
 
 Every job's shard gets, before the script is written, the checks ``collect`` makes before it
-asks the deployment (`trollout.run.checks.check_before_writing`); the script itself is
+asks the deployment (`trollout.run.checks.check_shard_jobs`); the script itself is
 `trollout.scaleout.sbatch`'s. ARGS are parsed exactly as ``collect`` parses them.
 """
 
@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import attrs
 import click
 
 from ..config import RunConfig
@@ -21,9 +20,9 @@ from ..errors import ConfigError, TrolloutError
 from ..metrics.batch import status_path
 from ..recovery.files import check_replaceable, replace_atomically
 from ..recovery.layout import RunLayout
-from ..recovery.preflight import check_input, check_run_paths, run_paths, same_file
-from ..run.checks import check_before_writing
-from ..scaleout.layout import check_shards_root, shard_output, shards_root
+from ..recovery.preflight import run_paths, same_file
+from ..run.checks import check_shard_jobs
+from ..scaleout.layout import shards_root
 from ..scaleout.sbatch import sbatch_script
 from ..telemetry import TelemetrySettings
 from ..text import visible
@@ -114,7 +113,7 @@ def _sbatch_text(
     if not config.output_jsonl_fpath:
         raise ConfigError("no output file: pass -o OUT.jsonl")
     output = Path(config.output_jsonl_fpath).absolute()
-    watching = _check_jobs(config, output, shards)
+    watching = check_shard_jobs(config, output, shards)
     _check_prometheus(config, watching)
     options = [f"--job-name={opts['job_name']}"]
     options += [f"--time={opts['time_limit']}"] if opts["time_limit"] else []
@@ -129,31 +128,6 @@ def _sbatch_text(
         sbatch_options=options,
     )
     return text, _touched(config, config_file, output), output
-
-
-def _check_jobs(config: RunConfig, output: Path, shards: int) -> TelemetrySettings | None:
-    """Run collect's own checks for every job's shard, and the merge's on OUT (read-only).
-
-    Each job is ``collect --shard I/N --resume`` into its shard folder, so each shard gets
-    exactly the checks that command runs before it asks the deployment anything
-    (`collect.check_before_writing`); the deployment and the rows' routing are checked by the
-    jobs, since the head server may be reachable from the compute nodes only. ``trollout
-    aggregate`` later writes OUT's run files, so they get the run folder's path checks too.
-    """
-    check_shards_root(output)
-    merged = RunLayout.for_output(output)
-    check_run_paths(merged)
-    check_input(merged, config.input_jsonl_fpath)
-    watching = None
-    for index in range(shards):
-        job = attrs.evolve(
-            config,
-            output_jsonl_fpath=str(shard_output(output, index, shards)),
-            shard=f"{index}/{shards}",
-            resume_from_cache=True,
-        )
-        _, watching = check_before_writing(job, resuming=True)
-    return watching
 
 
 def _touched(config: RunConfig, config_file: str | None, output: Path) -> list[tuple[str, Path]]:

@@ -1,6 +1,7 @@
 """The checks of a run, and the steps around the engine that read or score its folder.
 
-Before a write (`check_before_writing`, `plan`, `check_free_space`, `check_batch_manifest`):
+Before a write (`check_before_writing`, `plan`, `check_free_space`, `check_batch_manifest`;
+`check_shard_jobs` for every job of a run cut into shards, before its script is written):
 everything that can refuse the run is checked before a single file is touched, so a refusal
 leaves the folder as it was (docs/design.md, Durability). After the engine (`check_complete`,
 `aggregate`, `batch_status_not_aggregated`): what ``require_complete`` refuses, the metrics,
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from pathlib import Path
 
+import attrs
 import trio
 
 from ..collector.deployment.discovery import Deployment
@@ -25,8 +28,10 @@ from ..metrics.reader import Collection
 from ..recovery.files import format_bytes
 from ..recovery.layout import RunLayout
 from ..recovery.manifest import FolderState, folder_state
+from ..recovery.preflight import check_input, check_run_paths
 from ..recovery.resume import Fate, ResumeRules, scan_run
 from ..recovery.store import check_run_folder
+from ..scaleout.layout import check_shards_root, shard_output
 from ..telemetry import TelemetrySettings, telemetry_settings
 from .deployment import http_client
 
@@ -37,6 +42,7 @@ __all__ = [
     "check_before_writing",
     "check_complete",
     "check_free_space",
+    "check_shard_jobs",
     "plan",
 ]
 
@@ -68,6 +74,32 @@ def check_before_writing(
         FileSource(config.input_jsonl_fpath).check_readable()  # before the deployment is asked
     # A bad OTEL_* value is refused before any write.
     return layout, telemetry_settings(config, prometheus=prometheus)
+
+
+def check_shard_jobs(config: RunConfig, output: Path, shards: int) -> TelemetrySettings | None:
+    """Run collect's own checks for every job of a run cut into ``shards``, and the merge's on
+    OUT (read-only); return where the jobs' telemetry goes.
+
+    Each job is ``collect --shard I/N --resume`` into its shard folder (a Slurm array's), so
+    each shard gets exactly the checks that command runs before it asks the deployment anything
+    (`check_before_writing`); the deployment and the rows' routing are checked by the jobs,
+    since the head server may be reachable from the compute nodes only. ``trollout aggregate``
+    later writes OUT's run files, so they get the run folder's path checks too.
+    """
+    check_shards_root(output)
+    merged = RunLayout.for_output(output)
+    check_run_paths(merged)
+    check_input(merged, config.input_jsonl_fpath)
+    watching = None
+    for index in range(shards):
+        job = attrs.evolve(
+            config,
+            output_jsonl_fpath=str(shard_output(output, index, shards)),
+            shard=f"{index}/{shards}",
+            resume_from_cache=True,
+        )
+        _, watching = check_before_writing(job, resuming=True)
+    return watching
 
 
 def plan(config: RunConfig, deployment: Deployment) -> Plan:
