@@ -1,7 +1,7 @@
 """`trollout collect`: parse the options, run the run layer, print what happened.
 
 The run is composed in `trollout.run` (`trollout.run.collect`); the command line builds the
-config (`config.build_run_config`), sends the run to Ray or to this process
+config (`run_config.build_run_config`), sends the run to Ray or to this process
 (`scaleout.collect_any`), and prints the summary, timing report and metrics (`report_run`),
 exiting as the run ended. `collect_run` (`session`) is the run layer with the command line's
 console and signal watcher, re-exported here for the code that always imported it from here.

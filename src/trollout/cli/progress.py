@@ -4,7 +4,10 @@ On a terminal, a live line redrawn a few times a second (rich): done/total, rate
 failures by class, running mean reward. When stderr is not a terminal (CI logs, ``nohup``), a
 plain line every ``plain_interval_s`` seconds instead, so logs stay readable and small.
 
-The reporter only reads the engine's `Progress` counters; it never touches the hot path.
+`ConsoleObserver` is the command line's `trollout.run.RunObserver`: the run layer hands it
+lines and a view of the counters (one collector's, or a Ray run's summed over blocks), and it
+draws them here, so rich stays in the command line. The reporter only reads the counters; it
+never touches the hot path.
 Failure classes are server text: they are shown through `trollout.text.visible`, and rich is
 given `Text` objects only, so no class is ever read as markup.
 """
