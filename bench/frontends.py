@@ -168,14 +168,14 @@ class _GuestContext:
     """`trollout.aio.open_rollouts`, with Trio in guest mode on this loop instead of a thread."""
 
     def __init__(self, url: str, config: Any) -> None:
-        from trollout.driver.bridge import RolloutsThread
+        from trollout.frontends.bridge import RolloutsThread
 
         self.thread = RolloutsThread({AGENT: url}, config=config)
 
     async def __aenter__(self) -> Any:
         import trio
 
-        from trollout.driver.aio import AioRollouts
+        from trollout.frontends.aio import AioRollouts
 
         loop = asyncio.get_running_loop()
         self.done: asyncio.Future[Any] = loop.create_future()

@@ -40,7 +40,8 @@ import trio
 
 from trollout import jsonl
 from trollout.cli.collect import collect_run
-from trollout.cli.ray_run import collect_on_ray
+from trollout.run import StreamObserver
+from trollout.scaleout.ray.driver import collect_on_ray
 from trollout.settings import RunConfig
 from trollout.testing import (
     AgentSpec,
@@ -101,7 +102,7 @@ def run_ray(config: RunConfig, fake_pid: int) -> tuple[float, float]:
     pids = descendants(os.getpid(), fake_pid)
     before = self_cpu() + cpu_of(pids)
     with open(os.devnull, "w") as quiet:
-        result = trio.run(lambda: collect_on_ray(config, live=False, stream=quiet))
+        result = trio.run(lambda: collect_on_ray(config, observer=StreamObserver(quiet)))
     pids |= descendants(os.getpid(), fake_pid)
     return result.elapsed_s, self_cpu() + cpu_of(pids) - before
 

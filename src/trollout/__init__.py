@@ -10,8 +10,8 @@ deployment, opens a run folder and a collector, and feeds the one to the other::
         async with trollout.open_collector(config=config, resolve=resolve, sink=run.store) as c:
             await c.collect(run.rows())
 
-which is what ``trollout collect`` does (`trollout.cli.collect.collect_run`). A training loop
-keeps one `Rollouts` across its steps and opens a batch per step::
+which is what ``trollout collect`` does, through the run layer (`trollout.run.collect`). A
+training loop keeps one `Rollouts` across its steps and opens a batch per step::
 
     async with trollout.open_rollouts(urls, config=config, record_output_dir="runs/rl") as ro:
         async with ro.open_batch(ro.plan(rows), record_shard="step-0001") as batch:
@@ -35,7 +35,6 @@ from .collector.engine.progress import Progress
 from .collector.engine.sink import ListSink, OutcomeSink
 from .collector.http.transport import Http11Transport, PostTransport, RawResponse
 from .collector.planning.plan import Plan, plan_rollouts, plan_rows
-from .driver.rollouts import Rollouts, open_rollouts
 from .errors import (
     ArgumentTypeError,
     ConfigError,
@@ -48,6 +47,7 @@ from .errors import (
     TrolloutError,
     UnknownAgentError,
 )
+from .frontends.rollouts import Rollouts, open_rollouts
 from .records import (
     BatchStatus,
     Delivery,

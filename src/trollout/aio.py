@@ -1,7 +1,7 @@
-"""The asyncio front end of trollout: ``trollout.aio.open_rollouts`` (see `driver.aio`)."""
+"""The asyncio front end of trollout: ``trollout.aio.open_rollouts`` (see `frontends.aio`)."""
 
 from __future__ import annotations
 
-from .driver.aio import AioBatch, AioRollouts, open_rollouts
+from .frontends.aio import AioBatch, AioRollouts, open_rollouts
 
 __all__ = ["AioBatch", "AioRollouts", "open_rollouts"]

@@ -1,7 +1,7 @@
-"""The blocking front end of trollout: ``trollout.sync.open_rollouts`` (see `driver.sync`)."""
+"""The blocking front end of trollout: ``trollout.sync.open_rollouts`` (see `frontends.sync`)."""
 
 from __future__ import annotations
 
-from .driver.sync import SyncBatch, SyncRollouts, open_rollouts
+from .frontends.sync import SyncBatch, SyncRollouts, open_rollouts
 
 __all__ = ["SyncBatch", "SyncRollouts", "open_rollouts"]

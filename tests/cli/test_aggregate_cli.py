@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from builders import write_jsonl
 from trollout.cli.aggregate import aggregate
-from trollout.cli.common import EXIT_INCOMPLETE_RETRYABLE
+from trollout.cli.failures import EXIT_INCOMPLETE_RETRYABLE
 from trollout.records import Failed, Identity, Landed, outcome_to_row
 
 

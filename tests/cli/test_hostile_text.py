@@ -18,7 +18,7 @@ import pytest
 import trio
 from click.testing import CliRunner, Result
 
-from trollout.cli.common import fail, report_errors
+from trollout.cli.failures import fail, report_errors
 from trollout.cli.main import cli
 from trollout.cli.progress import ProgressReporter
 from trollout.collector.engine.collector import open_collector

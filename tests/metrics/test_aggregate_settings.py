@@ -8,7 +8,7 @@ import orjson
 from run_folders import landed, plan_for, write_run
 
 from builders import invoke, write_jsonl
-from trollout.cli.common import EXIT_INCOMPLETE_RETRYABLE
+from trollout.cli.failures import EXIT_INCOMPLETE_RETRYABLE
 
 
 def test_merge_shards_false_writes_metrics_only(tmp_path: Path) -> None:

@@ -1,4 +1,10 @@
-"""Fixtures of the distributed-run tests: a fake deployment in its own process."""
+"""Fixtures of the distributed-run tests: a fake deployment in its own process.
+
+The Ray tests (`trollout.scaleout.ray`'s) live in ``on_ray/``, not ``ray/``: this folder is on
+``sys.path`` (pytest puts a conftest's folder there), where a ``ray/`` folder would be imported
+as a namespace package named ``ray`` whenever Ray is not installed, so the tests' skip-if-no-Ray
+would not skip and ``import ray`` would find the tests instead of the library.
+"""
 
 from __future__ import annotations
 

@@ -194,9 +194,9 @@ def test_ray_progress_sums_ended_hand_outs_and_running_snapshots() -> None:
     pytest.importorskip("ray")
     from collections import Counter
 
-    from trollout.cli.ray_block import BlockReport
-    from trollout.cli.ray_handout import HandoutEnd, total_progress
     from trollout.collector.engine.progress import Progress
+    from trollout.scaleout.ray.block import BlockReport
+    from trollout.scaleout.ray.handout import HandoutEnd, total_progress
 
     ended = Progress(landed=3, reward_sum=2.0, scored=3)
     end = HandoutEnd(reports={(0, 1): BlockReport(0, ended, None, 11)})

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from builders import invoke, write_jsonl
-from trollout.cli.aggregate import _settings as aggregate_settings
+from trollout.cli.aggregate_settings import _settings as aggregate_settings
 from trollout.errors import ConfigError
 from trollout.settings import (
     AGGREGATE,
@@ -353,7 +353,7 @@ def test_table_covers_both_commands() -> None:
 
 def test_command_line_round_robins_by_agent_and_the_library_keeps_order() -> None:
     """gym eval run's full path interleaves agents; an embedding driver's config does not."""
-    from trollout.cli.common import build_run_config
+    from trollout.cli.run_config import build_run_config
     from trollout.settings import RunConfig
 
     assert build_run_config(["in.jsonl"], {}).round_robin_agents is True

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import trollout
-from trollout.cli.common import RUN_DEFAULTS, build_run_config
+from trollout.cli.run_config import RUN_DEFAULTS, build_run_config
 from trollout.errors import ConfigError
 from trollout.settings import BY_NAME, COLLECT, KEYS, PLAN_KEYS, Handling, RunConfig
 from trollout.settings.fields import row_of

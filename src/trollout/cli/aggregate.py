@@ -22,7 +22,6 @@ unreachable head server), with nothing written.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +33,15 @@ from rich.console import Console
 
 from ..collector.deployment.discovery import discover
 from ..errors import ConfigError, DeploymentError
-from ..health import KEYS as HEALTH_KEYS
-from ..health import HealthSettings
 from ..metrics import AggregateOptions, AggregateResult, aggregate_shards, print_report
 from ..metrics import resolve_inputs as resolve_globs
 from ..metrics.server import Target
-from ..settings import head_server_url, load_aggregate_settings
+from ..run.deployment import http_client
+from ..run.health import after_run
+from ..settings import head_server_url
 from ..text import visible
-from .common import EXIT_INCOMPLETE_RETRYABLE, fail, http_client
-from .health import after_run
+from .aggregate_settings import _settings
+from .failures import EXIT_INCOMPLETE_RETRYABLE, fail
 from .health_options import health_options
 from .view import view_command
 
@@ -174,78 +173,6 @@ def aggregate(args: tuple[str, ...], **opts: Any) -> None:
         )
     if unsettled:
         sys.exit(EXIT_INCOMPLETE_RETRYABLE)
-
-
-def _settings(args: Sequence[str], opts: dict[str, Any]) -> dict[str, Any]:
-    """Merge defaults, config_paths files and the command line (`load_aggregate_settings`)."""
-    overrides = [token for token in args if token.startswith("+")]
-    loaded = load_aggregate_settings(_given(opts), overrides, _LABELS)
-    for note in loaded.notes:
-        click.echo(f"trollout: note: {visible(note)}", err=True)
-    HealthSettings.from_values(loaded.values)  # unknown health check ids: refused here
-    inputs = _inputs(args, opts, loaded.tokens, loaded.files)
-    return {**opts, **loaded.values, "inputs": inputs, "targets": _targets(opts)}
-
-
-# How the options that set a setting are spelled, where it is not --the-key.
-_LABELS: dict[str, str] = {
-    "output_jsonl_fpath": "-o/--output",
-    "served_config_env_allow": "--allow-env",
-    "max_input_line_bytes": "--max-line-bytes",
-}
-
-
-def _given(opts: dict[str, Any]) -> dict[str, Any]:
-    """Return the settings given as command-line options (an option not given sets nothing)."""
-    classes = [c.strip() for text in opts["zero_classes"] for c in text.split(",") if c.strip()]
-    given = {
-        "count_failure_classes_as_zero": classes or None,
-        "count_missing_rollouts_as_zero": opts["zero_missing"],
-        "output_jsonl_fpath": opts["output"],
-        "head_server": opts["head_server"],
-        "served_config_env_allow": list(opts.get("allow_env", ())) or None,
-        "seed": opts["seed"],
-        "max_input_line_bytes": opts.get("max_line_bytes"),
-        "overwrite": opts["overwrite"],
-        **{key: opts.get(key) for key in HEALTH_KEYS},
-    }
-    return {k: v for k, v in given.items() if v is not None}
-
-
-def _inputs(
-    args: Sequence[str], opts: dict[str, Any], tokens: dict[str, Any], found: dict[str, Any]
-) -> list[str]:
-    """Return the command line's inputs, or else a config file's ``input_glob``."""
-    inputs = [a for a in args if not a.startswith("+")] + list(opts["inputs"])
-    inputs += _globs(tokens.get("input_glob"))
-    if not inputs:
-        inputs = _globs(found.get("input_glob"))
-    elif "input_glob" in found and "input_glob" not in tokens:
-        click.echo(
-            f"trollout: note: the config_paths input_glob {visible(repr(found['input_glob']))} "
-            "is not used: INPUT on the command line replaces it",
-            err=True,
-        )
-    if not inputs:
-        raise ConfigError("no INPUT given; pass a glob such as 'shards/*.jsonl' or +input_glob=...")
-    return inputs
-
-
-def _globs(value: Any) -> list[str]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list) else [value]
-
-
-def _targets(opts: dict[str, Any]) -> list[Target]:
-    out: list[Target] = []
-    for kind, pairs in (("agent", opts["agent_urls"]), ("env", opts["env_urls"])):
-        for pair in pairs:
-            name, sep, url = pair.partition("=")
-            if not sep or not name or not url.startswith(("http://", "https://")):
-                raise ConfigError(f"expected NAME=http://host:port, got {pair!r}")
-            out.append((name, None, url) if kind == "agent" else (None, name, url))
-    return out
 
 
 def _options(settings: dict[str, Any]) -> AggregateOptions:

@@ -25,9 +25,13 @@ import attrs
 import click
 
 from ..errors import ConfigError
+from ..run.compose import RunResult
 from ..settings import RunConfig
-from .collect import RunResult, collect_run, report_run
-from .common import build_run_config, collect_options, fail, live_mode, run_trio
+from .collect import report_run
+from .common import collect_options, live_mode
+from .failures import fail, run_trio
+from .run_config import build_run_config
+from .session import collect_run
 
 if TYPE_CHECKING:  # the fake deployment is imported by the demo only, not by every command
     from ..testing import DeploymentSpec

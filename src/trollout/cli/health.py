@@ -12,52 +12,16 @@ is `trollout.health.check_run`; docs/health.md describes the checks.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from ..errors import ConfigError, InputError
-from ..health import HealthSettings, check_run, parse_ignored, run_after
-from ..text import visible
-from .common import fail
+from ..health import check_run, parse_ignored
+from .failures import fail
 
-if TYPE_CHECKING:
-    from ..metrics import AggregateResult
-
-__all__ = ["after_run", "health_check"]
-
-
-def after_run(
-    rollouts_files: Sequence[str | os.PathLike[str]],
-    out_dir: str | os.PathLike[str],
-    settings: Any,
-    aggregate: AggregateResult | None = None,
-) -> list[str]:
-    """Run the health step after collect or aggregate; return the lines to print.
-
-    ``settings``: a `RunConfig`, or a mapping of NeMo Gym's keys. The HTML report, when the
-    aggregation wrote one, is written again with its health section. Never raises: a failure
-    is one line (`health.run_after`), and so is a report that cannot be rewritten.
-    """
-    try:
-        health = (
-            HealthSettings.from_values(settings)
-            if isinstance(settings, Mapping)
-            else HealthSettings.of(settings)
-        )
-    except ConfigError as exc:
-        return [f"Rollout health: not checked ({visible(str(exc))})"]
-    report, lines = run_after(rollouts_files, out_dir, health)
-    if report is not None and aggregate is not None and aggregate.report_path is not None:
-        from ..metrics.report_html import write_report
-
-        try:
-            write_report(aggregate.report_path, aggregate, health=report)
-        except OSError as exc:
-            lines.append(f"report: health section not added ({visible(str(exc))})")
-    return lines
+__all__ = ["health_check"]
 
 
 def _default_workers() -> int:

@@ -16,7 +16,7 @@ from .collect import collect
 from .demo import demo
 from .health import health_check
 from .resume import resubmit, resume
-from .scaleout import sbatch
+from .sbatch import sbatch
 from .status import status
 from .view import view
 

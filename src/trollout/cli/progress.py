@@ -4,16 +4,18 @@ On a terminal, a live line redrawn a few times a second (rich): done/total, rate
 failures by class, running mean reward. When stderr is not a terminal (CI logs, ``nohup``), a
 plain line every ``plain_interval_s`` seconds instead, so logs stay readable and small.
 
-The reporter only reads the engine's `Progress` counters; it never touches the hot path.
+`ConsoleObserver` is the command line's `trollout.run.RunObserver`: the run layer hands it
+lines and a view of the counters (one collector's, or a Ray run's summed over blocks), and it
+draws them here, so rich stays in the command line. The reporter only reads the counters; it
+never touches the hot path.
 Failure classes are server text: they are shown through `trollout.text.visible`, and rich is
 given `Text` objects only, so no class is ever read as markup.
 """
 
 from __future__ import annotations
 
-import math
 import sys
-from typing import IO
+from typing import IO, Any
 
 import trio
 from rich.console import Console
@@ -23,50 +25,16 @@ from rich.text import Text
 
 from ..collector.engine.collector import Collector
 from ..collector.engine.progress import Progress
+from ..run.observe import CollectorView, RunView, format_duration, progress_line
 from ..text import visible
 
-__all__ = ["ProgressReporter", "format_duration", "summary_table"]
-
-
-def format_duration(seconds: float) -> str:
-    """Format seconds as ``1h02m``, ``3m05s`` or ``4.2s``."""
-    if not math.isfinite(seconds):
-        return "?"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
-
-def progress_line(progress: Progress, *, total: int, in_flight: int, now: float) -> str:
-    """Return one line describing a run in progress."""
-    done = progress.settled
-    elapsed = max(now - progress.started_at, 1e-9)
-    rate = done / elapsed
-    eta = (total - done) / rate if rate > 0 else math.inf
-    parts = [
-        f"{done}/{total} rollouts",
-        f"{rate:.1f}/s",
-        f"ETA {format_duration(eta)}",
-        f"in flight {in_flight}",
-        f"landed {progress.landed}",
-    ]
-    failures = sum(progress.failed.values())
-    if failures:
-        by_class = ", ".join(f"{visible(k)} {v}" for k, v in progress.failed.most_common(3))
-        parts.append(f"failed {failures} ({by_class})")
-    if progress.no_persist:
-        parts.append(f"no-persist {progress.no_persist}")
-    if progress.omitted:
-        parts.append(f"omitted {progress.omitted}")
-    if progress.drained:
-        parts.append(f"drained {progress.drained}")
-    if progress.scored:
-        parts.append(f"mean reward {progress.mean_reward:.3f}")
-    return " | ".join(parts)
+__all__ = [
+    "ConsoleObserver",
+    "ProgressReporter",
+    "format_duration",
+    "print_summary",
+    "summary_table",
+]
 
 
 class ProgressReporter:
@@ -85,27 +53,27 @@ class ProgressReporter:
         self.live = self.stream.isatty() if live is None else live
         self.plain_interval_s = plain_interval_s
 
-    async def run(self, collector: Collector) -> None:
+    async def run(self, source: Collector | RunView) -> None:
         """Report until cancelled, then print the last state once.
+
+        ``source``: a run's view (`trollout.run.observe`), or a collector (its own view).
 
         Cancellation: this is how it stops; it only writes to the stream.
         """
+        view = CollectorView(source, self.total) if isinstance(source, Collector) else source
         if self.live:
-            await self._run_live(collector)
+            await self._run_live(view)
         else:
-            await self._run_plain(collector)
+            await self._run_plain(view)
 
-    def _line(self, collector: Collector) -> str:
+    def _line(self, view: RunView) -> str:
+        snap = view.snapshot()
         line = progress_line(
-            collector.progress,
-            total=self.total,
-            in_flight=collector.in_flight,
-            now=trio.current_time(),
+            snap.progress, total=self.total, in_flight=snap.in_flight, now=trio.current_time()
         )
-        retries = collector.retry_state.counters.summary()
-        return f"{line} | {retries}" if retries else line
+        return f"{line} | {snap.retries}" if snap.retries else line
 
-    async def _run_live(self, collector: Collector) -> None:
+    async def _run_live(self, collector: RunView) -> None:
         console = Console(file=self.stream)
         with Live(console=console, auto_refresh=False, transient=False) as live:
             try:
@@ -115,13 +83,30 @@ class ProgressReporter:
             finally:
                 live.update(Text(self._line(collector)), refresh=True)
 
-    async def _run_plain(self, collector: Collector) -> None:
+    async def _run_plain(self, collector: RunView) -> None:
         try:
             while True:
                 await trio.sleep(self.plain_interval_s)
                 print(self._line(collector), file=self.stream, flush=True)
         finally:
             print(self._line(collector), file=self.stream, flush=True)
+
+
+class ConsoleObserver:
+    """The command line's `trollout.run.RunObserver`: lines and progress on ``stream``."""
+
+    def __init__(self, stream: IO[str] | None = None, live: bool | None = None) -> None:
+        """Show on ``stream`` (stderr when None); ``live``: None decides by terminal."""
+        self.stream = stream or sys.stderr
+        self.live = live
+
+    def message(self, text: str) -> None:
+        """Print the line and flush."""
+        print(text, file=self.stream, flush=True)
+
+    async def watch(self, view: RunView) -> None:
+        """Show the progress line until cancelled (`ProgressReporter`)."""
+        await ProgressReporter(total=view.total, stream=self.stream, live=self.live).run(view)
 
 
 def summary_table(progress: Progress, *, total: int, elapsed_s: float, title: str) -> Table:
@@ -153,3 +138,15 @@ def summary_table(progress: Progress, *, total: int, elapsed_s: float, title: st
 
 def _add_row(table: Table, *cells: str) -> None:
     table.add_row(*(Text(visible(cell)) for cell in cells))
+
+
+def print_summary(result: Any, *, title: str) -> None:
+    """Print the final summary table of a run on stdout."""
+    console = Console()
+    console.print(
+        summary_table(
+            result.progress, total=result.expected, elapsed_s=result.elapsed_s, title=title
+        )
+    )
+    console.print(Text(visible(f"rollouts: {result.layout.rollouts}")))
+    console.print(Text(visible(f"failures: {result.layout.failures}")))

@@ -4,7 +4,10 @@ RUN is the run's output file (or its manifest, or a folder holding one run). Bot
 the settings saved in the run's manifest, apply the options and ``+key=value`` overrides given
 now (say a new ``--head-server`` after the deployment moved), and call `collect_run` with
 ``resume_from_cache``. An override that changes the materialized rows (``+num_repeats=8``)
-is refused like any other change, unless ``--allow-unsafe-resume``.
+is refused like any other change, unless ``--allow-unsafe-resume``. The saved settings come
+from the run layer (`trollout.run.saved_settings`, the library's `resume` reads them the
+same way); this module adds the command line's options and sends the run where it ran (Ray or
+this process, `scaleout.collect_any`).
 
 - ``resume`` dispatches what docs/protocol.md section 8 says is not done: missing rollouts and
   retryable failures under the attempt cap, each with a new attempt number.
@@ -21,11 +24,14 @@ from typing import Any
 import click
 
 from ..errors import ConfigError, TrolloutError
-from ..recovery.manifest import locate_run, read_manifest
 from ..recovery.resume import Resubmit
-from ..settings import FIELD_NAMES, RunConfig
-from .collect import RunResult, report_run, resume_options
-from .common import build_run_config, fail, live_mode, run_options, run_trio
+from ..run.compose import RunResult
+from ..run.resumption import saved_settings
+from ..settings import RunConfig
+from .collect import report_run, resume_options
+from .common import live_mode, run_options
+from .failures import fail, run_trio
+from .run_config import build_run_config
 from .scaleout import collect_any, ray_options
 
 __all__ = ["config_from_run", "resubmit", "resume"]
@@ -71,18 +77,10 @@ def config_from_run(run: str, options: dict[str, Any], overrides: tuple[str, ...
     Raises:
         ConfigError: RUN has no manifest, an override is not ``+key=value``, or a bad value.
     """
-    layout = locate_run(run)
-    manifest = read_manifest(layout)
-    if manifest is None:
-        raise ConfigError(
-            f"run {str(layout.output)!r} has no manifest ({layout.manifest.name}), so its "
-            "settings are unknown; resume it with trollout collect INPUT -o "
-            f"{layout.output!s} --resume --allow-unsafe-resume"
-        )
+    layout, saved = saved_settings(run)
     bad = [token for token in overrides if not token.startswith("+")]
     if bad:
         raise ConfigError(f"unexpected arguments {bad!r}; settings go as +key=value")
-    saved = {k: v for k, v in manifest.settings.items() if k in FIELD_NAMES}
     given = {k: v for k, v in options.items() if v is not None and v != ()}
     given["output_jsonl_fpath"] = str(layout.output)
     given["resume_from_cache"] = True

@@ -1,6 +1,6 @@
 """`trollout status RUN --watch`: a live view of a run from its folder alone.
 
-Each refresh recomputes what `trollout status` shows (`status.run_status`: the resume rules,
+Each refresh recomputes what `trollout status` shows (`run.state.run_status`: the resume rules,
 read-only, no lock) and adds what only a watcher that keeps looking can tell: the rate at which
 rollouts settle (over the last `_RATE_WINDOW_S` seconds), the ETA at that rate, and the
 stragglers, the rollouts whose latest reserved attempt has had no outcome for the longest

@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..view.api import ViewApi
 from ..view.runs import resolve_runs
 from ..view.server import DEFAULT_PORT, ViewServer, is_loopback
-from .common import fail, run_trio
+from .failures import fail, run_trio
 
 __all__ = ["view", "view_command"]
 

@@ -1,7 +1,7 @@
 """Opening a run folder for one run: fresh or resumed, its manifest checked.
 
 `open_run_folder` is the one way a run folder is opened, by ``trollout collect`` / ``resume`` /
-``resubmit`` and by drivers (a trainer's shards, `driver.shards`) alike. Under the folder's
+``resubmit`` and by drivers (a trainer's shards, `run.shards`) alike. Under the folder's
 lock (`store.open_run_store`) it either
 
 - **starts a new run**: writes the materialized inputs (atomically; only then is an old run

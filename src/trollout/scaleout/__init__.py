@@ -1,4 +1,4 @@
-"""One eval on many machines: shard folders, Slurm array scripts, and (in `cli`) Ray.
+"""One eval on many machines: shard folders, Slurm array scripts, and Ray (`ray`).
 
 A distributed run is one plan cut into N shards by `collector.task_selection.task_shard`
 (``--shard I/N``): every shard plans the whole input, so task indices and seeds are those of a
@@ -8,9 +8,10 @@ folder (manifest, ledger, lock: everything `recovery` gives one machine), under 
 rollouts' identity across runs (`metrics.identity`).
 
 - Slurm (`sbatch`): a generated array script; each job is ``collect --shard $ID/N --resume``.
-- Ray (``trollout.cli.ray_run``): blocks of tasks handed out to workers as they free up.
+- Ray (`ray`: driver, handout, block): blocks of tasks handed out to workers as they free up;
+  the only modules that import Ray, reached only by the command line, lazily.
 
-Nothing here imports Ray: ``import trollout`` and the plain command line never do.
+Nothing outside `ray` imports Ray: ``import trollout`` and the plain command line never do.
 """
 
 from __future__ import annotations

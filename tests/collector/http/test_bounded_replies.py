@@ -35,7 +35,7 @@ TOTAL = 64 * MIB  # what the server would send: far past BOUND plus any socket b
 
 @asynccontextmanager
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    """An httpx client on trollout's transport, as the CLI builds it (`cli.common.http_client`)."""
+    """An httpx client on trollout's transport, as the run layer builds it (`run.http_client`)."""
     transport = Http11Transport(connect_timeout_s=5.0, read_timeout_s=30.0)
     async with httpx.AsyncClient(transport=transport) as http:
         yield http

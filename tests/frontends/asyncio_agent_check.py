@@ -1,4 +1,4 @@
-"""Checks of `driver.asyncio_agent`, run as a script: trio-asyncio patches asyncio for the
+"""Checks of `frontends.asyncio_agent`, run as a script: trio-asyncio patches asyncio for the
 whole process when imported, so it never enters the test runner's process."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 import trollout
-from trollout.driver.asyncio_agent import open_asyncio_agents
+from trollout.frontends.asyncio_agent import open_asyncio_agents
 from trollout.records import Failed, Landed
 
 cancelled: list[int] = []

@@ -1,9 +1,11 @@
 """What runs on a Ray worker: one block of a distributed run, and the run's control actor.
 
-A block is shard ``b`` of ``B`` of the run's plan (``--shard b/B``), collected by `collect_run`
-into its own run folder under the run's shards folder, always with ``resume_from_cache``: a
-block handed out for the first time starts afresh, and one handed out again after its worker
-died resumes what the dead worker left, with new attempt numbers from the folder's ledger.
+A block is shard ``b`` of ``B`` of the run's plan (``--shard b/B``), collected by the run layer
+(`trollout.run.collect`, with the command line's signal watcher: a node drain or a preemption
+signals the worker) into its own run folder under the run's shards folder, always with
+``resume_from_cache``: a block handed out for the first time starts afresh, and one handed out
+again after its worker died resumes what the dead worker left, with new attempt numbers from
+the folder's ledger.
 
 `Control` is one small actor per run. Each block reports its progress to it every
 `_REPORT_S` seconds and gets back the driver's stop level in the same call: 0 go on, 1 wind
@@ -17,7 +19,7 @@ Blocks serve no Prometheus endpoint, whether ``--metrics-port`` or ``OTEL_METRIC
 prometheus`` asks (a local cluster inherits the driver's environment): several may share a
 host, where one port cannot serve them all. OTLP still goes out from each.
 
-Only the `ray_*` modules import Ray; the plain command line never imports them.
+Only the `trollout.scaleout.ray` modules import Ray; the plain command line never imports them.
 """
 
 from __future__ import annotations
@@ -32,13 +34,15 @@ import attrs
 import ray
 import trio
 
-from ..collector.deployment.discovery import Deployment
-from ..collector.deployment.served_config import Server
-from ..collector.engine.collector import Collector
-from ..collector.engine.progress import Progress
-from ..errors import ConfigError, DeploymentError, RunFolderError, RunStoppedError, TrolloutError
-from ..settings import RunConfig
-from .collect import RunResult, collect_run
+from ...collector.deployment.discovery import Deployment
+from ...collector.deployment.served_config import Server
+from ...collector.engine.collector import Collector
+from ...collector.engine.progress import Progress
+from ...errors import ConfigError, DeploymentError, RunFolderError, RunStoppedError, TrolloutError
+from ...run.compose import RunResult, collect
+from ...run.observe import StreamObserver
+from ...run.signals import watch_signals
+from ...settings import RunConfig
 
 __all__ = ["BlockReport", "Control", "run_block"]
 
@@ -122,11 +126,11 @@ async def _run_block(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watcher.poll)
             with watcher.hard_stop:
-                result = await collect_run(
+                result = await collect(
                     config,
                     deployment=deployment,
-                    progress_stream=io.StringIO(),
-                    live=False,
+                    observer=StreamObserver(io.StringIO()),  # a block's lines: nowhere
+                    watchers=(watch_signals,),
                     stop_when=watcher.stop_when,
                     # Blocks may share a host, where one port cannot serve them all: neither
                     # --metrics-port nor OTEL_METRICS_EXPORTER=prometheus (OTLP still goes out).

@@ -1,14 +1,16 @@
 """Handing a Ray run's blocks out: the queue, the watchers, the summed progress.
 
 `drive` runs beside the driver's watchers in one nursery: it keeps at most N blocks in flight
-(`ray_block.run_block` tasks), gives the next block to whichever worker frees up first, puts a
+(`block.run_block` tasks), gives the next block to whichever worker frees up first, puts a
 lost block back at the front of the queue (its worker died, or something other than the driver
 stopped it before its end: a signal to the worker, as a node drain or a preemption sends; the
 hand-out's rows stay in its folder, which the next one resumes; `_MAX_CRASHES` losses of one
 block end the run), and stops handing out on the first SIGINT or SIGTERM, on ``--max-run-time``, or
-when a block fails, raising the `ray_block.Control` actor's stop level so the running blocks
-wind down (a second SIGINT: cancel them). `Reporter` prints the progress of every hand-out,
-summed (`total_progress`): a block's report when it ended, else its last snapshot.
+when a block fails, raising the `block.Control` actor's stop level so the running blocks
+wind down (a second SIGINT: cancel them). Progress goes to the caller's observer
+(`trollout.run.observe`) through `BlocksView`: every hand-out's progress, summed
+(`total_progress`): a block's report when it ended, else its last snapshot, fetched from the
+control actor a few times a second.
 
 `ray.wait` and `ray.get` block, so they run in worker threads, ``ray.wait`` with a short
 timeout (`_WAIT_S`) so the loop stays cancellable.
@@ -21,28 +23,26 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable
 from functools import partial
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import attrs
 import ray
 import trio
 from ray.exceptions import RayError, RayTaskError
-from rich.console import Console
-from rich.live import Live
-from rich.text import Text
 
-from ..collector.deployment.discovery import Deployment
-from ..collector.engine.progress import Progress
-from ..recovery.layout import RunLayout
-from ..scaleout.layout import shard_output
-from ..settings import RunConfig
-from .progress import progress_line
-from .ray_block import CANCEL, WIND_DOWN, BlockReport, Control, run_block
+from ...collector.deployment.discovery import Deployment
+from ...collector.engine.progress import Progress
+from ...recovery.layout import RunLayout
+from ...run.observe import RunObserver, Snapshot
+from ...settings import RunConfig
+from ..layout import shard_output
+from .block import CANCEL, WIND_DOWN, BlockReport, Control, run_block
 
-__all__ = ["HandoutEnd", "RayBlocks", "RayRun", "Reporter", "drive", "total_progress"]
+__all__ = ["BlocksView", "HandoutEnd", "RayBlocks", "RayRun", "drive", "total_progress"]
 
 _MAX_CRASHES: Final = 3  # hand-outs of one block that may die before the run gives up
 _WAIT_S: Final = 0.25  # how long one ray.wait blocks a worker thread
+_FETCH_S: Final = 0.25  # how often the blocks' progress is fetched from the control actor
 
 
 @attrs.frozen
@@ -129,21 +129,20 @@ class RayBlocks:
         await trio.to_thread.run_sync(ray.get, self.control.stop.remote(level, reason))
 
 
-async def drive(
-    run: RayRun, deployment: Deployment, live: bool | None, stream: IO[str]
-) -> HandoutEnd:
+async def drive(run: RayRun, deployment: Deployment, observer: RunObserver) -> HandoutEnd:
     """Hand the blocks out beside the watchers (signals, deadline, progress)."""
     end = HandoutEnd()
     control = Control.remote()  # type: ignore[attr-defined]
     blocks = RayBlocks(deployment, control)
-    emit = partial(_emit, stream)
+    emit = observer.message
     async with trio.open_nursery() as nursery:
         if _on_main_thread():
             nursery.start_soon(_watch_signals, end, blocks, run.config.grace_s, emit)
         if run.config.max_run_time_s is not None:
             nursery.start_soon(_watch_deadline, end, blocks, run.config.max_run_time_s)
-        reporter = Reporter(run.to_dispatch, stream, live, control, end)
-        nursery.start_soon(reporter.run)
+        view = BlocksView(run.to_dispatch, control, end)
+        nursery.start_soon(view.refresh)
+        nursery.start_soon(observer.watch, view)
         await _hand_out(run, blocks, end, emit)
         nursery.cancel_scope.cancel(reason="every block ended")
     return end
@@ -217,10 +216,6 @@ def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _emit(stream: IO[str], text: str) -> None:
-    print(text, file=stream, flush=True)
-
-
 async def _watch_signals(
     end: HandoutEnd, blocks: RayBlocks, grace_s: float, emit: Callable[[str], None]
 ) -> None:
@@ -270,48 +265,39 @@ def total_progress(snapshots: _Snapshots, end: HandoutEnd) -> tuple[Progress, in
     return total, in_flight
 
 
-class Reporter:
-    """Prints the run's progress, summed over blocks, like one machine's reporter."""
+class BlocksView:
+    """The run's progress summed over blocks, as a `trollout.run.observe.RunView`.
 
-    def __init__(
-        self, total: int, stream: IO[str], live: bool | None, control: Any, end: HandoutEnd
-    ) -> None:
+    `refresh` fetches the control actor's snapshots every `_FETCH_S` seconds (in a worker
+    thread: ``ray.get`` blocks); `snapshot` returns the latest sum and never blocks.
+    """
+
+    def __init__(self, total: int, control: Any, end: HandoutEnd) -> None:
         self.total = total
-        self.stream = stream
-        self.live = stream.isatty() if live is None else live
         self.control = control
         self.end = end
         self.started = trio.current_time()
-        self.last: Progress = Progress(started_at=self.started)
+        self._last = Snapshot(Progress(started_at=self.started), 0)
 
-    async def fetch(self) -> tuple[Progress, int]:
-        """Return the summed progress and rollouts in flight, as of now."""
+    def snapshot(self) -> Snapshot:
+        """Return the summed progress and rollouts in flight as of the last fetch."""
+        return self._last
+
+    async def fetch(self) -> Snapshot:
+        """Fetch every hand-out's progress now, and return the sum."""
         snapshots: _Snapshots = await trio.to_thread.run_sync(
             ray.get, self.control.progress.remote()
         )
         progress, in_flight = total_progress(snapshots, self.end)
         progress.started_at = self.started
-        self.last = progress
-        return progress, in_flight
+        self._last = Snapshot(progress, in_flight)
+        return self._last
 
-    def line(self, in_flight: int) -> str:
-        """Return the progress line of the last fetch."""
-        now = trio.current_time()
-        return progress_line(self.last, total=self.total, in_flight=in_flight, now=now)
+    async def refresh(self) -> None:
+        """Fetch every `_FETCH_S` seconds until cancelled.
 
-    async def run(self) -> None:
-        """Redraw a line 4 times a second (live), or print one every 10 s (plain).
-
-        Cancellation: this is how it stops; it only writes to the stream.
+        Cancellation: this is how it stops.
         """
-        if not self.live:
-            while True:
-                await trio.sleep(10.0)
-                _, in_flight = await self.fetch()
-                print(self.line(in_flight), file=self.stream, flush=True)
-        console = Console(file=self.stream)
-        with Live(console=console, auto_refresh=False, transient=False) as live:
-            while True:
-                await trio.sleep(0.25)
-                _, in_flight = await self.fetch()
-                live.update(Text(self.line(in_flight)), refresh=True)
+        while True:
+            await trio.sleep(_FETCH_S)
+            await self.fetch()

@@ -2,7 +2,7 @@
 
 One `Rollouts` owns, for the whole loop, the deployment, the transport and its keep-alive
 connections, the collector (its limiter, retry budgets and breakers, its writer), and optionally
-a folder where each batch is recorded as a shard (`shards`)::
+a folder where each batch is recorded as a shard (`trollout.run.shards`)::
 
     async with trollout.open_rollouts(urls, config=config, record_output_dir="runs/rl") as ro:
         for step in range(steps):
@@ -31,8 +31,8 @@ from ..collector.http.transport import PostTransport
 from ..collector.planning.plan import plan_rows
 from ..errors import ArgumentTypeError, ConfigError
 from ..records import MaterializedRow
+from ..run.shards import open_shard
 from ..settings import RunConfig
-from .shards import open_shard
 
 __all__ = ["Rollouts", "open_rollouts"]
 

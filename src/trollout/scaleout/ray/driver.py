@@ -1,27 +1,33 @@
-"""``trollout collect --ray [ADDRESS] --workers N``: one run on a Ray cluster.
+"""``trollout collect --ray [ADDRESS] --workers N``: one run on a Ray cluster (the driver).
+
+The command line reaches this module lazily (`trollout.cli.scaleout.collect_any`); an embedding
+driver may call `collect_on_ray` itself. It reports through a `trollout.run.RunObserver` like
+`trollout.run.collect` does, and composes the run layer's pieces (`load_deployment`,
+`sharded_status`, `http_client`), never the command line.
 
 The driver (this module, in the ``trollout`` process) plans the whole input once (so bad input
 is refused before anything is written), writes the run's manifest beside OUT, and cuts the plan
 into B blocks, block ``b`` being shard ``b/B`` of the plan (`collector.task_selection`). It then
 hands blocks out to at most N workers at a time, the next block to whichever worker frees up
 first, so a slow worker holds back only its own block and workers added to the cluster mid-run
-(a pending task that finds room) get work (`ray_handout`). Each block is an ordinary run folder
-under ``<stem>_shards/`` (`ray_block`); when every block is done they are merged and aggregated
-into OUT as one run (`metrics.aggregate_shards`, by the rollouts' identity across runs).
+(a pending task that finds room) get work (`handout`). Each block is an ordinary run folder
+under ``<stem>_shards/`` (`block`), collected by the run layer (`trollout.run.collect`); when
+every block is done they are merged and aggregated into OUT as one run
+(`metrics.aggregate_shards`, by the rollouts' identity across runs).
 
 A worker that dies (killed, out of memory, its node lost) loses only its block's hand-out: the
 block goes back to the front of the queue and the next worker resumes its folder, the kernel
 having dropped the dead worker's lock; attempt numbers come from the folder's ledger, so none
 is reused. A block stopped by a signal to its own worker (a node drain, a preemption) is
 handed out again the same way, never merged as if done. A block lost 3 times
-(`ray_handout._MAX_CRASHES`) ends the run; what landed stays, resumable.
+(`handout._MAX_CRASHES`) ends the run; what landed stays, resumable.
 
 Ending early works as on one machine: the first SIGINT or SIGTERM, or ``--max-run-time``,
-stops the hand-outs and asks every running block, through the `ray_block.Control` actor, to
+stops the hand-outs and asks every running block, through the `block.Control` actor, to
 wind down (no new rollout; ``--grace`` for those in flight); a second SIGINT cancels them at
 once. The run then exits 130, 143 or 1, resumable with ``trollout resume OUT``, which reads the
 saved settings (B included, so the block folders are found again with any worker count).
-``trollout status OUT`` sums the block folders (`scaleout.status`).
+``trollout status OUT`` sums the block folders (`trollout.run.status`).
 
 The shards folder must be on a file system every worker and the driver share; the input file
 must be readable at the same path on every node. The driver makes every file the settings name
@@ -51,45 +57,44 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import attrs
 import ray
 import trio
 
-from ..collector.deployment.discovery import Deployment
-from ..collector.planning.plan import Plan, plan_rollouts
-from ..errors import (
+from ...collector.deployment.discovery import Deployment
+from ...collector.planning.plan import Plan, plan_rollouts
+from ...errors import (
     ConfigError,
     DeploymentError,
     IncompleteEvaluationError,
     RunFolderError,
     RunStoppedError,
 )
-from ..metrics import AggregateOptions, AggregateResult, aggregate_shards
-from ..records import RunManifest
-from ..recovery.layout import RunLayout
-from ..recovery.lock import RunLock
-from ..recovery.manifest import (
+from ...metrics import AggregateOptions, AggregateResult, aggregate_shards
+from ...records import RunManifest
+from ...recovery.layout import RunLayout
+from ...recovery.lock import RunLock
+from ...recovery.manifest import (
     ManifestCheck,
     build_manifest,
     check_manifest,
     read_manifest,
     write_manifest,
 )
-from ..recovery.preflight import check_run_folder, check_run_paths
-from ..recovery.run_folder import input_sha256
-from ..scaleout.layout import check_shards_root, shard_folders, shard_output
-from ..settings import RunConfig, differences
-from .collect import RunResult, load_deployment
-from .common import http_client
-from .progress import format_duration
-from .ray_handout import HandoutEnd, RayRun, drive, total_progress
-from .status import sharded_status
+from ...recovery.preflight import check_run_folder, check_run_paths
+from ...recovery.run_folder import input_sha256
+from ...run.compose import RunResult
+from ...run.deployment import http_client, load_deployment
+from ...run.observe import RunObserver, StreamObserver, format_duration
+from ...run.state import sharded_status
+from ...settings import RunConfig, differences
+from ..layout import check_shards_root, shard_folders, shard_output
+from .handout import HandoutEnd, RayRun, drive, total_progress
 
 __all__ = ["collect_on_ray"]
 
@@ -98,9 +103,7 @@ _BLOCKS_PER_WORKER: Final = 4
 _QUIET: Final[dict[str, Any]] = {"log_to_driver": False, "logging_level": logging.ERROR}
 
 
-async def collect_on_ray(
-    config: RunConfig, *, live: bool | None, stream: IO[str] | None = None
-) -> RunResult:
+async def collect_on_ray(config: RunConfig, *, observer: RunObserver | None = None) -> RunResult:
     """Collect ``config``'s run on a Ray cluster: fresh, or resumed (module docstring).
 
     Raises:
@@ -112,7 +115,7 @@ async def collect_on_ray(
 
     Cancellation: blocks in flight are asked to wind down; the folders stay resumable.
     """
-    stream = stream or sys.stderr
+    observer = observer or StreamObserver()
     config = config.with_absolute_paths()  # workers run elsewhere: see the module docstring
     if not config.output_jsonl_fpath:
         raise ConfigError("no output file: pass -o OUT.jsonl or +output_jsonl_fpath=<file.jsonl>")
@@ -128,7 +131,7 @@ async def collect_on_ray(
         layout.output.parent.mkdir(parents=True, exist_ok=True)
         with RunLock.for_layout(layout):  # held through the merge: OUT is this run's to write
             run = await (_start(*fresh) if fresh else _resume(layout, config, deployment))
-            end = await drive(run, deployment, live, stream)
+            end = await drive(run, deployment, observer)
             return await _finish(run, deployment, end, trio.current_time() - begun)
     finally:
         if started:

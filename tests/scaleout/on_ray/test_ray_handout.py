@@ -1,4 +1,4 @@
-"""Handing a Ray run's blocks out (`ray_handout._hand_out`), with a scripted fake of Ray.
+"""Handing a Ray run's blocks out (`scaleout.ray.handout._hand_out`), with a scripted fake of Ray.
 
 `ScriptedBlocks` stands in for `RayBlocks`: every hand-out ends at once, as its script says
 (a report, or a dead worker's Ray error), so the queue's rules are checked without a cluster.
@@ -15,10 +15,10 @@ pytest.importorskip("ray")
 
 from ray.exceptions import WorkerCrashedError
 
-from trollout.cli.ray_block import WIND_DOWN, BlockReport
-from trollout.cli.ray_handout import _MAX_CRASHES, HandoutEnd, RayRun, _hand_out
 from trollout.collector.engine.progress import Progress
 from trollout.recovery.layout import RunLayout
+from trollout.scaleout.ray.block import WIND_DOWN, BlockReport
+from trollout.scaleout.ray.handout import _MAX_CRASHES, HandoutEnd, RayRun, _hand_out
 from trollout.settings import RunConfig
 
 Script = dict[tuple[int, int], "BlockReport | BaseException"]

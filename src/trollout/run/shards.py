@@ -1,5 +1,9 @@
 """Recording a batch as a shard: a run folder per training step that the CLI resumes.
 
+Part of the run layer (the front ends call it, `trollout.frontends.rollouts`): a shard is a run,
+opened by the same folder opening as `collect`'s (`open_run_folder`), resumed and shown by the
+same `resume` and `status`.
+
 A shard labelled ``L`` in folder ``D`` is the run folder of ``D/rollouts-L.jsonl``, opened with
 `recovery.run_folder.open_run_folder` like any run: the batch's stamped rows are its
 materialized inputs (and its input: the manifest names that file, so ``trollout resume

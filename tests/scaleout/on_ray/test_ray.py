@@ -35,15 +35,15 @@ from builders import (  # noqa: E402
     wait_for,
     write_tasks_input,
 )
-from trollout.cli import ray_run  # noqa: E402
-from trollout.cli.ray_block import WIND_DOWN, BlockReport, Control, _run_block  # noqa: E402
-from trollout.cli.ray_handout import HandoutEnd, RayRun  # noqa: E402
 from trollout.collector.deployment.discovery import Deployment  # noqa: E402
 from trollout.collector.engine.progress import Progress  # noqa: E402
 from trollout.errors import RunFolderLockedError, RunStoppedError  # noqa: E402
 from trollout.recovery.layout import RunLayout  # noqa: E402
 from trollout.recovery.lock import RunLock, read_owner  # noqa: E402
 from trollout.scaleout import shard_folders, shard_output  # noqa: E402
+from trollout.scaleout.ray import driver as ray_run  # noqa: E402
+from trollout.scaleout.ray.block import WIND_DOWN, BlockReport, Control, _run_block  # noqa: E402
+from trollout.scaleout.ray.handout import HandoutEnd, RayRun  # noqa: E402
 from trollout.settings import RunConfig  # noqa: E402
 from trollout.testing import (  # noqa: E402
     AgentSpec,

@@ -28,7 +28,7 @@ import trollout
 import trollout.aio
 import trollout.sync
 from builders import invoke, read_jsonl
-from trollout.cli.common import EXIT_INCOMPLETE_RETRYABLE
+from trollout.cli.failures import EXIT_INCOMPLETE_RETRYABLE
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.ledger import read_entries
 from trollout.testing import (

@@ -26,9 +26,9 @@ from builders import (
     wait_for,
 )
 from trollout.collector.http.transport import RawResponse
-from trollout.driver.bridge import BatchTask, RolloutsThread
-from trollout.driver.sync import SyncBatch
 from trollout.errors import TrolloutError
+from trollout.frontends.bridge import BatchTask, RolloutsThread
+from trollout.frontends.sync import SyncBatch
 from trollout.records import MaterializedRow
 from trollout.recovery.layout import RunLayout
 

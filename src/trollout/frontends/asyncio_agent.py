@@ -8,7 +8,7 @@ in between::
         reply = await my_sdk.run(row["responses_create_params"])
         return {"response": reply, "reward": score(reply)}
 
-    async with trollout.driver.asyncio_agent.open_asyncio_agents({"my_agent": my_agent}) as t:
+    async with trollout.frontends.asyncio_agent.open_asyncio_agents({"my_agent": my_agent}) as t:
         async with trollout.open_rollouts(t.urls, transport=t) as ro:
             ...
 

@@ -1,0 +1,10 @@
+"""A run on a Ray cluster: the driver hands blocks of the plan out to workers as they free up.
+
+- `driver`: ``collect --ray`` in the ``trollout`` process (plan once, manifest, merge at the end);
+- `handout`: the queue of blocks, the driver's watchers (signals, deadline), the summed progress;
+- `block`: what runs on a worker (one block through `trollout.run.collect`) and the control actor.
+
+These are the only modules that import Ray. Nothing imports this package but the command line,
+lazily (`trollout.cli.scaleout.collect_any`), so ``import trollout`` and a plain ``trollout
+collect`` never load Ray; this ``__init__`` imports nothing, so the rule holds for the package too.
+"""
