@@ -168,41 +168,41 @@ async def collect_run(
     started = trio.current_time()
     later = partial(_plan, config, deployment)
     warn = partial(_warn, stream)
-    async with (
-        _telemetry(watching, config, stream) as telemetry,
-        open_run_folder(
+    # Telemetry stays open through aggregation and the health step: the last export has them.
+    async with _telemetry(watching, config, stream) as telemetry:
+        async with open_run_folder(
             config, deployment, plan=plan or later, resubmit=resubmit, warn=warn
-        ) as run,
-    ):
-        end = await run_session(
-            run.store,
-            config,
-            deployment.run_url_resolver(),
-            run.rows(),
-            total=run.to_dispatch,
-            stream=stream,
-            live=live,
-            transport=transport,
-            policy_model_servers=deployment.policy_model_servers(),
-            stop_when=stop_when,
-            telemetry=telemetry,
-            job_attributes={
-                "trollout.run.id": run.manifest.run_id,
-                "trollout.run": str(layout.output),
-            },
-        )
-    collector = end.collector
-    aggregate = None
-    if not end.interrupted:
-        await _check_complete(layout, config)
-        aggregate = await _aggregate(layout, config, deployment)
-    if config.batch_manifest_fpath and aggregate is None:
-        await trio.to_thread.run_sync(_batch_status_not_aggregated, layout, config)
-    health = []  # after the metrics, as in NeMo Gym; never after an abort or without metrics
-    if aggregate is not None:
-        health = await trio.to_thread.run_sync(
-            after_run, [layout.rollouts], layout.rollouts.parent, config, aggregate
-        )
+        ) as run:
+            end = await run_session(
+                run.store,
+                config,
+                deployment.run_url_resolver(),
+                run.rows(),
+                total=run.to_dispatch,
+                stream=stream,
+                live=live,
+                transport=transport,
+                policy_model_servers=deployment.policy_model_servers(),
+                stop_when=stop_when,
+                telemetry=telemetry,
+                job_attributes={
+                    "trollout.run.id": run.manifest.run_id,
+                    "trollout.run": str(layout.output),
+                },
+            )
+        collector = end.collector
+        aggregate = None
+        if not end.interrupted:
+            await _check_complete(layout, config)
+            aggregate = await _aggregate(layout, config, deployment)
+        if config.batch_manifest_fpath and aggregate is None:
+            await trio.to_thread.run_sync(_batch_status_not_aggregated, layout, config)
+        health = []  # after the metrics, as in NeMo Gym; never after an abort or without metrics
+        if aggregate is not None:
+            observe = telemetry.health_checked if telemetry is not None else None
+            health = await trio.to_thread.run_sync(
+                after_run, [layout.rollouts], layout.rollouts.parent, config, aggregate, observe
+            )
     return RunResult(
         layout=layout,
         expected=run.expected,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from ..errors import ConfigError, InputError
-from ..health import HealthSettings, check_run, parse_ignored, run_after
+from ..health import HealthReport, HealthSettings, check_run, parse_ignored, run_after
 from ..text import visible
 
 if TYPE_CHECKING:
@@ -66,11 +66,13 @@ def after_run(
     out_dir: str | os.PathLike[str],
     settings: Any,
     aggregate: AggregateResult | None = None,
+    observe: Callable[[HealthReport], None] | None = None,
 ) -> list[str]:
     """Run the health step after collect or aggregate; return the lines to print.
 
     ``settings``: a `RunConfig`, or a mapping of NeMo Gym's keys. The HTML report, when the
-    aggregation wrote one, is written again with its health section. Never raises: a failure
+    aggregation wrote one, is written again with its health section; ``observe`` gets the
+    report (`health.run_after`). Never raises: a failure
     is one line (`health.run_after`), and so is a report that cannot be rewritten.
     """
     try:
@@ -81,7 +83,7 @@ def after_run(
         )
     except ConfigError as exc:
         return [f"Rollout health: not checked ({visible(str(exc))})"]
-    report, lines = run_after(rollouts_files, out_dir, health)
+    report, lines = run_after(rollouts_files, out_dir, health, observe)
     if report is not None and aggregate is not None and aggregate.report_path is not None:
         from ..metrics.report_html import write_report
 
