@@ -22,7 +22,7 @@ from trollout.health import CHECKS
 from trollout.testing import FakeUrls
 
 TASKS = 8
-FAULTS = {
+FAULTS: dict[int, dict[str, Any]] = {
     1: {"kind": "status", "status": 500, "body": "boom"},
     2: {"kind": "failure_class", "failure_class": "transient"},
 }
