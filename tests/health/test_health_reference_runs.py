@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trollout.health import check_run
+from trollout.health import check_run, spool
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "health"
 REFERENCE = Path(__file__).parents[3] / "shared/reference/nemo_gym_0.7.0/observability/runs"
@@ -63,6 +63,16 @@ def _check(root: Path, case: str, tmp_path: Path, workers: int = 1) -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fixture_copy_matches_nemo_gym(case: str, tmp_path: Path) -> None:
     """The project's copies of NeMo Gym's runs: identical verdicts, equal summaries."""
+    _check(FIXTURES, case, tmp_path)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_spilled_fixture_copy_matches_nemo_gym(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, with the sort going through runs of 3 rows on disk (trollout.health.spool)."""
+    monkeypatch.setattr(spool, "RUN_ROWS", 3)
+    monkeypatch.setattr(spool, "BLOCK_ROWS", 2)
     _check(FIXTURES, case, tmp_path)
 
 

@@ -11,6 +11,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from builders import failed, landed, omitted
 from trollout.collector.dispatch.retry import BreakerState, RetryState
+from trollout.health import CHECKS
 from trollout.telemetry.metrics import RunMetrics, metric_failure_class
 
 
@@ -102,3 +103,23 @@ def test_metrics_read_the_collector_when_collected() -> None:
     assert open_now == {"http://127.0.0.1:2"}
     transitions = {a["state"]: v for a, v in got["trollout.breaker.transitions"]}
     assert transitions["open"] == 1
+
+
+def test_health_counts_verdicts_and_flagged_checks_with_bounded_labels() -> None:
+    """The health step's verdicts and per-check findings; an id not among the 14 is `other`."""
+    reader = InMemoryMetricReader()
+    metrics = RunMetrics(MeterProvider(metric_readers=[reader]), max_attempts=1)
+    assert "trollout.health.verdicts" not in points(reader)  # no points before the step ran
+    issues = dict.fromkeys(CHECKS, 0)
+    issues |= {"model_call_failed": 3, "task_consistently_unhealthy": 1, "made_up check": 2}
+    metrics.health_checked({"healthy": 5, "unhealthy": 3, "unobserved": 0}, issues)
+    got = points(reader)
+    verdicts = {a["verdict"]: v or 0 for a, v in got["trollout.health.verdicts"]}
+    assert verdicts == {"healthy": 5, "unhealthy": 3, "unobserved": 0}
+    flagged = {a["check"]: v or 0 for a, v in got["trollout.health.flagged"]}
+    assert set(flagged) == {*CHECKS, "other"}
+    assert {c: n for c, n in flagged.items() if n} == {
+        "model_call_failed": 3,
+        "task_consistently_unhealthy": 1,
+        "other": 2,
+    }

@@ -7,6 +7,7 @@ among its rows. With the receiver down the run ends the same way.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from collections import Counter
@@ -17,10 +18,11 @@ import pytest
 from otlp_receiver import otlp_receiver
 
 from builders import count_lines, invoke, read_jsonl, write_tasks_input
+from trollout.health import CHECKS
 from trollout.testing import FakeUrls
 
 TASKS = 8
-FAULTS = {
+FAULTS: dict[int, dict[str, Any]] = {
     1: {"kind": "status", "status": 500, "body": "boom"},
     2: {"kind": "failure_class", "failure_class": "transient"},
 }
@@ -89,3 +91,28 @@ def test_otlp_receiver_down_changes_no_outcome(
     assert landed == [t for t in range(TASKS) if t not in FAULTS]
     failed = read_jsonl(tmp_path / "down" / "r_failures.jsonl")
     assert sorted(row["_ng_task_index"] for row in failed) == sorted(FAULTS)
+
+
+def test_the_last_export_counts_the_health_check(tmp_path: Path, fake: FakeUrls) -> None:
+    """After the health step, the run's metrics hold its verdicts and findings per check,
+    equal to quality_summary.json, labelled only by the 14 check ids."""
+    source = tmp_path / "tasks.jsonl"
+    write_tasks_input(source, TASKS, faults=FAULTS)
+    with otlp_receiver() as (url, received):
+        result = invoke(
+            "collect",
+            str(source),
+            "-o",
+            str(tmp_path / "run" / "r.jsonl"),
+            *("--head-server", fake.head_url, "--agent", "math_agent"),
+            *("--progress", "plain", "--otlp-endpoint", url),
+            env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1", "OTEL_METRIC_EXPORT_INTERVAL": "600000"},
+        )
+    assert result.exit_code == 0, (result.output, result.exception)
+    summary = json.loads((tmp_path / "run" / "quality_summary.json").read_text())["run"]
+    verdicts = point_sums(received.metrics["trollout.health.verdicts"], "verdict")
+    assert dict(verdicts) == summary["verdicts"]
+    assert sum(verdicts.values()) == TASKS - 2  # the landed rows
+    flagged = point_sums(received.metrics["trollout.health.flagged"], "check")
+    assert set(flagged) == set(CHECKS)
+    assert dict(flagged) == summary["issues"]

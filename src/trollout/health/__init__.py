@@ -16,15 +16,22 @@ How, and why this shape:
   row itself is dropped there. `run.check_run` reads the file once, line by line
   (`jsonl.iter_lines`, a line capped at 64 MiB), and feeds the results to per-task state.
 - **Memory follows tasks, not rows.** A row's payload (kilobytes of request and response) is
-  never kept; what stays per row is its verdict line's parts (identity and rendered findings,
-  tens of bytes for a healthy row), because the verdict file is sorted by (task, rollout, stage)
-  and a duplicate found at the end of the file changes lines written for rows seen at its start.
-  Per task there is one record per rollout index (its copies, whether all had complete turn
-  bindings, the most successful turn calls of a copy): exactly what the task checks read.
-  Rejected: spooling the verdict parts to a temporary file and external-sorting it - it saves
-  about 100 bytes a row (bench/health.py measures the whole) at the price of a second file
-  and a second pass; rejected too: two passes over the rollouts file (one for duplicates), which
-  doubles the reading of the largest file of a run.
+  never kept, and neither are its verdict line's parts: the verdict file is sorted by (task,
+  rollout, stage) and a duplicate found at the end of the file changes lines of rows seen at
+  its start, so each row's pre-rendered parts (identity, findings split around where a
+  duplicate finding would go, the line's tail, the task digest) go to a `spool.SortedSpool`,
+  an external sort: runs of 2,048 rows sorted in memory, on disk in an anonymous temporary file
+  in the output folder, merged at write-out. Rows then arrive grouped by task and rollout, so
+  each repeat's copies are settled (duplicate findings, verdicts) and each task's flags
+  decided as the lines are written, and dropped. What stays in memory: run totals, one name
+  per task, one run of rows, and one block of 16 rows per run on disk (a few bytes a row at
+  the worst); tests/health/test_health_memory.py counts it with tracemalloc. Task and rollout
+  indices are grouped by the order they are sorted by (integers, strings, then the text of
+  anything else), the same as grouping by value for every index NeMo Gym writes.
+  Rejected: keeping every row's parts in memory (the first version: about 1.3 KB a row, 16 MB
+  at 20,000 small rows); an index of (offset, packed key) per row over a spool (see `spool`);
+  two passes over the rollouts file (one for duplicates), which doubles the reading of the
+  largest file of a run.
 - **Workers.** ``workers=N`` checks 64-line chunks in N spawned processes, at most two chunks per
   worker in flight, results consumed in file order, so the files are byte-identical for any N; a
   file under 1 MiB, ``workers=1``, or a pool that cannot start or breaks is checked inline.

@@ -10,7 +10,7 @@ step failed and why - a health step never fails the run it reports on.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -85,9 +85,11 @@ def run_after(
     rollouts_files: Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
     settings: HealthSettings,
+    observe: Callable[[HealthReport], None] | None = None,
 ) -> tuple[HealthReport | None, list[str]]:
     """Run the health check after a run; return the report (None: skipped or failed) and lines.
 
+    ``observe`` is called with the report when there is one (the run's telemetry counts it).
     Never raises (but for KeyboardInterrupt and the like): a failure is one line naming it.
     """
     if settings.disabled:
@@ -102,6 +104,8 @@ def run_after(
     except Exception as exc:  # the run is done; its health report must not undo it
         reason = visible(f"{type(exc).__name__}: {exc}")
         return None, [f"Rollout health: not checked ({reason}); trollout health-check reruns it"]
+    if observe is not None:
+        observe(report)
     return report, report.lines()
 
 

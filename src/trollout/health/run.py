@@ -12,6 +12,7 @@ import os
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import groupby
 from pathlib import Path
 from typing import Any, Final
 
@@ -21,6 +22,7 @@ from ..errors import ConfigError
 from ..jsonl import iter_lines
 from .checks import CHECKS, NO_STAGE, ROLLOUT_CHECKS, TASK_CHECKS, RowResult, evaluate_chunk
 from .checks import render as _render
+from .spool import SortedSpool
 
 __all__ = [
     "QUALITY_SUMMARY",
@@ -139,14 +141,15 @@ def check_files(
         if not path.is_file():
             raise ConfigError(f"Rollout JSONL not found: {path}")
     out = Path(out_dir) if out_dir is not None else paths[0].parent
-    state = _State(frozenset(ignored))
-    for file_index, path in enumerate(paths):
-        for result in _results(path, file_index, state.ignored, workers):
-            state.add(result)
-    summary = state.summary(ignored)
     summary_path = Path(os.path.abspath(out / QUALITY_SUMMARY))
     verdicts_path = Path(os.path.abspath(out / ROLLOUT_VERDICTS))
-    _replace(verdicts_path, state.verdict_lines())
+    with SortedSpool(out) as spool:
+        state = _State(frozenset(ignored), spool)
+        for file_index, path in enumerate(paths):
+            for result in _results(path, file_index, state.ignored, workers):
+                state.add(result)
+        _replace(verdicts_path, state.verdict_lines())
+    summary = state.summary(ignored)
     _replace(summary_path, [_indented(summary)])
     run = summary["run"]
     return HealthReport(
@@ -260,39 +263,22 @@ def _order(value: Any) -> tuple[int, Any]:
     return (2, repr(value))
 
 
-class _Entry:
-    """One row as the reduce keeps it: its verdict line's parts, no more."""
-
-    __slots__ = ("findings", "head", "issues", "readable", "seq", "stage", "unobserved", "verdict")
-
-    def __init__(self, result: RowResult, seq: int, head: str) -> None:
-        self.seq = seq
-        self.stage = result.stage
-        self.head = head
-        self.readable = result.readable
-        self.findings = [text for _, text in result.findings]
-        self.issues = [index for index, _ in result.findings]
-        self.unobserved = result.unobserved
-        self.verdict = ""  # set once duplicates are known
-
-
-class _Repeat:
-    """One (task, rollout index): its rows (copies), and the digest task check 14 needs."""
-
-    __slots__ = ("complete", "entries", "successful")
-
-    def __init__(self) -> None:
-        self.entries: list[_Entry] = []
-        self.complete = True
-        self.successful = 0
+_NO_STAGE_KEY: Final = (-1, 0)  # a row without a stage sorts before its staged copies
+_VERDICT_OF: Final = ("unhealthy", "unobserved", "healthy")  # a row's verdict before duplicates
+# A spooled row: (key, head, before, after, verdict, tail, readable, complete, successful);
+# key = (task order, rollout order, stage order, file order); before/after: the rendered
+# findings that go before and after a duplicate-identity finding; tail: the line after its
+# findings. Positions, not names: a tuple of plain values is the smallest thing to spool.
+_KEY, _HEAD, _BEFORE, _AFTER, _VERDICT, _TAIL, _READABLE, _COMPLETE, _SUCCESSFUL = range(9)
 
 
 class _State:
-    """Per-task state and run totals, fed one `RowResult` at a time."""
+    """Run totals, the task names, and the rows' verdict-line parts in a `SortedSpool`."""
 
-    def __init__(self, ignored: frozenset[str]) -> None:
+    def __init__(self, ignored: frozenset[str], spool: SortedSpool) -> None:
         self.ignored = ignored
-        self.tasks: dict[Any, dict[Any, _Repeat]] = {}
+        self.spool = spool
+        self.task_names: dict[tuple[int, Any], str] = {}  # task order -> its name in the summary
         self.records = 0
         self.captures = 0
         self.rows_unobserved = [0] * len(ROLLOUT_CHECKS)
@@ -304,18 +290,41 @@ class _State:
         self.replayed = 0
         self.replayed_rollouts = 0
         self.tokens = [0, 0, 0, 0]
+        # Set while the verdict lines are written (`verdict_lines`), read by `summary`.
+        self.verdicts = dict.fromkeys(VERDICTS, 0)
+        self.issues = [0] * len(CHECKS)
+        self.tasks_out: dict[str, dict[str, Any]] = {}
+        self.task_count = 0
+        self.task_unobserved = [0, 0]
 
     def add(self, result: RowResult) -> None:
         self.records += 1
         head = {"_ng_task_index": result.task, "_ng_rollout_index": result.rollout}
         head["rollout_id"] = result.rollout_id
-        text = _render(head)[:-1]  # the line's opening keys, without the closing brace
-        repeat = self.tasks.setdefault(result.task, {}).get(result.rollout)
-        if repeat is None:
-            repeat = self.tasks[result.task][result.rollout] = _Repeat()
-        repeat.entries.append(_Entry(result, self.records, text))
-        repeat.complete = repeat.complete and result.turn_complete
-        repeat.successful = max(repeat.successful, result.successful)
+        task = _order(result.task)
+        if task not in self.task_names:
+            self.task_names[task] = str(result.task)
+        stage = _NO_STAGE_KEY if result.stage is NO_STAGE else _order(result.stage)
+        before = ",".join(text for index, text in result.findings if index < _DUP)
+        after = ",".join(text for index, text in result.findings if index > _DUP)
+        for index, _ in result.findings:
+            self.issues[index] += 1
+        staged = "" if result.stage is NO_STAGE else f',"stage_index":{_render(result.stage)}'
+        tail = f'],"unobserved":{_render([CHECKS[i] for i in result.unobserved])}{staged}}}\n'
+        verdict = 0 if result.findings else 1 if result.unobserved else 2
+        self.spool.add(
+            (
+                (task, _order(result.rollout), stage, self.records),
+                _render(head)[:-1],  # the line's opening keys, without the closing brace
+                before,
+                after,
+                verdict,
+                tail,
+                result.readable,
+                result.turn_complete,
+                result.successful > 0,
+            )
+        )
         for index in result.unobserved:
             self.rows_unobserved[index] += 1
         self.rows_unreadable += not result.readable
@@ -331,81 +340,63 @@ class _State:
         for i, value in enumerate(result.tokens):
             self.tokens[i] += value
 
-    def _settle(self) -> None:
-        """Add duplicate-identity findings and set every row's verdict (after the pass)."""
-        dup_on = "rollout_duplicate_identity" not in self.ignored
-        for repeats in self.tasks.values():
-            for repeat in repeats.values():
-                copies = Counter(_order(e.stage) for e in repeat.entries if e.readable)
-                for entry in repeat.entries:
-                    count = copies[_order(entry.stage)] if entry.readable else 0
-                    if dup_on and count > 1:
-                        text = _render(
-                            {
-                                "check": "rollout_duplicate_identity",
-                                "detail": {"duplicate_count": count},
-                            }
-                        )
-                        at = sum(1 for index in entry.issues if index < _DUP)
-                        entry.findings.insert(at, text)
-                        entry.issues.insert(at, _DUP)
-                    if entry.findings:
-                        entry.verdict = "unhealthy"
-                    elif entry.unobserved:
-                        entry.verdict = "unobserved"
-                    else:
-                        entry.verdict = "healthy"
-
     def verdict_lines(self) -> Iterator[str]:
-        for task in sorted(self.tasks, key=_order):
-            repeats = self.tasks[task]
-            entries = [
-                e for rollout in sorted(repeats, key=_order) for e in _staged(repeats[rollout])
-            ]
-            for e in entries:
-                unobserved = _render([CHECKS[i] for i in e.unobserved])
-                stage = "" if e.stage is NO_STAGE else f',"stage_index":{_render(e.stage)}'
-                yield (
-                    f'{e.head},"verdict":"{e.verdict}","findings":[{",".join(e.findings)}],'
-                    f'"unobserved":{unobserved}{stage}}}\n'
-                )
+        """Yield the verdict lines in order, settling duplicates and tasks on the way.
 
-    def summary(self, ignored: tuple[str, ...]) -> dict[str, Any]:
-        self._settle()
-        verdicts = dict.fromkeys(VERDICTS, 0)
-        issues = dict.fromkeys(CHECKS, 0)
-        coverage: dict[str, dict[str, int]] = {}
-        tasks_out: dict[str, dict[str, Any]] = {}
-        task_unobserved = [0, 0]
-        for task in sorted(self.tasks, key=_order):
-            repeats = self.tasks[task]
+        The spool yields rows by (task, rollout, stage, file order), so one task's rows, and
+        within it one rollout's copies, arrive together: a repeat is settled (duplicate
+        findings, verdicts, its collapsed verdict) and written before the next is read.
+        """
+        dup_on = "rollout_duplicate_identity" not in self.ignored
+        for task, rows in groupby(self.spool.sorted(), key=_task_of):
+            self.task_count += 1
             counts = dict.fromkeys(VERDICTS, 0)
-            collapsed = []
-            for rollout in sorted(repeats, key=_order):
-                repeat = repeats[rollout]
-                for e in repeat.entries:
-                    verdicts[e.verdict] += 1
-                    for index in e.issues:
-                        issues[CHECKS[index]] += 1
-                found = {e.verdict for e in repeat.entries}
-                verdict = found.pop() if len(found) == 1 else "unobserved"
-                counts[verdict] += 1
-                collapsed.append((verdict, repeat))
+            repeats = computable = unhealthy = 0
+            complete, successful = True, False
+            for _, group in groupby(rows, key=_rollout_of):
+                copies = list(group)
+                stages = Counter(row[_KEY][2] for row in copies if row[_READABLE])
+                found = set()
+                for row in copies:
+                    verdict = _VERDICT_OF[row[_VERDICT]]
+                    findings = [row[_BEFORE], row[_AFTER]]
+                    count = stages[row[_KEY][2]] if row[_READABLE] else 0
+                    if dup_on and count > 1:
+                        findings.insert(1, _duplicate(count))
+                        self.issues[_DUP] += 1
+                        verdict = "unhealthy"
+                    self.verdicts[verdict] += 1
+                    found.add(verdict)
+                    complete = complete and row[_COMPLETE]
+                    successful = successful or row[_SUCCESSFUL]
+                    yield (
+                        f'{row[_HEAD]},"verdict":"{verdict}","findings":['
+                        f"{','.join(f for f in findings if f)}{row[_TAIL]}"
+                    )
+                collapsed = found.pop() if len(found) == 1 else "unobserved"
+                counts[collapsed] += 1
+                repeats += 1
+                computable += collapsed != "unobserved"
+                unhealthy += collapsed == "unhealthy"
             flags = []
-            computable = [v for v, _ in collapsed if v != "unobserved"]
             if "task_consistently_unhealthy" not in self.ignored:
-                if len(computable) < 2:
-                    task_unobserved[0] += 1
-                elif all(v == "unhealthy" for v in computable):
+                if computable < 2:
+                    self.task_unobserved[0] += 1
+                elif unhealthy == computable:
                     flags.append("task_consistently_unhealthy")
             if "task_no_successful_model_calls" not in self.ignored:
-                if not all(repeat.complete for _, repeat in collapsed):
-                    task_unobserved[1] += 1
-                elif all(repeat.successful == 0 for _, repeat in collapsed):
+                if not complete:
+                    self.task_unobserved[1] += 1
+                elif not successful:
                     flags.append("task_no_successful_model_calls")
             for flag in flags:
-                issues[flag] += 1
-            tasks_out[str(task)] = {"repeats": len(repeats), **counts, "flags": flags}
+                self.issues[CHECKS.index(flag)] += 1
+            self.tasks_out[self.task_names[task]] = {"repeats": repeats, **counts, "flags": flags}
+
+    def summary(self, ignored: tuple[str, ...]) -> dict[str, Any]:
+        """The summary object (after `verdict_lines` has been consumed)."""
+        issues = dict(zip(CHECKS, self.issues, strict=True))
+        coverage: dict[str, dict[str, int]] = {}
         for index, check in enumerate(ROLLOUT_CHECKS):
             if check in self.ignored:
                 coverage[check] = {"evaluated": 0, "unobserved": 0, "ignored": self.records}
@@ -419,17 +410,17 @@ class _State:
                 "ignored": 0,
             }
         for index, check in enumerate(TASK_CHECKS):
-            n = len(self.tasks)
+            n = self.task_count
             if check in self.ignored:
                 coverage[check] = {"evaluated": 0, "unobserved": 0, "ignored": n}
             else:
-                u = task_unobserved[index]
+                u = self.task_unobserved[index]
                 coverage[check] = {"evaluated": n - u, "unobserved": u, "ignored": 0}
         prompt, completion, capture_prompt, capture_completion = self.tokens
         run = {
             "ignored_checks": list(ignored),
             "artifacts": {"records": self.records, "captures": self.captures, "coverage": coverage},
-            "verdicts": verdicts,
+            "verdicts": dict(self.verdicts),
             "issues": issues,
             "stats": {
                 "model_call_errors": {
@@ -447,11 +438,16 @@ class _State:
                 },
             },
         }
-        return {"run": run, "tasks": tasks_out}
+        return {"run": run, "tasks": self.tasks_out}
 
 
-def _staged(repeat: _Repeat) -> list[_Entry]:
-    """A repeat's rows in stage order (a row without a stage first), then file order."""
-    return sorted(
-        repeat.entries, key=lambda e: ((-1, 0) if e.stage is NO_STAGE else _order(e.stage), e.seq)
-    )
+def _task_of(row: tuple[Any, ...]) -> Any:
+    return row[_KEY][0]
+
+
+def _rollout_of(row: tuple[Any, ...]) -> Any:
+    return row[_KEY][1]
+
+
+def _duplicate(count: int) -> str:
+    return _render({"check": "rollout_duplicate_identity", "detail": {"duplicate_count": count}})

@@ -123,44 +123,44 @@ async def collect(
     started = trio.current_time()
     later = partial(checks.plan, config, deployment)
     warn = partial(_warn, observer)
-    # 4. Open (or resume) the run folder, and start telemetry.
-    async with (
-        _telemetry(watching, config, observer) as telemetry,
-        open_run_folder(
+    # 4. Start telemetry, and open (or resume) the run folder. Telemetry stays open through
+    # aggregation and the health step, so its last export carries them.
+    async with _telemetry(watching, config, observer) as telemetry:
+        async with open_run_folder(
             config, deployment, plan=plan or later, resubmit=resubmit, warn=warn
-        ) as run,
-    ):
-        # 5. Run the engine with its watchers.
-        session = await run_session(
-            run.store,
-            config,
-            deployment.run_url_resolver(),
-            run.rows(),
-            total=run.to_dispatch,
-            observer=observer,
-            watchers=watchers,
-            transport=transport,
-            policy_model_servers=deployment.policy_model_servers(),
-            telemetry=telemetry,
-            job_attributes={
-                "trollout.run.id": run.manifest.run_id,
-                "trollout.run": str(layout.output),
-            },
-        )
-    # 6. Refuse an incomplete run under require_complete; aggregate.
-    collector = session.collector
-    aggregate = None
-    if not session.interrupted:
-        await checks.check_complete(layout, config)
-        aggregate = await checks.aggregate(layout, config, deployment)
-    if config.batch_manifest_fpath and aggregate is None:
-        await trio.to_thread.run_sync(checks.batch_status_not_aggregated, layout, config)
-    # 7. The health check: after the metrics, as in NeMo Gym; never after an abort.
-    health: list[str] = []
-    if aggregate is not None:
-        health = await trio.to_thread.run_sync(
-            after_run, [layout.rollouts], layout.rollouts.parent, config, aggregate
-        )
+        ) as run:
+            # 5. Run the engine with its watchers.
+            session = await run_session(
+                run.store,
+                config,
+                deployment.run_url_resolver(),
+                run.rows(),
+                total=run.to_dispatch,
+                observer=observer,
+                watchers=watchers,
+                transport=transport,
+                policy_model_servers=deployment.policy_model_servers(),
+                telemetry=telemetry,
+                job_attributes={
+                    "trollout.run.id": run.manifest.run_id,
+                    "trollout.run": str(layout.output),
+                },
+            )
+        # 6. Refuse an incomplete run under require_complete; aggregate.
+        collector = session.collector
+        aggregate = None
+        if not session.interrupted:
+            await checks.check_complete(layout, config)
+            aggregate = await checks.aggregate(layout, config, deployment)
+        if config.batch_manifest_fpath and aggregate is None:
+            await trio.to_thread.run_sync(checks.batch_status_not_aggregated, layout, config)
+        # 7. The health check: after the metrics, as in NeMo Gym; never after an abort.
+        health: list[str] = []
+        if aggregate is not None:
+            observe = telemetry.health_checked if telemetry is not None else None
+            health = await trio.to_thread.run_sync(
+                after_run, [layout.rollouts], layout.rollouts.parent, config, aggregate, observe
+            )
     return RunResult(
         layout=layout,
         expected=run.expected,

@@ -10,11 +10,11 @@ written again with the health section. Never raises: a failure is one line.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..health import HealthSettings, run_after
+from ..health import HealthReport, HealthSettings, run_after
 from ..text import visible
 
 if TYPE_CHECKING:
@@ -28,11 +28,13 @@ def after_run(
     out_dir: str | os.PathLike[str],
     settings: Any,
     aggregate: AggregateResult | None = None,
+    observe: Callable[[HealthReport], None] | None = None,
 ) -> list[str]:
     """Run the health step after collect or aggregate; return the lines to print.
 
     ``settings``: a `RunConfig`, or a mapping of NeMo Gym's keys. The HTML report, when the
-    aggregation wrote one, is written again with its health section. Never raises: a failure
+    aggregation wrote one, is written again with its health section; ``observe`` gets the
+    report (`health.run_after`: the run's telemetry counts verdicts). Never raises: a failure
     is one line (`health.run_after`), and so is a report that cannot be rewritten.
     """
     try:
@@ -43,7 +45,7 @@ def after_run(
         )
     except ConfigError as exc:
         return [f"Rollout health: not checked ({visible(str(exc))})"]
-    report, lines = run_after(rollouts_files, out_dir, health)
+    report, lines = run_after(rollouts_files, out_dir, health, observe)
     if report is not None and aggregate is not None and aggregate.report_path is not None:
         from ..metrics.report_html import write_report
 

@@ -13,28 +13,39 @@ Design note. Two kinds of instrument, by what they cost the hot path:
 
 Labels are bounded (`metric_failure_class`, after NeMo Gym's ``_metric_failure_kind``): a
 producer may send any failure label, and a label per distinct string would grow without end.
+
+After the run, the rollout health step (trollout.health) adds its counts once
+(`RunMetrics.health_checked`): ``trollout.health.verdicts`` by ``verdict`` (healthy, unhealthy,
+unobserved) and ``trollout.health.flagged`` by ``check`` (findings per check, flagged tasks for
+the two task checks; `health_check_label` keeps the label to the 14 check ids and ``other``).
+Both are read when collected, like the outcome counts, and have no points until the step ran.
+The run's telemetry stays open through the health step (``collect_run``) so the last export
+carries them.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Final
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 
 from ..collector.dispatch.retry import BreakerState
+from ..health import CHECKS
 from ..records import Failed, FailureClass, Landed, OmitReason, Outcome
 
 if TYPE_CHECKING:
     from ..collector.engine.collector import Collector
 
-__all__ = ["LATENCY_BUCKETS_S", "RunMetrics", "metric_failure_class"]
+__all__ = ["LATENCY_BUCKETS_S", "RunMetrics", "health_check_label", "metric_failure_class"]
 
 OTHER: Final = "other"
 _KNOWN: Final = frozenset(member.value for member in FailureClass)
+_CHECKS: Final = frozenset(CHECKS)
+HEALTH_VERDICTS: Final = ("healthy", "unhealthy", "unobserved")
 _NAMESPACED: Final = re.compile(r"[a-z][a-z0-9_]{0,31}\.[a-z0-9_.]{1,63}")
 LATENCY_BUCKETS_S: Final = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 _WAIT_BUCKETS_S: Final = (0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60)
@@ -50,6 +61,11 @@ def metric_failure_class(label: str) -> str:
     if label in _KNOWN or _NAMESPACED.fullmatch(label):
         return label
     return OTHER
+
+
+def health_check_label(check: str) -> str:
+    """Return a health check id as a bounded metric label: one of the 14 ids, else ``other``."""
+    return check if check in _CHECKS else OTHER
 
 
 class RunMetrics:
@@ -70,6 +86,8 @@ class RunMetrics:
         # Counted in a plain Counter (0.3 us) and read when collected, rather than a pushed
         # OTel counter (13 us per call): settled outcomes are the one per-rollout event here.
         self.rollouts: Counter[tuple[str, str | None]] = Counter()
+        self.health_verdicts: Counter[str] = Counter()
+        self.health_flagged: Counter[str] = Counter()
         self.reward = meter.create_histogram(
             "trollout.reward",
             description="Rewards of landed, scored rollouts",
@@ -110,6 +128,16 @@ class RunMetrics:
             "trollout.rollouts",
             [self._rollouts],
             description="Rollouts settled, by outcome and failure class",
+        )
+        meter.create_observable_counter(
+            "trollout.health.verdicts",
+            [self._health_verdicts],
+            description="Rollouts judged by the health check, by verdict",
+        )
+        meter.create_observable_counter(
+            "trollout.health.flagged",
+            [self._health_flagged],
+            description="Health check findings by check (task checks: flagged tasks)",
         )
         meter.create_observable_counter(
             "trollout.breaker.transitions",
@@ -159,6 +187,13 @@ class RunMetrics:
         self.retries.add(1, {"reason": reason})
         self.retry_wait.record(delay_s, {"reason": reason})
 
+    def health_checked(self, verdicts: Mapping[str, int], issues: Mapping[str, int]) -> None:
+        """Count a health check's verdicts and findings per check (labels bounded)."""
+        for verdict in HEALTH_VERDICTS:
+            self.health_verdicts[verdict] += int(verdicts.get(verdict, 0))
+        for check, count in issues.items():
+            self.health_flagged[health_check_label(check)] += int(count)
+
     # --- read when collected ------------------------------------------------------------
 
     def _rollouts(self, options: CallbackOptions) -> Iterable[Observation]:
@@ -167,6 +202,14 @@ class RunMetrics:
             if label is not None:
                 attributes["failure_class"] = label
             yield Observation(count, attributes)
+
+    def _health_verdicts(self, options: CallbackOptions) -> Iterable[Observation]:
+        for verdict, count in sorted(self.health_verdicts.items()):
+            yield Observation(count, {"verdict": verdict})
+
+    def _health_flagged(self, options: CallbackOptions) -> Iterable[Observation]:
+        for check, count in sorted(self.health_flagged.items()):
+            yield Observation(count, {"check": check})
 
     def _in_flight(self, options: CallbackOptions) -> Iterable[Observation]:
         if self.collector is not None:

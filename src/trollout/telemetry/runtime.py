@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 
 from ..collector.engine.collector import Collector
 from ..collector.engine.observer import AttemptTrace
+from ..health import HealthReport
 from ..records import Failed, Landed, MaterializedRow, Outcome
 from . import TelemetrySettings
 from .metrics import RunMetrics
@@ -148,6 +149,15 @@ class Telemetry:
             return
         try:
             self.metrics.settled(outcome, final)
+        except Exception as exc:
+            self._error(exc)
+
+    def health_checked(self, report: HealthReport) -> None:
+        """Count the run's health check (`RunMetrics.health_checked`); never raises."""
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.health_checked(report.verdicts, report.issues)
         except Exception as exc:
             self._error(exc)
 
