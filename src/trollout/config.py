@@ -433,6 +433,8 @@ class RunConfig:
     allow_unsafe_resume: bool = attrs.field(default=False, validator=_flag)
     max_attempts: int = attrs.field(factory=default_max_attempts, validator=POSITIVE_COUNT)
     retry_terminal_timeouts: bool = attrs.field(default=False, validator=_flag)
+    # resume dispatches retryable failures (false: only what never finished; sbatch's tasks)
+    retry_failed_on_resume: bool = attrs.field(default=True, validator=_flag)
     dispatch_longest_first: bool = attrs.field(default=False, validator=_flag)
     # telemetry (trollout.telemetry; the OTEL_* environment variables configure the rest)
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL (OTEL_EXPORTER_OTLP_ENDPOINT's role)

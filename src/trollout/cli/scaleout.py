@@ -36,10 +36,10 @@ from ..recovery.preflight import (
 )
 from ..recovery.resume import Resubmit
 from ..scaleout.layout import check_shards_root, shard_output, shards_root
-from ..scaleout.sbatch import sbatch_script
+from ..scaleout.sbatch import logs_folder, sbatch_script, short_time_warning, submit
 from ..telemetry import TelemetrySettings
 from ..text import visible
-from .common import build_run_config, fail
+from .common import EXIT_FAILED, build_run_config, fail
 
 if TYPE_CHECKING:  # collect imports this module for its options
     from .collect import RunResult
@@ -149,10 +149,12 @@ def _refuse_ray_folder(config: RunConfig) -> None:
 _SBATCH_HELP = """Write a Slurm array script that collects a run as N shards.
 
 ARGS are collect's: INPUT -o OUT and any options or +key=value settings. Job I of the array
-runs `trollout collect ARGS --shard I/N --resume` into OUT's shards folder; a job stopped at
-its time limit leaves a resumable shard, and submitting the script again (or `sbatch
---array=3,5 SCRIPT`) resumes it. When the jobs are done, `trollout aggregate` (its command is
-in the script) merges the shards into OUT as one run.
+runs `trollout collect ARGS --shard I/N --resume --no-retry-failed` into OUT's shards folder.
+A task stopped at its time limit, by preemption or by `scancel -b --signal=TERM JOB_I` writes
+everything down and requeues itself (it never ends FAILED); run again, it resumes its shard.
+Plain `scancel` stops a task for good (submit the script again to resume it). Logs are
+appended to OUT's shards folder, logs/slurm-JOB_I.out. With --submit the script is submitted
+and then a merge job that runs `trollout aggregate` into OUT once every task completed.
 
 Before the script is written, every job's shard gets the checks collect makes before it asks
 the deployment (the input, the run folders, OTEL_* settings); the deployment and the rows'
@@ -188,18 +190,34 @@ port and prints it in its log), or send metrics over OTLP with --otlp-endpoint.
     is_flag=True,
     help="Replace the --script file if it exists (atomically).",
 )
+@click.option(
+    "--submit",
+    is_flag=True,
+    help="Submit the script with sbatch (needs --script), then a merge job that runs "
+    "`trollout aggregate` once every task completed (afterok); print both job ids.",
+)
+@click.option(
+    "--no-aggregate-job",
+    is_flag=True,
+    help="With --submit: submit the array only; merge by hand with the script's command.",
+)
 def sbatch(args: tuple[str, ...], shards: int, **opts: Any) -> None:
     try:
-        text, touched, output = _sbatch_text(args, shards, opts)
+        text, touched, output, warning = _sbatch_text(args, shards, opts)
         script = None if opts["script"] is None else Path(opts["script"])
+        if opts["submit"] and script is None:
+            raise ConfigError("--submit needs --script FILE (the script Slurm runs is kept)")
         if script is not None:
             _check_script(script, touched, output, overwrite=opts["overwrite_script"])
     except TrolloutError as exc:
         fail(str(exc))
+    if warning is not None:
+        click.echo(f"warning: {warning}", err=True)
     if script is None:
         click.echo(text, nl=False)
         return
     try:
+        logs_folder(output).mkdir(parents=True, exist_ok=True)  # Slurm does not make it
         replace_atomically(script, [text.encode()])
     except OSError as exc:
         fail(
@@ -207,12 +225,28 @@ def sbatch(args: tuple[str, ...], shards: int, **opts: Any) -> None:
             "or choose another --script path"
         )
     shown = shlex.quote(visible(str(script)))
-    click.echo(f"wrote {shown}; submit it with: sbatch {shown}", err=True)
+    if not opts["submit"]:
+        click.echo(f"wrote {shown}; submit it with: sbatch {shown}", err=True)
+        return
+    try:
+        jobs = submit(
+            script.absolute(), output=output, shards=shards, python=sys.executable,
+            workdir=Path.cwd(), job_name=opts["job_name"], aggregate=not opts["no_aggregate_job"],
+        )  # fmt: skip
+    except ConfigError as exc:
+        fail(str(exc), EXIT_FAILED)
+    click.echo(f"submitted array job {jobs.array_job} ({shards} tasks) from {shown}")
+    if jobs.aggregate_job is not None:
+        click.echo(
+            f"submitted merge job {jobs.aggregate_job} (after every task completed) into "
+            f"{shlex.quote(visible(str(output)))}"
+        )
+    click.echo(f"logs: {shlex.quote(visible(str(logs_folder(output))))}")
 
 
 def _sbatch_text(
     args: tuple[str, ...], shards: int, opts: dict[str, Any]
-) -> tuple[str, list[tuple[str, Path]], Path]:
+) -> tuple[str, list[tuple[str, Path]], Path, str | None]:
     """Check the run as each job's ``collect`` would, and return the script and the files
     the run reads or writes (each with how a message names it)."""
     if shards < 1:
@@ -241,7 +275,9 @@ def _sbatch_text(
         workdir=Path.cwd(),
         sbatch_options=options,
     )
-    return text, _touched(config, config_file, output), output
+    limits = [o.split("=", 1)[1] for o in options if o.startswith("--time=")]
+    warning = short_time_warning(limits[-1], config.grace_s) if limits else None
+    return text, _touched(config, config_file, output), output, warning
 
 
 def _check_jobs(config: RunConfig, output: Path, shards: int) -> TelemetrySettings | None:
