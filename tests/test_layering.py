@@ -162,7 +162,7 @@ LAYERS: dict[str, frozenset[str]] = {
         "enrichment": ("leaves",),
         "recovery": ("leaves",),
         "metrics": ("leaves", "recovery", "collector.http", "health"),
-        "telemetry": ("leaves", "collector.dispatch", "collector.engine"),
+        "telemetry": ("leaves", "collector.dispatch", "collector.engine", "health"),
         "run": (
             "leaves",
             "recovery",

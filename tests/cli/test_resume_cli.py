@@ -156,3 +156,28 @@ def test_resume_cli_fifo_input_exits_2_without_opening_it(tmp_path: Path, fake: 
         "JSONL file the run was planned from"
     ]
     assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == before
+
+
+def test_resume_cli_no_retry_failed_sends_only_what_never_finished(
+    tmp_path: Path, fake: FakeUrls
+) -> None:
+    """``--no-retry-failed`` (what a requeued Slurm task runs): the retryable failure of the
+    first session is kept, not sent again; a plain resume sends it (and it lands)."""
+    rows: list[dict[str, Any]] = list(task_rows(4, seed=3))
+    rows[1]["fake_fault"] = {"kind": "status", "status": 500, "attempts": [0]}
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(jsonl.dumps(r) for r in rows))
+    out = tmp_path / "r.jsonl"
+    url = f"math_agent={fake.run_urls['math_agent']}"
+    first = invoke("collect", str(source), "-o", str(out), "--agent", "math_agent",
+                   "--agent-url", url, "--max-attempts", "3", "+max_request_retries=0")  # fmt: skip
+    assert first.exit_code == 0, first.output
+    assert sorted(r["_ng_task_index"] for r in jsonl.read_rows(out)) == [0, 2, 3]
+    kept = invoke("resume", str(out), "--no-retry-failed")
+    assert kept.exit_code == 0, kept.output
+    assert "dispatched 0" in kept.stdout
+    assert sorted(r["_ng_task_index"] for r in jsonl.read_rows(out)) == [0, 2, 3]
+    retried = invoke("resume", str(out))
+    assert retried.exit_code == 0, retried.output
+    assert "dispatched 1" in retried.stdout
+    assert sorted(r["_ng_task_index"] for r in jsonl.read_rows(out)) == [0, 1, 2, 3]

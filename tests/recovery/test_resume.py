@@ -89,6 +89,21 @@ def test_resume_retry_terminal_timeouts(tmp_path: Path) -> None:
     assert (1, 0) not in out
 
 
+def test_resume_without_retrying_failures_sends_only_what_never_finished(tmp_path: Path) -> None:
+    """retry_failed=False (a resubmitted Slurm task): a retryable failure stays a failure; a
+    missing or interrupted rollout is still sent, so a preemption cannot change the result."""
+    folder = Folder(tmp_path, KEYS).fail(failure(0, 0), failure(1, 0), omitted(1, 1, 1))
+    folder.land(landed(0, 1))
+    everything, fates = decide(folder)
+    assert {(0, 0), (1, 0), (1, 1)} <= set(everything)
+    finished_only, same = decide(folder, retry_failed=False)
+    assert (0, 0) not in finished_only and (1, 0) not in finished_only
+    assert (0, 1) not in finished_only
+    assert set(finished_only) == set(everything) - {(0, 0), (1, 0)}
+    assert finished_only[(1, 1)] == everything[(1, 1)]
+    assert same == fates  # the fates are the same; only what is dispatched differs
+
+
 def test_resume_attempt_cap_counts_spent_attempts(tmp_path: Path) -> None:
     """Three delivered failures reach a cap of 3; not_sent failures do not spend one, but a
     number above them that may have reached a server still bounds the next (4 >= a cap of 4)."""

@@ -81,6 +81,12 @@ class SlurmCluster:
         out = self.run("sbatch", "--parsable", *options, str(script)).stdout.strip()
         return int(out.split(";")[0])
 
+    def state(self, task: str) -> str | None:
+        """Return the state ``squeue`` shows for `task` (``JOB_INDEX`` or a job id), or None."""
+        done = self.run("squeue", "-h", "-o", "%i %T", check=False)
+        states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
+        return states.get(task)
+
     def jobs(self, job_id: int) -> list[dict[str, str]]:
         """Return every record of job `job_id` (one per array task) as key -> value."""
         done = self.run("scontrol", "-o", "show", "job", str(job_id), check=False)
@@ -91,7 +97,12 @@ class SlurmCluster:
         return records
 
     def wait_finished(self, job_id: int, timeout_s: float) -> list[dict[str, str]]:
-        """Wait until no task of `job_id` is pending, running or completing; return them."""
+        """Wait until no task of `job_id` is pending, running or completing; return them.
+
+        Slurm makes a requeued task eligible again two minutes after the requeue (a fixed
+        delay, which ``scontrol update BeginTime=`` cannot shorten), so a wait that spans a
+        requeue lasts at least that long.
+        """
         deadline = time.monotonic() + timeout_s
         live = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "SUSPENDED"}
         while True:

@@ -117,7 +117,12 @@ def test_sbatch_refuses_an_existing_script_unless_asked_and_then_replaces_it_ato
     made = make_script(tmp_path, "--script", str(script), "--overwrite-script")
     assert made.exit_code == 0, made.output  # type: ignore[attr-defined]
     assert script.read_text().startswith("#!/bin/bash\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.sh", "tasks.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.sh", "runs", "tasks.jsonl"]
+    # beside the script only the (empty) folder Slurm appends the tasks' logs to, made now
+    # because Slurm opens --output before the task runs and does not make its folder
+    logs = tmp_path / "runs" / "eval_shards" / "logs"
+    assert [p for p in (tmp_path / "runs").rglob("*") if p.is_file()] == []
+    assert logs.is_dir()
 
 
 def test_sbatch_runs_the_checks_collect_runs_before_writing_anything(tmp_path: Path) -> None:

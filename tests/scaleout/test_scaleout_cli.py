@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from builders import invoke, write_tasks_input
+from trollout.scaleout.sbatch import parse_slurm_time
 
 BAD = [
     (["--shard", "5/4"], "has no shard 5 of 4"),
@@ -96,7 +97,8 @@ def test_plain_command_line_never_imports_ray() -> None:
 
 
 def test_sbatch_writes_an_array_script_with_the_shard_count_baked_in(tmp_path: Path) -> None:
-    """The script: array 0..N-1, SIGTERM before the limit, --shard $ID/N --resume, aggregate."""
+    """The script: array 0..N-1, SIGTERM before the limit, requeue, logs appended per task,
+    --shard $ID/N --resume --no-retry-failed, and the merge command."""
     source = write_tasks_input(tmp_path / "tasks.jsonl", 3)
     script = tmp_path / "job.sh"
     out = tmp_path / "runs" / "eval.jsonl"
@@ -111,10 +113,18 @@ def test_sbatch_writes_an_array_script_with_the_shard_count_baked_in(tmp_path: P
     assert "#SBATCH --signal=B:TERM@120" in text
     assert '--shard "$ID/$SHARDS" --resume' in text
     assert "SHARDS=8" in text
-    assert f"trollout aggregate '{out.parent}/eval_shards/*-of-00008/eval.jsonl'" in text
+    merge = next(line for line in text.splitlines() if "--dependency=afterok" in line)
+    assert (
+        f"aggregate '\"'\"'{out.parent}/eval_shards/*-of-00008/eval.jsonl'\"'\"' -o {out}" in merge
+    )
+    assert "#SBATCH --requeue" in text and "#SBATCH --open-mode=append" in text
+    assert f"#SBATCH --output={out.parent}/eval_shards/logs/slurm-%A_%a.out" in text
+    assert "--resume --no-retry-failed" in text
     assert "+num_repeats=4" in text
-    assert " -o " not in text.split("exec", 1)[1].split("\\")[0]
-    assert not out.parent.exists()
+    collect = next(line for line in text.splitlines() if "trollout.cli.main collect" in line)
+    assert " -o " not in collect  # the job's own output replaces the run's: -o "$OUT" only
+    made = sorted(str(p.relative_to(tmp_path)) for p in out.parent.rglob("*"))
+    assert made == ["runs/eval_shards", "runs/eval_shards/logs"]  # only the logs' folder
 
 
 @pytest.mark.parametrize(
@@ -207,3 +217,46 @@ def test_ray_progress_sums_ended_hand_outs_and_running_snapshots() -> None:
     total, in_flight = total_progress(snapshots, end)
     assert (total.landed, total.omitted, total.scored, in_flight) == (5, 1, 3, 4)
     assert total.failed == Counter({"agent_run_error": 1})
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("2", 120.0),
+        ("3:30", 210.0),
+        ("1:00:00", 3600.0),
+        ("2-0", 2 * 86400.0),
+        ("1-2:30", 86400.0 + 2 * 3600 + 30 * 60),
+        ("1-0:0:5", 86405.0),
+        ("UNLIMITED", None),
+        ("infinite", None),
+        ("soon", None),
+    ],
+)
+def test_slurm_time_forms_are_read_as_slurm_reads_them(text: str, seconds: float | None) -> None:
+    """Every --time form of sbatch(1): minutes, m:s, h:m:s, d-h, d-h:m, d-h:m:s."""
+    assert parse_slurm_time(text) == seconds
+
+
+@pytest.mark.parametrize(("limit", "warned"), [("2", True), ("0:90", True), ("3", False)])
+def test_sbatch_warns_of_a_time_limit_inside_the_signal_margin(
+    tmp_path: Path, limit: str, warned: bool
+) -> None:
+    """A --time at or under the 120 s SIGTERM margin gets a warning (the script is still
+    written: the user may mean it); a longer one does not."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 3)
+    out = tmp_path / "runs" / "eval.jsonl"
+    result = invoke("sbatch", "--shards", "2", "--time", limit, str(source), "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert ("signal margin" in result.output) is warned
+    assert "#SBATCH --array=0-1" in result.output
+
+
+def test_sbatch_submit_needs_a_script_file(tmp_path: Path) -> None:
+    """--submit without --script: one line, exit 2, nothing written (Slurm runs a file)."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 3)
+    out = tmp_path / "runs" / "eval.jsonl"
+    result = invoke("sbatch", "--shards", "2", "--submit", str(source), "-o", str(out))
+    assert result.exit_code == 2, result.output
+    assert "--submit needs --script" in result.output
+    assert not out.parent.exists()

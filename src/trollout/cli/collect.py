@@ -60,6 +60,14 @@ def resume_options(f: F) -> F:
             help="Retry rollouts whose terminal failure was a timeout.",
         ),
         click.option(
+            "--no-retry-failed",
+            "retry_failed_on_resume",
+            flag_value=False,
+            default=None,
+            help="Resume only rollouts that never finished (interrupted or never started); "
+            "retryable failures stay failures (+retry_failed_on_resume=false).",
+        ),
+        click.option(
             "--longest-first",
             "dispatch_longest_first",
             is_flag=True,

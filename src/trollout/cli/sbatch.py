@@ -7,7 +7,6 @@ asks the deployment (`trollout.run.checks.check_shard_jobs`); the script itself 
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -17,17 +16,16 @@ import click
 
 from ..errors import ConfigError, TrolloutError
 from ..metrics.batch import status_path
-from ..recovery.files import check_replaceable, replace_atomically
+from ..recovery.files import replace_atomically
 from ..recovery.layout import RunLayout
-from ..recovery.preflight import run_paths, same_file
+from ..recovery.preflight import run_paths
 from ..run.checks import check_shard_jobs
-from ..scaleout.layout import shards_root
-from ..scaleout.sbatch import sbatch_script
+from ..scaleout.sbatch import logs_folder, sbatch_script, short_time_warning, submit
 from ..settings import RunConfig
-from ..telemetry import TelemetrySettings
 from ..text import visible
-from .failures import fail
+from .failures import EXIT_FAILED, fail
 from .run_config import build_run_config
+from .sbatch_checks import check_prometheus, check_script
 
 __all__ = ["sbatch"]
 
@@ -35,10 +33,12 @@ __all__ = ["sbatch"]
 _SBATCH_HELP = """Write a Slurm array script that collects a run as N shards.
 
 ARGS are collect's: INPUT -o OUT and any options or +key=value settings. Job I of the array
-runs `trollout collect ARGS --shard I/N --resume` into OUT's shards folder; a job stopped at
-its time limit leaves a resumable shard, and submitting the script again (or `sbatch
---array=3,5 SCRIPT`) resumes it. When the jobs are done, `trollout aggregate` (its command is
-in the script) merges the shards into OUT as one run.
+runs `trollout collect ARGS --shard I/N --resume --no-retry-failed` into OUT's shards folder.
+A task stopped at its time limit, by preemption or by `scancel -b --signal=TERM JOB_I` writes
+everything down and requeues itself (it never ends FAILED); run again, it resumes its shard.
+Plain `scancel` stops a task for good (submit the script again to resume it). Logs are
+appended to OUT's shards folder, logs/slurm-JOB_I.out. With --submit the script is submitted
+and then a merge job that runs `trollout aggregate` into OUT once every task completed.
 
 Before the script is written, every job's shard gets the checks collect makes before it asks
 the deployment (the input, the run folders, OTEL_* settings); the deployment and the rows'
@@ -74,18 +74,34 @@ port and prints it in its log), or send metrics over OTLP with --otlp-endpoint.
     is_flag=True,
     help="Replace the --script file if it exists (atomically).",
 )
+@click.option(
+    "--submit",
+    is_flag=True,
+    help="Submit the script with sbatch (needs --script), then a merge job that runs "
+    "`trollout aggregate` once every task completed (afterok); print both job ids.",
+)
+@click.option(
+    "--no-aggregate-job",
+    is_flag=True,
+    help="With --submit: submit the array only; merge by hand with the script's command.",
+)
 def sbatch(args: tuple[str, ...], shards: int, **opts: Any) -> None:
     try:
-        text, touched, output = _sbatch_text(args, shards, opts)
+        text, touched, output, warning = _sbatch_text(args, shards, opts)
         script = None if opts["script"] is None else Path(opts["script"])
+        if opts["submit"] and script is None:
+            raise ConfigError("--submit needs --script FILE (the script Slurm runs is kept)")
         if script is not None:
-            _check_script(script, touched, output, overwrite=opts["overwrite_script"])
+            check_script(script, touched, output, overwrite=opts["overwrite_script"])
     except TrolloutError as exc:
         fail(str(exc))
+    if warning is not None:
+        click.echo(f"warning: {warning}", err=True)
     if script is None:
         click.echo(text, nl=False)
         return
     try:
+        logs_folder(output).mkdir(parents=True, exist_ok=True)  # Slurm does not make it
         replace_atomically(script, [text.encode()])
     except OSError as exc:
         fail(
@@ -93,12 +109,28 @@ def sbatch(args: tuple[str, ...], shards: int, **opts: Any) -> None:
             "or choose another --script path"
         )
     shown = shlex.quote(visible(str(script)))
-    click.echo(f"wrote {shown}; submit it with: sbatch {shown}", err=True)
+    if not opts["submit"]:
+        click.echo(f"wrote {shown}; submit it with: sbatch {shown}", err=True)
+        return
+    try:
+        jobs = submit(
+            script.absolute(), output=output, shards=shards, python=sys.executable,
+            workdir=Path.cwd(), job_name=opts["job_name"], aggregate=not opts["no_aggregate_job"],
+        )  # fmt: skip
+    except ConfigError as exc:
+        fail(str(exc), EXIT_FAILED)
+    click.echo(f"submitted array job {jobs.array_job} ({shards} tasks) from {shown}")
+    if jobs.aggregate_job is not None:
+        click.echo(
+            f"submitted merge job {jobs.aggregate_job} (after every task completed) into "
+            f"{shlex.quote(visible(str(output)))}"
+        )
+    click.echo(f"logs: {shlex.quote(visible(str(logs_folder(output))))}")
 
 
 def _sbatch_text(
     args: tuple[str, ...], shards: int, opts: dict[str, Any]
-) -> tuple[str, list[tuple[str, Path]], Path]:
+) -> tuple[str, list[tuple[str, Path]], Path, str | None]:
     """Check the run as each job's ``collect`` would, and return the script and the files
     the run reads or writes (each with how a message names it)."""
     if shards < 1:
@@ -114,7 +146,7 @@ def _sbatch_text(
         raise ConfigError("no output file: pass -o OUT.jsonl")
     output = Path(config.output_jsonl_fpath).absolute()
     watching = check_shard_jobs(config, output, shards)
-    _check_prometheus(config, watching)
+    check_prometheus(config, watching)
     options = [f"--job-name={opts['job_name']}"]
     options += [f"--time={opts['time_limit']}"] if opts["time_limit"] else []
     options += [f"--partition={opts['partition']}"] if opts["partition"] else []
@@ -127,7 +159,9 @@ def _sbatch_text(
         workdir=Path.cwd(),
         sbatch_options=options,
     )
-    return text, _touched(config, config_file, output), output
+    limits = [o.split("=", 1)[1] for o in options if o.startswith("--time=")]
+    warning = short_time_warning(limits[-1], config.grace_s) if limits else None
+    return text, _touched(config, config_file, output), output, warning
 
 
 def _touched(config: RunConfig, config_file: str | None, output: Path) -> list[tuple[str, Path]]:
@@ -147,57 +181,6 @@ def _touched(config: RunConfig, config_file: str | None, output: Path) -> list[t
     return found
 
 
-def _check_script(
-    script: Path, touched: list[tuple[str, Path]], output: Path, *, overwrite: bool
-) -> None:
-    """Refuse a --script path the run uses, a link or special file, or an existing file.
-
-    Raises:
-        ConfigError: the path is a file the run reads or writes, or exists without
-            ``--overwrite-script``.
-        RunFolderError: the path is a symlink or not a regular file (`check_replaceable`).
-    """
-    shown = str(script)
-    for what, path in touched:
-        if same_file(script, path):
-            raise ConfigError(
-                f"--script {shown!r} is {what} {str(path)!r}, which the run reads or writes; "
-                "writing the script there would destroy it: choose another --script path"
-            )
-    folder = shards_root(output)
-    if same_file(script, folder) or _resolved(script).is_relative_to(_resolved(folder)):
-        raise ConfigError(
-            f"--script {shown!r} is inside the shards folder {str(folder)!r}, which the jobs "
-            "write; choose another --script path"
-        )
-    exists = check_replaceable(script, "the --script file", "another --script path")
-    if exists and not overwrite:
-        raise ConfigError(
-            f"--script {shown!r} already exists; pass --overwrite-script to replace it, or "
-            "choose another --script path"
-        )
-
-
-def _check_prometheus(config: RunConfig, watching: TelemetrySettings | None) -> None:
-    """Refuse a fixed Prometheus port: array jobs sharing a node cannot all bind it.
-
-    ``watching``: the jobs' telemetry, from the environment they will inherit, as now.
-    """
-    if watching is None or watching.prometheus is None or watching.prometheus[1] == 0:
-        return
-    port = watching.prometheus[1]
-    asked = (
-        f"--metrics-port {port!r}"
-        if config.metrics_port is not None
-        else f"OTEL_METRICS_EXPORTER=prometheus (port {port!r})"
-    )
-    raise ConfigError(
-        f"{asked}: array jobs may share a node, where only the first could bind the port; "
-        "pass --metrics-port 0 (any free port, printed in each job's log), or send metrics "
-        "over OTLP (--otlp-endpoint)"
-    )
-
-
 def _collect_config(args: tuple[str, ...]) -> tuple[RunConfig, str | None]:
     """Parse ARGS as ``collect`` would; return its config and settings file (usage errors raise)."""
     from .collect import collect
@@ -212,10 +195,6 @@ def _collect_config(args: tuple[str, ...]) -> tuple[RunConfig, str | None]:
     options = {k: v for k, v in params.items() if v is not None and v != ()}
     config_file = options.get("config_file")
     return build_run_config(collect_args, options), config_file
-
-
-def _resolved(path: Path) -> Path:
-    return Path(os.path.realpath(path))
 
 
 def _without_output(args: tuple[str, ...]) -> list[str]:

@@ -16,7 +16,9 @@ attempt ledger (docs/protocol.md section 8) and sorts every materialized rollout
   those proves the rollout ran. Its numbers are used up when the next one would be
   ``max_attempts`` or more: its requests may have reached a server ``max_attempts`` times, if
   only through kills in flight (see "Attempt numbers" below).
-- ``FAILED``: its latest failure is retryable and the cap is not reached.
+- ``FAILED``: its latest failure is retryable and the cap is not reached (not dispatched
+  under ``retry_failed_on_resume=false``: a resubmitted Slurm task finishes only what never
+  finished, so a preemption cannot change the result an uninterrupted run gives).
 - ``MISSING``: no outcome, or its latest evidence is an interrupted attempt (an
   ``_ng_omitted_rollout`` row hides older failures) or a kill-shaped reply.
 
@@ -113,6 +115,7 @@ class ResumeRules:
     retry_terminal_timeouts: bool = False
     longest_first: bool = False
     resubmit: Resubmit | None = None
+    retry_failed: bool = True  # False: a FAILED rollout is done (only MISSING is dispatched)
 
 
 @frozen
@@ -351,7 +354,7 @@ class _Scanner:
     def _dispatches(self, fate: Fate, ev: _Evidence | None) -> bool:
         resubmit = self.rules.resubmit
         if resubmit is None:
-            return fate not in _DONE
+            return fate not in _DONE and (self.rules.retry_failed or fate is not Fate.FAILED)
         if not resubmit.classes:
             return True
         return ev is not None and ev.latest == _FAILED and ev.failure_class in resubmit.classes

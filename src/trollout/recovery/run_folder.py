@@ -334,6 +334,7 @@ def _rules(config: RunConfig, resubmit: Resubmit | None) -> ResumeRules:
         retry_terminal_timeouts=config.retry_terminal_timeouts,
         longest_first=config.dispatch_longest_first,
         resubmit=resubmit,
+        retry_failed=config.retry_failed_on_resume,
     )
 
 

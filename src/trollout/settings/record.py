@@ -258,6 +258,8 @@ class RunConfig:
     allow_unsafe_resume: bool = setting(False, flag, nemo=True)
     max_attempts: int = setting(factory=default_max_attempts, check=POSITIVE_COUNT)
     retry_terminal_timeouts: bool = setting(False, flag, nemo=True)
+    # resume dispatches retryable failures (false: only what never finished; sbatch's tasks)
+    retry_failed_on_resume: bool = setting(True, flag)
     dispatch_longest_first: bool = setting(False, flag, nemo=True)
     # telemetry (trollout.telemetry; the OTEL_* environment variables configure the rest)
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL (OTEL_EXPORTER_OTLP_ENDPOINT's role)
