@@ -117,7 +117,8 @@ def test_sbatch_writes_an_array_script_with_the_shard_count_baked_in(tmp_path: P
     assert (
         f"aggregate '\"'\"'{out.parent}/eval_shards/*-of-00008/eval.jsonl'\"'\"' -o {out}" in merge
     )
-    assert "#SBATCH --requeue" in text and "#SBATCH --open-mode=append" in text
+    assert "#SBATCH --requeue" in text
+    assert "#SBATCH --open-mode=append" in text
     assert f"#SBATCH --output={out.parent}/eval_shards/logs/slurm-%A_%a.out" in text
     assert "--resume --no-retry-failed" in text
     assert "+num_repeats=4" in text
