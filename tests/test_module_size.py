@@ -25,7 +25,6 @@ MARKER = "Stays whole:"
 OTHER_BRANCHES = {
     "cli/collect.py": "refactor/runlayer",
     "cli/common.py": "refactor/runlayer",
-    "view/api.py": "split pending (routes apart from answers)",
 }
 
 
