@@ -4,19 +4,40 @@ its own process, and Debian's chromium driven by playwright.
 `collected` is one real collection with landed, failed (terminal) and retried (failed once,
 then landed) rollouts, plus hostile rows: markup, a script and control characters in prompts
 and in a failure class. `serve` starts ``trollout view ... --port 0 --no-browser`` and
-reads the URL it prints. `browser` installs chromium with apt when it is absent (we run as
-root in CI and on the dev machines) and skips, with the reason, only when it truly cannot start.
+reads the URL it prints. `chromium_session` installs chromium with apt when it is absent (we run
+as root in CI and on the dev machines) and skips, with the reason, only when it truly cannot
+start; a test reaches it through `browser` (or `page`).
+
+Playwright's sync API runs its asyncio loop in a greenlet of the main thread and, between two
+calls, leaves that loop marked as running in the thread (the loop is suspended mid-run, not
+stopped). Left so for the whole session, every later ``asyncio.run`` in this process fails
+("cannot be called from a running event loop": tests/nemo_gym does that). So the mark is
+playwright's only while a browser test runs: `chromium_session` takes it off once chromium is
+up, `browser` puts it back for one test and takes it off after, and the session's end puts it
+back to shut playwright down. Rejected: playwright in a thread of its own (its objects may be
+used only from the thread that made them, so every test would post its calls to that thread);
+a browser per test module (a module still leaves the mark while it runs, and a new chromium
+per module costs seconds); ordering the tests (a fix that holds in one order only).
 """
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from view_kit import ARGS, CHROMIUM, ViewProcess, collect, ensure_chromium, task_rows
+from view_kit import (
+    ARGS,
+    CHROMIUM,
+    ViewProcess,
+    collect,
+    ensure_chromium,
+    playwright_turn,
+    task_rows,
+)
 
 from trollout.testing import AgentSpec, DeploymentSpec, spawn_fake_deployment
 
@@ -59,8 +80,9 @@ def serve() -> Iterator[Callable[..., ViewProcess]]:
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    """Debian's chromium, headless, with a fresh profile, driven by playwright."""
+def chromium_session() -> Iterator[tuple[Any, asyncio.AbstractEventLoop]]:
+    """Debian's chromium, headless, with a fresh profile, driven by playwright: its browser
+    context and playwright's loop, not marked running in this thread (module doc)."""
     try:
         from playwright.sync_api import Error, sync_playwright
     except ImportError as exc:  # the dev extra installs it
@@ -79,8 +101,22 @@ def browser() -> Iterator[Any]:
         except Error as exc:
             pytest.skip(f"chromium cannot start here: {str(exc).splitlines()[0]}")
         context.set_default_timeout(30_000)
+        loop = asyncio.get_running_loop()  # playwright's, marked running by its last call
+        asyncio._set_running_loop(None)
+        try:
+            yield context, loop
+        finally:
+            with playwright_turn(loop):  # playwright stops with its loop marked, as it left it
+                context.close()
+                p.stop()
+
+
+@pytest.fixture
+def browser(chromium_session: tuple[Any, asyncio.AbstractEventLoop]) -> Iterator[Any]:
+    """The session's chromium for one test, playwright's loop marked running meanwhile."""
+    context, loop = chromium_session
+    with playwright_turn(loop):
         yield context
-        context.close()
 
 
 @pytest.fixture

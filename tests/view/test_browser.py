@@ -7,11 +7,12 @@ test on any script error.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from view_kit import HOSTILE_CLASS, HOSTILE_PROMPT, ViewProcess
+from view_kit import HOSTILE_CLASS, HOSTILE_PROMPT, ViewProcess, playwright_turn
 
 Serve = Callable[..., ViewProcess]
 
@@ -132,3 +133,26 @@ def test_markup_scripts_and_control_characters_render_as_text(
     assert page.locator("main script, main img").count() == 0  # no element from the data
     assert page.evaluate("window.__pwned") is None
     assert HOSTILE_PROMPT.startswith("<script>")
+
+
+def test_between_browser_tests_asyncio_run_works(
+    chromium_session: tuple[Any, asyncio.AbstractEventLoop], collected: Path, serve: Serve
+) -> None:
+    """With the session's chromium up, this thread runs no asyncio loop outside a browser test:
+    ``asyncio.run`` works (tests/nemo_gym calls it, in whatever order the tests run), and the
+    browser works after it."""
+
+    async def answer() -> str:
+        await asyncio.sleep(0)
+        return "ran"
+
+    assert asyncio.run(answer()) == "ran"
+    context, loop = chromium_session
+    view = serve(collected)
+    with playwright_turn(loop):
+        tab = context.new_page()
+        try:
+            tab.goto(view.url + "run/0")
+            rows(tab).first.wait_for()
+        finally:
+            tab.close()

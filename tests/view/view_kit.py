@@ -1,14 +1,18 @@
 """Helpers of the view's tests (fixtures in conftest.py): the runs' rows, a real collection,
-a ``trollout view`` in its own process, and getting Debian's chromium."""
+a ``trollout view`` in its own process, getting Debian's chromium, and playwright's turn at
+this thread's asyncio state (conftest's module doc says why)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +126,15 @@ def ensure_chromium() -> str | None:
         if done.returncode != 0:
             return f"{' '.join(command)} failed: {done.stderr.strip()[-300:]}"
     return None if os.path.exists(CHROMIUM) else "apt-get installed no /usr/bin/chromium"
+
+
+@contextlib.contextmanager
+def playwright_turn(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """Mark playwright's `loop` as running in this thread for the block, as its sync API
+    expects between its calls; put back what was marked before on the way out."""
+    before = asyncio._get_running_loop()
+    asyncio._set_running_loop(loop)
+    try:
+        yield
+    finally:
+        asyncio._set_running_loop(before)

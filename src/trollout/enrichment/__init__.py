@@ -59,7 +59,8 @@ from .enricher import (
     enrich_result,
     task_id_of,
 )
-from .trajectory import OBSERVATIONS_KEY, PERF_KEY, TRAJECTORY_KEY, perf_record, project
+from .perf import PERF_KEY, perf_record
+from .trajectory import OBSERVATIONS_KEY, TRAJECTORY_KEY, project
 
 __all__ = [
     "CAPTURE_KEY",

@@ -21,7 +21,8 @@ from ..records import Identity, Landed, is_mapping
 from ..settings import enrichment_problem
 from .calls import CAPTURE_KEY, PAYLOAD_KEYS, capture_record, gap
 from .capture import CaptureFile, delete_capture, read_capture
-from .trajectory import OBSERVATIONS_KEY, PERF_KEY, TRAJECTORY_KEY, perf_record, project
+from .perf import PERF_KEY, perf_record
+from .trajectory import OBSERVATIONS_KEY, TRAJECTORY_KEY, project
 
 __all__ = [
     "DEFAULT_MAX_CAPTURE_BYTES",

@@ -1,15 +1,14 @@
-"""`ng_trajectory` (the canonical TrajectoryRecord) and `ng_perf`, projected from the evidence.
+"""`ng_trajectory`, the canonical TrajectoryRecord, projected from the evidence.
 
-Pure functions (no I/O). The record's models forbid unknown keys and are written with every
-field, in NeMo Gym 0.7.0's field order (docs/enrichment.md lists them): `_normalize` checks one
-record against its field table and fills defaults, so a producer trajectory passes through
-unchanged when it is valid and is reported (gap ``producer_trajectory_invalid``) when not.
+Pure functions (no I/O). Projection, in order: the agent's own trajectory (validated against
+`schema`, identity re-stamped with a gap on mismatch), the agent's observation bundle
+(invocations added, tool observations merged, its model-call references joined to the captured
+calls), turns sorted, each captured call turned into a trajectory model call (merged by
+``model_call_id`` or appended), capture gaps appended, turns synthesised when the agent sent
+none, the ``*_unavailable`` gaps, deduplication.
 
-Projection, in order: the agent's own trajectory (validated, identity re-stamped with a gap on
-mismatch), the agent's observation bundle (invocations added, tool observations merged, its
-model-call references joined to the captured calls), turns sorted, each captured call turned
-into a trajectory model call (merged by ``model_call_id`` or appended), capture gaps appended,
-turns synthesised when the agent sent none, the ``*_unavailable`` gaps, deduplication.
+The record's schema (field tables and their checks) is `schema`; the figures computed from a
+projected record, ``ng_perf``, are `perf`: each reads a record, neither builds one.
 
 Not done (no agent of ours or of the reference runs produces them): joining context-compaction
 records' model-call references; their records are kept in the bundle as sent.
@@ -17,274 +16,25 @@ records' model-call references; their records are kept in the bundle as sent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-__all__ = [
-    "OBSERVATIONS_KEY",
-    "PERF_KEY",
-    "TRAJECTORY_KEY",
-    "InvalidRecordError",
-    "perf_record",
-    "project",
-]
+from .schema import (
+    GAP_FIELDS,
+    METADATA_FIELDS,
+    TOOL_CALL_FIELDS,
+    InvalidRecordError,
+    check_invariants,
+    normalize,
+    normalize_invocation,
+    normalize_model_call,
+    normalize_record,
+)
+
+__all__ = ["OBSERVATIONS_KEY", "TRAJECTORY_KEY", "InvalidRecordError", "project"]
 
 TRAJECTORY_KEY: Final = "ng_trajectory"
 OBSERVATIONS_KEY: Final = "ng_agent_observations"
-PERF_KEY: Final = "ng_perf"
-_MODEL_KIND: Final = "responses_api_models"
-
-
-class InvalidRecordError(ValueError):
-    """A trajectory record breaks its schema (reported as the gap detail ``ValidationError``)."""
-
-
-# --- field tables -------------------------------------------------------------------------
-
-Check = Callable[[Any], bool]
-_REQUIRED: Final = object()
-
-
-def _str(v: Any) -> bool:
-    return isinstance(v, str)
-
-
-def _opt_str(v: Any) -> bool:
-    return v is None or isinstance(v, str)
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _opt_num(v: Any) -> bool:
-    return v is None or _num(v)
-
-
-def _opt_nonneg(v: Any) -> bool:
-    return v is None or (_num(v) and v >= 0)
-
-
-def _opt_count(v: Any) -> bool:
-    return v is None or (type(v) is int and v >= 0)
-
-
-def _any(v: Any) -> bool:
-    return True
-
-
-def _opt_bool(v: Any) -> bool:
-    return v is None or isinstance(v, bool)
-
-
-def _list(v: Any) -> bool:
-    return isinstance(v, list)
-
-
-def _one_of(*values: Any) -> Check:
-    return lambda v: v in values
-
-
-def _model_ref(v: Any) -> bool:
-    return v is None or (
-        isinstance(v, dict)
-        and set(v) <= {"type", "name"}
-        and v.get("type") == _MODEL_KIND
-        and isinstance(v.get("name"), str)
-    )
-
-
-Fields = tuple[tuple[str, Any, Check], ...]
-_FLOATS: Final = frozenset(
-    {"timestamp", "started_at", "completed_at", "duration_ms", "latency_ttft_ms"}
-)
-
-_GAP: Fields = (
-    ("code", _REQUIRED, _str),
-    ("invocation_id", None, _opt_str),
-    ("detail", None, _opt_str),
-)
-_REF: Fields = (
-    ("model_call_id", None, _opt_str),
-    ("model_ref", None, _model_ref),
-    ("response_id", None, _opt_str),
-)
-_INVOCATION: Fields = (
-    ("kind", "agent_invocation", _one_of("agent_invocation")),
-    ("invocation_id", _REQUIRED, _str),
-    ("parent_invocation_id", None, _opt_str),
-    ("spawned_by_tool_call_id", None, _opt_str),
-    ("status", "unknown", _one_of("completed", "failed", "incomplete", "unknown")),
-    ("duration_ms", None, _opt_nonneg),
-    ("error_type", None, _opt_str),
-    ("model_calls", list, _list),
-    ("conversation", list, _list),
-)
-_TURN: Fields = (
-    ("invocation_id", _REQUIRED, _str),
-    ("task_id", _REQUIRED, _str),
-    ("rollout_id", _REQUIRED, _str),
-    ("turn_no", _REQUIRED, lambda v: type(v) is int and v >= 1),
-    ("timestamp", _REQUIRED, _num),
-    ("question", None, _any),
-    ("answer", None, _any),
-    ("reasoning_content", None, _any),
-    ("resolved", None, _opt_bool),
-    ("step_count", 0, lambda v: type(v) is int and v >= 0),
-    ("model_calls", list, _list),
-)
-_METADATA: Fields = (
-    ("response_id", None, _opt_str),
-    ("model_ref", None, _model_ref),
-    ("model", None, _opt_str),
-    ("dialect", None, _opt_str),
-    ("status_code", None, lambda v: v is None or type(v) is int),
-    ("response_status", None, _opt_str),
-    ("finish_reason", None, _opt_str),
-    ("upstream_attempted", None, _opt_bool),
-    ("response_source", None, _one_of(None, "upstream", "local")),
-    ("upstream_status_code", None, lambda v: v is None or type(v) is int),
-    ("local_response_reason", None, _opt_str),
-    ("error_category", None, _opt_str),
-    ("latency_ttft_ms", None, _opt_nonneg),
-)
-_TOKENS: Fields = (
-    ("prompt_tokens", None, _opt_count),
-    ("completion_tokens", None, _opt_count),
-    ("reasoning_tokens", None, _opt_count),
-    ("total_tokens", None, _opt_count),
-    ("cached_tokens", None, _opt_count),
-)
-_MODEL_CALL: Fields = (
-    ("model_call_id", None, _opt_str),
-    ("started_at", None, _opt_num),
-    ("completed_at", None, _opt_num),
-    ("duration_ms", None, _opt_nonneg),
-    ("request", None, _any),
-    ("response", None, _any),
-    ("response_metadata", dict, lambda v: isinstance(v, dict)),
-    ("token_stats", dict, lambda v: isinstance(v, dict)),
-)
-_TOOL_CALL: Fields = (
-    ("kind", "tool_call", _one_of("tool_call")),
-    ("invocation_id", _REQUIRED, _str),
-    ("tool_call_id", _REQUIRED, _str),
-    ("sandbox_id", None, _opt_str),
-    ("tool_name", None, _opt_str),
-    ("started_at", None, _opt_num),
-    ("completed_at", None, _opt_num),
-    ("duration_ms", None, _opt_nonneg),
-    ("timing_source", None, _one_of(None, "executor", "artifact", "harness")),
-    (
-        "status",
-        "unknown",
-        _one_of("completed", "failed", "timeout", "cancelled", "incomplete", "unknown"),
-    ),
-    ("error_type", None, _opt_str),
-    ("output", None, _any),
-)
-_RECORD_KEYS: Final = (
-    "schema_version",
-    "task_id",
-    "rollout_id",
-    "invocations",
-    "turns",
-    "model_calls",
-    "tool_calls",
-    "gaps",
-)
-
-
-def _normalize(value: Any, fields: Fields, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InvalidRecordError(f"{what} is not an object")
-    unknown = set(value) - {name for name, _, _ in fields}
-    if unknown:
-        raise InvalidRecordError(f"{what} has unknown keys {sorted(unknown)}")
-    out: dict[str, Any] = {}
-    for name, default, check in fields:
-        if name in value:
-            item = value[name]
-        elif default is _REQUIRED:
-            raise InvalidRecordError(f"{what} lacks {name}")
-        else:
-            item = default() if callable(default) else default
-        if not check(item):
-            raise InvalidRecordError(f"{what}.{name} is invalid")
-        if name in _FLOATS and type(item) is int:
-            item = float(item)
-        out[name] = item
-    return out
-
-
-def _ref(value: Any) -> dict[str, Any]:
-    ref = _normalize(value, _REF, "ModelCallRef")
-    if ref["model_call_id"] is None and (ref["model_ref"] is None or ref["response_id"] is None):
-        raise InvalidRecordError("ModelCallRef needs model_call_id, or model_ref and response_id")
-    return ref
-
-
-def _invocation(value: Any) -> dict[str, Any]:
-    inv = _normalize(value, _INVOCATION, "AgentInvocation")
-    inv["model_calls"] = [_ref(r) for r in inv["model_calls"]]
-    return inv
-
-
-def _turn(value: Any) -> dict[str, Any]:
-    turn = _normalize(value, _TURN, "TrajectoryTurn")
-    turn["model_calls"] = [_ref(r) for r in turn["model_calls"]]
-    return turn
-
-
-def _model_call(value: Any) -> dict[str, Any]:
-    call = _normalize(value, _MODEL_CALL, "TrajectoryModelCall")
-    call["response_metadata"] = _normalize(call["response_metadata"], _METADATA, "metadata")
-    call["token_stats"] = _normalize(call["token_stats"], _TOKENS, "token_stats")
-    return call
-
-
-def _record(value: Any) -> dict[str, Any]:
-    """Validate a whole TrajectoryRecord; return it normalized (every field, in order)."""
-    if not isinstance(value, dict):
-        raise InvalidRecordError("TrajectoryRecord is not an object")
-    unknown = set(value) - set(_RECORD_KEYS)
-    if unknown or value.get("schema_version", "1.0") != "1.0":
-        raise InvalidRecordError("TrajectoryRecord has unknown keys or schema_version")
-    for key in ("task_id", "rollout_id"):
-        if not isinstance(value.get(key), str):
-            raise InvalidRecordError(f"TrajectoryRecord.{key} is not a string")
-    lists = {k: value.get(k, []) for k in _RECORD_KEYS[3:]}
-    if not all(isinstance(v, list) for v in lists.values()):
-        raise InvalidRecordError("TrajectoryRecord lists are not lists")
-    record = {
-        "schema_version": "1.0",
-        "task_id": value["task_id"],
-        "rollout_id": value["rollout_id"],
-        "invocations": [_invocation(v) for v in lists["invocations"]],
-        "turns": [_turn(v) for v in lists["turns"]],
-        "model_calls": [_model_call(v) for v in lists["model_calls"]],
-        "tool_calls": [
-            _normalize(v, _TOOL_CALL, "TrajectoryToolCall") for v in lists["tool_calls"]
-        ],
-        "gaps": [_normalize(v, _GAP, "ObservationGap") for v in lists["gaps"]],
-    }
-    _check_invariants(record)
-    return record
-
-
-def _check_invariants(record: Mapping[str, Any]) -> None:
-    ids = [inv["invocation_id"] for inv in record["invocations"]]
-    if len(ids) != len(set(ids)):
-        raise InvalidRecordError("invocation ids are not unique")
-    call_ids = [c["model_call_id"] for c in record["model_calls"] if c["model_call_id"]]
-    if len(call_ids) != len(set(call_ids)):
-        raise InvalidRecordError("model_call_ids are not unique")
-    turn_keys = [(t["invocation_id"], t["turn_no"]) for t in record["turns"]]
-    if len(turn_keys) != len(set(turn_keys)):
-        raise InvalidRecordError("(invocation_id, turn_no) is not unique")
-    for turn in record["turns"]:
-        if turn["task_id"] != record["task_id"] or turn["rollout_id"] != record["rollout_id"]:
-            raise InvalidRecordError("a turn's task_id/rollout_id differ from the record's")
 
 
 def _gap(code: str, invocation_id: str | None = None, detail: str | None = None) -> dict[str, Any]:
@@ -310,7 +60,7 @@ def _trajectory_call(call: Mapping[str, Any]) -> dict[str, Any]:
     status = call.get("response_status")
     if status is None and isinstance(response, dict) and isinstance(response.get("status"), str):
         status = response["status"]
-    metadata = {name: call.get(name) for name, _, _ in _METADATA}
+    metadata = {name: call.get(name) for name, _, _ in METADATA_FIELDS}
     metadata["response_status"] = status
     request = call.get("request")
     return {
@@ -420,13 +170,15 @@ def _bundle(
         return [_gap("agent_observations_invalid", None, "ValidationError")]
     try:
         records = bundle.get("records", [])
-        new_invocations = [_invocation(r) for r in records if r.get("kind") == "agent_invocation"]
+        new_invocations = [
+            normalize_invocation(r) for r in records if r.get("kind") == "agent_invocation"
+        ]
         tools = [
-            _normalize(r, _TOOL_CALL[:-1], "ToolCall")
+            normalize(r, TOOL_CALL_FIELDS[:-1], "ToolCall")
             for r in records
             if r.get("kind") == "tool_call"
         ]
-        bundle_gaps = [_normalize(g, _GAP, "ObservationGap") for g in bundle.get("gaps", [])]
+        bundle_gaps = [normalize(g, GAP_FIELDS, "ObservationGap") for g in bundle.get("gaps", [])]
     except (InvalidRecordError, AttributeError) as exc:
         return [
             _gap(
@@ -537,7 +289,7 @@ def project(
     producer = result.get(TRAJECTORY_KEY)
     if producer is not None:
         try:
-            record = _record(producer)
+            record = normalize_record(producer)
         except InvalidRecordError:
             gaps.append(_gap("producer_trajectory_invalid", None, "ValidationError"))
         else:
@@ -592,70 +344,8 @@ def project(
         "gaps": _dedup(gaps),
     }
     try:
-        _check_invariants(trajectory)
-        [_model_call(c) for c in model_calls]
+        check_invariants(trajectory)
+        [normalize_model_call(c) for c in model_calls]
     except InvalidRecordError:
         return trajectory, False
     return trajectory, True
-
-
-def perf_record(trajectory: Mapping[str, Any], latency_ms: float | None) -> dict[str, Any] | None:
-    """Return ``ng_perf`` for a validated trajectory, or None when it has no invocation."""
-    invocations = trajectory["invocations"]
-    if not invocations:
-        return None
-    calls = trajectory["model_calls"]
-    used: set[int] = set()
-    owned_by: dict[str, int] = {}
-    for inv in invocations:
-        count = 0
-        for ref in inv["model_calls"]:
-            found = _perf_candidates(ref, calls)
-            if len(found) == 1 and found[0] not in used:
-                used.add(found[0])
-                count += 1
-        owned_by[inv["invocation_id"]] = count
-    num_turns = 0
-    for inv in invocations:
-        turns = sum(1 for t in trajectory["turns"] if t["invocation_id"] == inv["invocation_id"])
-        num_turns += turns or owned_by[inv["invocation_id"]] or 1
-    ids = set(owned_by)
-    perf: dict[str, Any] = {
-        "num_turns": num_turns,
-        "num_tool_calls": sum(1 for t in trajectory["tool_calls"] if t["invocation_id"] in ids),
-        "token_observability_coverage": min(1.0, len(used) / num_turns),
-    }
-    for name, stat in (
-        ("prompt_tokens", "prompt_tokens"),
-        ("cached_prompt_tokens", "cached_tokens"),
-        ("completion_tokens", "completion_tokens"),
-        ("reasoning_tokens", "reasoning_tokens"),
-    ):
-        values = [calls[i]["token_stats"].get(stat) for i in sorted(used)]
-        present = [v for v in values if v is not None]
-        if present:
-            perf[name] = sum(present)
-    if latency_ms is not None:
-        perf["total_latency_ms"] = latency_ms
-    return perf
-
-
-def _perf_candidates(ref: Mapping[str, Any], calls: Sequence[Mapping[str, Any]]) -> list[int]:
-    if ref.get("model_call_id") is not None:
-        found = []
-        for i, c in enumerate(calls):
-            meta = c["response_metadata"]
-            if c["model_call_id"] != ref["model_call_id"]:
-                continue
-            if ref.get("model_ref") is not None and meta.get("model_ref") != ref["model_ref"]:
-                continue
-            if ref.get("response_id") is not None and meta.get("response_id") != ref["response_id"]:
-                continue
-            found.append(i)
-        return found
-    return [
-        i
-        for i, c in enumerate(calls)
-        if c["response_metadata"].get("response_id") == ref.get("response_id")
-        and c["response_metadata"].get("model_ref") == ref.get("model_ref")
-    ]

@@ -24,9 +24,10 @@ Architecture, bottom up:
   afresh. Nothing is written and no lock is taken, so a collector is never disturbed. A rollout
   page reads its few lines by seek. Text search reads the files once per query (bytes first,
   then the string values of candidate rows), and remembers the last few answers.
-- `api` answers the JSON requests from an index: every answer is bounded (pages of at most
-  500 rows; strings cut at 8,000 characters and lists at 200 items, each cut marked so the page
-  offers "show more", which asks for the next slice of that one field).
+- `api` routes the JSON requests and checks their parameters; `answers` computes each answer
+  from an index: every answer is bounded (pages of at most 500 rows; strings cut at 8,000
+  characters and lists at 200 items, each cut marked so the page offers "show more", which
+  asks for the next slice of that one field).
 - `server` serves the API and the page with `trollout.httpserver` (the project's strict Trio
   HTTP/1.1 server) on 127.0.0.1; another host is an explicit choice and warned about. Requests
   whose ``Host`` is not the address served are refused (a web page elsewhere cannot reach the
