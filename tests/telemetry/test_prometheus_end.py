@@ -12,6 +12,7 @@ import http.server
 import io
 import re
 import signal
+import socket
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -275,3 +276,28 @@ async def test_pushgateway_receives_the_final_counts_once(tmp_path: Path) -> Non
     [info] = got["trollout_run_info"]
     assert info.labels == {"run_id": manifest.run_id, "version": __version__}
     assert not [name for name in got if name.startswith(("process_", "python_"))]
+
+
+async def test_pushgateway_unreachable_loses_the_push_not_the_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Pushgateway refusing connections: the run ends as usual, every outcome in the folder,
+    and one warning names the gateway."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", TASKS)
+    with socket.socket() as refusing:  # bound, never listening: connections are refused
+        refusing.bind(("127.0.0.1", 0))
+        gateway = f"http://127.0.0.1:{refusing.getsockname()[1]}"
+        async with open_fake_deployment(SPEC, fault_fn=faults) as fake:
+            config = collect_config(
+                source,
+                tmp_path / "run" / "r.jsonl",
+                fake.head_url,
+                metrics_pushgateway=gateway,
+                disable_aggregation=True,
+            )
+            result = await collect_run(config, progress_stream=io.StringIO(), live=False)
+    assert result.progress.settled == TASKS
+    assert sum(folder_outcomes(tmp_path / "run").values()) == TASKS
+    warnings = [r.getMessage() for r in caplog.records if r.name == "trollout.telemetry"]
+    assert len(warnings) == 1, warnings
+    assert f"Pushgateway at {gateway}" in warnings[0]

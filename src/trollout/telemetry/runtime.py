@@ -260,12 +260,11 @@ async def open_telemetry(
         ended = True
     finally:
         telemetry.end_job()
-        lingering = ended and server is not None and settings.linger_s > 0
         if exposition is not None:
             _freeze(exposition)  # before the SDK shuts down: the last collection
-        if lingering:
-            assert server is not None
-            server.start_linger(settings.linger_s)
+        lingering = ended and server is not None and settings.linger_s > 0
+        if lingering and server is not None:
+            server.start_linger(settings.linger_s)  # `Telemetry.linger` waits it out
         push = settings.pushgateway if telemetry.collector is not None else None
         with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_S):
             await trio.to_thread.run_sync(
