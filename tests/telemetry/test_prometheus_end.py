@@ -163,7 +163,22 @@ async def test_prometheus_endpoint_lingers_for_the_window_on_trio_clock(
         await get(server.url)
 
 
-async def test_prometheus_linger_ends_early_on_sigint(tmp_path: Path) -> None:
+def test_prometheus_linger_from_a_later_trio_run() -> None:
+    """The command line prints its summary after the run's trio.run returns: a second
+    trio.run (here on an autojumping fake clock) waits out the window and closes."""
+    stream = io.StringIO()
+    telemetry = trio.run(ended_telemetry, 60.0, stream)
+    server = telemetry.server
+    assert server is not None
+    assert not server.closed
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    trio.run(telemetry.linger, clock=clock)
+    assert server.closed
+    assert clock.current_time() > 30  # the window was waited out on the fake clock
+    assert "serving the final metrics at" in stream.getvalue()
+
+
+async def test_prometheus_linger_ends_early_on_sigint() -> None:
     """Ctrl-C during the linger: it returns at once and the endpoint is closed."""
     telemetry = await ended_telemetry(3600.0, io.StringIO())
     server = telemetry.server
