@@ -439,6 +439,7 @@ ZERO_ALLOWED = {
     "long_rollout_max_fraction",
     "max_connect_retries",
     "max_request_retries",
+    "metrics_linger_s",  # close the Prometheus endpoint at once
     "metrics_port",  # any free port
     "retry_backoff_base_s",
     "retry_backoff_max_s",

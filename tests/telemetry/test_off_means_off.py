@@ -107,6 +107,16 @@ def test_off_means_off_import_trollout_loads_nothing() -> None:
             RunConfig(),
             TelemetrySettings(prometheus=("127.0.0.1", 9464)),
         ),
+        (
+            {},
+            RunConfig(metrics_port=0, metrics_linger_s=15),
+            TelemetrySettings(prometheus=("127.0.0.1", 0), linger_s=15),
+        ),
+        (
+            {},
+            RunConfig(metrics_pushgateway="http://gw:9091/"),
+            TelemetrySettings(pushgateway="http://gw:9091"),
+        ),
     ],
 )
 def test_telemetry_settings_follow_the_otel_variables(
@@ -118,9 +128,9 @@ def test_telemetry_settings_follow_the_otel_variables(
 
 def test_telemetry_settings_without_prometheus_ignore_every_way_to_ask() -> None:
     """prometheus=False (a Ray block): neither --metrics-port nor OTEL_METRICS_EXPORTER=
-    prometheus serves an endpoint; traces over OTLP still go out."""
+    prometheus serves an endpoint, nothing is pushed; traces over OTLP still go out."""
     env = {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": "9100"}
-    config = RunConfig(metrics_port=9101)
+    config = RunConfig(metrics_port=9101, metrics_pushgateway="http://gw:9091")
     assert telemetry_settings(config, env, prometheus=False) is None
     traced = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
     assert telemetry_settings(config, traced, prometheus=False) == TelemetrySettings(traces="otlp")
@@ -132,6 +142,12 @@ def test_telemetry_settings_without_prometheus_ignore_every_way_to_ask() -> None
         ({"OTEL_TRACES_EXPORTER": "zipkin"}, RunConfig(), "OTEL_TRACES_EXPORTER"),
         ({"OTEL_METRICS_EXPORTER": "statsd"}, RunConfig(), "OTEL_METRICS_EXPORTER"),
         ({}, RunConfig(otlp_endpoint="collector:4318"), "otlp_endpoint"),
+        ({}, RunConfig(metrics_pushgateway="gw:9091"), "metrics_pushgateway .* 'gw:9091'"),
+        (
+            {},
+            RunConfig(metrics_pushgateway="http://alice:hunter2@gw:9091"),
+            "^metrics_pushgateway .*credentials.*not supported",
+        ),
         (
             {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": "x"},
             RunConfig(),
@@ -142,9 +158,11 @@ def test_telemetry_settings_without_prometheus_ignore_every_way_to_ask() -> None
 def test_telemetry_settings_refuse_bad_values(
     env: dict[str, str], config: RunConfig, named: str
 ) -> None:
-    """A bad exporter, endpoint or port: a ConfigError naming it and the value."""
-    with pytest.raises(ConfigError, match=named):
+    """A bad exporter, endpoint or port: a ConfigError naming it and the value (never a
+    password)."""
+    with pytest.raises(ConfigError, match=named) as info:
         telemetry_settings(config, env)
+    assert "hunter2" not in str(info.value)
 
 
 def test_collect_refuses_a_bad_otel_variable_before_writing(tmp_path: Path) -> None:

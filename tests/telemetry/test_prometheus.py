@@ -11,17 +11,20 @@ from __future__ import annotations
 import io
 import re
 import socket
+import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from builders import collect_config, count_lines, read_jsonl, wait_until, write_tasks_input
 from trollout.cli.collect import collect_run
 from trollout.collector.engine.collector import Collector
+from trollout.recovery.manifest import read_manifest
 from trollout.testing import AgentSpec, DeploymentSpec, Fault, FaultContext, open_fake_deployment
 
 TASKS, HANGING = 12, 3
@@ -55,7 +58,8 @@ def scrape(url: str) -> str:
 
 
 async def test_prometheus_mid_run_scrape_agrees_with_the_folder(tmp_path: Path) -> None:
-    """In flight, outcomes by class and latency buckets, scraped mid-run, match the files."""
+    """In flight, outcomes by class and latency buckets, scraped mid-run, match the files; the
+    run's id and the process metrics are there; any path but /metrics is 404."""
     source = write_tasks_input(tmp_path / "tasks.jsonl", TASKS)
     stream = io.StringIO()
     scraped: list[str] = []
@@ -71,6 +75,11 @@ async def test_prometheus_mid_run_scrape_agrees_with_the_folder(tmp_path: Path) 
         assert match is not None, stream.getvalue()
         assert match[1].startswith("http://127.0.0.1:")  # loopback unless told otherwise
         scraped.append(await trio.to_thread.run_sync(scrape, match[1]))
+        elsewhere = match[1].removesuffix("/metrics") + "/"
+        with pytest.raises(urllib.error.HTTPError) as info:
+            await trio.to_thread.run_sync(scrape, elsewhere)
+        info.value.close()
+        assert info.value.code == 404  # /metrics only
         return "the test has scraped"
 
     async with open_fake_deployment(SPEC, fault_fn=faults) as fake:
@@ -90,6 +99,11 @@ async def test_prometheus_mid_run_scrape_agrees_with_the_folder(tmp_path: Path) 
     got = samples(scraped[0])
 
     assert [s.value for s in got["trollout_in_flight"]] == [HANGING]
+    manifest = read_manifest(result.layout)
+    assert manifest is not None
+    [info] = got["trollout_run_info"]  # the run's identity, and the process's metrics
+    assert info.labels["run_id"] == manifest.run_id
+    assert "process_cpu_seconds_total" in got
     assert [s.value for s in got["trollout_queued"]] == [0]
     assert [s.value for s in got["trollout_rollouts_expected"]] == [TASKS]
     by_outcome: Counter[tuple[str, str]] = Counter()

@@ -66,6 +66,8 @@ _PER_INVOCATION = (
     "otlp_endpoint",  # telemetry is how this invocation is watched, not part of the run
     "metrics_port",
     "metrics_host",
+    "metrics_linger_s",
+    "metrics_pushgateway",
 )
 _PATH_KEYS = ("input_jsonl_fpath", "output_jsonl_fpath")
 _HASH_CHUNK = 1 << 20

@@ -67,6 +67,7 @@ from .loader import (
 from .numbers import (
     COUNT,
     DEFAULT_MAX_INPUT_LINE_BYTES,
+    DEFAULT_METRICS_LINGER_S,
     DEFAULT_START_MIN_FRACTION,
     FRACTION,
     MAX_ATTEMPTS_ENV,
@@ -107,6 +108,7 @@ __all__ = [
     "COLLECT",
     "COUNT",
     "DEFAULT_MAX_INPUT_LINE_BYTES",
+    "DEFAULT_METRICS_LINGER_S",
     "DEFAULT_START_MIN_FRACTION",
     "FIELD_NAMES",
     "FRACTION",

@@ -23,6 +23,7 @@ from ..errors import ConfigError
 __all__ = [
     "COUNT",
     "DEFAULT_MAX_INPUT_LINE_BYTES",
+    "DEFAULT_METRICS_LINGER_S",
     "DEFAULT_START_MIN_FRACTION",
     "FRACTION",
     "MAX_ATTEMPTS_ENV",
@@ -72,6 +73,10 @@ DEFAULT_START_MIN_FRACTION: Final = 0.9
 # MB, while a line is parsed whole (a few times its size in memory), so 64 MiB is generous for
 # real data and still a bound; --max-line-bytes raises it.
 DEFAULT_MAX_INPUT_LINE_BYTES: Final = 64 * 1024 * 1024
+# How long the Prometheus endpoint serves a run's final values after the run: one scrape
+# interval at Prometheus's own default (``scrape_interval``, default 1m), so a scraper left at
+# its default sees them (trollout.telemetry.prometheus's design note).
+DEFAULT_METRICS_LINGER_S: Final = 60.0
 
 
 @frozen

@@ -55,6 +55,7 @@ from .fields import (
 from .numbers import (
     COUNT,
     DEFAULT_MAX_INPUT_LINE_BYTES,
+    DEFAULT_METRICS_LINGER_S,
     DEFAULT_START_MIN_FRACTION,
     FRACTION,
     PORT,
@@ -265,6 +266,11 @@ class RunConfig:
     otlp_endpoint: str | None = None  # OTLP/HTTP base URL (OTEL_EXPORTER_OTLP_ENDPOINT's role)
     metrics_port: int | None = setting(None, PORT.or_none)  # Prometheus
     metrics_host: str = "127.0.0.1"  # where the Prometheus endpoint binds
+    # how long the endpoint serves the final values after the run (0: close at once)
+    metrics_linger_s: float = setting(DEFAULT_METRICS_LINGER_S, SECONDS)
+    metrics_pushgateway: str | None = setting(  # push the final values here at the end
+        None, shape=name("a Pushgateway URL", "http://127.0.0.1:9091")
+    )
     # enrichment (trollout.enrichment): model-call capture merged into each landed row
     observability_enabled: bool = setting(False, flag)
     model_call_capture_dir: str | None = setting(  # required with observability_enabled

@@ -15,7 +15,10 @@ What turns telemetry on:
 - a Prometheus endpoint: ``--metrics-port PORT`` (bound to ``--metrics-host``, 127.0.0.1 by
   default), or ``OTEL_METRICS_EXPORTER=prometheus`` (``OTEL_EXPORTER_PROMETHEUS_HOST`` /
   ``_PORT``, default 127.0.0.1:9464). It is served even under ``OTEL_SDK_DISABLED``: it is
-  trollout's own endpoint, asked for by name.
+  trollout's own endpoint, asked for by name. It serves ``/metrics`` only, and the final values
+  for ``metrics_linger_s`` (default 60) seconds after the run (`prometheus`'s design note);
+- a push of the final values to a Pushgateway: ``metrics_pushgateway`` (an http:// or https://
+  URL), with or without the endpoint.
 
 Every other ``OTEL_*`` variable (headers, timeouts, compression, the sampler, resource
 attributes, ``TRACEPARENT`` for the job span's parent) is read where OpenTelemetry reads it.
@@ -39,7 +42,7 @@ from urllib.parse import urlsplit
 from attrs import frozen
 
 from ..errors import ConfigError
-from ..settings import RunConfig
+from ..settings import DEFAULT_METRICS_LINGER_S, RunConfig
 
 __all__ = ["TelemetrySettings", "telemetry_settings"]
 
@@ -78,17 +81,21 @@ class TelemetrySettings:
         otlp_endpoint: the OTLP/HTTP base URL given on the command line; None leaves it to
             the ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variables (default ``http://localhost:4318``).
         prometheus: ``(host, port)`` of the Prometheus endpoint, or None.
+        linger_s: how long the endpoint serves the final values after the run.
+        pushgateway: the Pushgateway's base URL the final values are pushed to, or None.
     """
 
     traces: str | None = None
     metrics: str | None = None
     otlp_endpoint: str | None = None
     prometheus: tuple[str, int] | None = None
+    linger_s: float = DEFAULT_METRICS_LINGER_S
+    pushgateway: str | None = None
 
     @property
     def metrics_on(self) -> bool:
-        """Whether any metrics are kept (an exporter, the Prometheus endpoint, or both)."""
-        return self.metrics is not None or self.prometheus is not None
+        """Whether any metrics are kept (an exporter, the endpoint, a Pushgateway)."""
+        return self.metrics is not None or self.prometheus is not None or bool(self.pushgateway)
 
 
 def telemetry_settings(
@@ -97,17 +104,20 @@ def telemetry_settings(
     """Return where a run's telemetry goes, or None when nothing asks for any.
 
     Args:
-        config: the run's settings (``otlp_endpoint``, ``metrics_port``, ``metrics_host``).
+        config: the run's settings (``otlp_endpoint``, ``metrics_port``, ``metrics_host``,
+            ``metrics_linger_s``, ``metrics_pushgateway``).
         environ: the ``OTEL_*`` variables (the process environment when None).
-        prometheus: False serves no Prometheus endpoint, whatever the config and the
-            environment ask: runs that share a host (Ray blocks) cannot share one port.
+        prometheus: False serves no Prometheus endpoint and pushes nothing, whatever the
+            config and the environment ask: runs that share a host (Ray blocks) cannot share
+            one port, and blocks of one run would replace each other's pushed group.
 
     Raises:
-        ConfigError: an exporter variable, the OTLP endpoint or the Prometheus port is not
-            valid (checked before anything is written or dispatched).
+        ConfigError: an exporter variable, the OTLP endpoint, the Pushgateway URL or the
+            Prometheus port is not valid (checked before anything is written or dispatched).
     """
     env = os.environ if environ is None else environ
     endpoint = _endpoint(config.otlp_endpoint)
+    gateway = _endpoint(config.metrics_pushgateway, "metrics_pushgateway")
     asked = endpoint is not None or any(env.get(name) for name in _ENDPOINT_VARS)
     disabled = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
     traces = _exporter(env, "OTEL_TRACES_EXPORTER", asked)
@@ -121,6 +131,8 @@ def telemetry_settings(
         metrics=None if metrics == "prometheus" else metrics,
         otlp_endpoint=endpoint,
         prometheus=served if prometheus else None,
+        linger_s=config.metrics_linger_s,
+        pushgateway=gateway if prometheus else None,
     )
     return settings if settings.traces is not None or settings.metrics_on else None
 
@@ -143,15 +155,34 @@ def _exporter(
     return None if value == "none" else value
 
 
-def _endpoint(url: str | None) -> str | None:
+_URL_KEYS: Final = {
+    # key: (how it is given, an example, what to do instead of user:password@, otherwise)
+    "otlp_endpoint": (
+        "otlp_endpoint (--otlp-endpoint)",
+        "http://127.0.0.1:4318",
+        "put credentials in OTEL_EXPORTER_OTLP_HEADERS",
+        "put credentials in OTEL_EXPORTER_OTLP_HEADERS",
+    ),
+    "metrics_pushgateway": (
+        "metrics_pushgateway",
+        "http://127.0.0.1:9091",
+        "a Pushgateway behind authentication is not supported: reach it through a local proxy",
+        "fix it, or unset it",
+    ),
+}
+
+
+def _endpoint(url: str | None, key: str = "otlp_endpoint") -> str | None:
+    """Check a telemetry receiver's base URL (http or https, a host, no user:password@)."""
     if url is None:
         return None
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https"} or not parts.hostname or "@" in parts.netloc:
+        given, example, credentials, otherwise = _URL_KEYS[key]
         shown = url if "@" not in url else "<a URL with credentials>"
         raise ConfigError(
-            f"otlp_endpoint (--otlp-endpoint) must be an http:// or https:// base URL such as "
-            f"http://127.0.0.1:4318 (got {shown!r}); put credentials in OTEL_EXPORTER_OTLP_HEADERS"
+            f"{given} must be an http:// or https:// base URL such as {example} "
+            f"(got {shown!r}); {credentials if '@' in url else otherwise}"
         )
     return url.rstrip("/")
 

@@ -3,9 +3,20 @@
 `open_telemetry` builds what `TelemetrySettings` asks for and yields a `Telemetry`, which is the
 collector's `Observer` (collector/engine/observer.py). Telemetry never fails a rollout: every hook
 catches its own errors (the first is logged, the rest are not), and exporting happens in the
-SDK's threads. Closing ends the job span and flushes, bounded by `SHUTDOWN_S`: an unreachable
-OTLP receiver delays the end of a run by at most that, and never changes an outcome. The OTLP
-exporters read each receiver reply up to `otlp_session.MAX_TELEMETRY_REPLY_BYTES`.
+SDK's threads. Closing ends the job span, freezes the Prometheus values (`prometheus`'s design
+note), pushes them to a Pushgateway when one is configured, and flushes, bounded by
+`SHUTDOWN_S`: an unreachable OTLP receiver or Pushgateway delays the end of a run by at most
+that, and never changes an outcome. The OTLP exporters read each receiver reply up to
+`otlp_session.MAX_TELEMETRY_REPLY_BYTES`.
+
+Where the Prometheus endpoint's linger goes. Closing leaves the endpoint serving the final
+values (when the run ended without an exception and ``metrics_linger_s`` > 0); the run layer
+must then call `Telemetry.linger` as the very last step of the run: after aggregation, the
+health check and the printed summary, before the process exits. It returns when the window
+ends, on Ctrl-C / SIGTERM, or on cancellation, and always closes the endpoint. Not calling it
+loses nothing but the window (the process exits, or the endpoint closes itself when the window
+ends). Rejected: lingering inside ``open_telemetry``'s exit, which would hold up aggregation
+and the summary by the whole window.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ from ..records import Failed, Landed, MaterializedRow, Outcome
 from . import TelemetrySettings
 from .metrics import RunMetrics
 from .otlp_session import METRICS_CREDENTIAL_VAR, TRACES_CREDENTIAL_VAR, otlp_session
-from .prometheus import MetricsServer
+from .prometheus import Exposition, MetricsServer
 from .traces import AttemptSpan, Tracing
 
 __all__ = ["SHUTDOWN_S", "Telemetry", "open_telemetry"]
@@ -79,19 +90,25 @@ class Telemetry:
     Attributes:
         tracing: the tracer (None: traces off).
         metrics: the instruments (None: metrics off).
+        exposition: the metrics as Prometheus sees them (None: neither served nor pushed).
         server: the Prometheus endpoint (None: not served).
+        stream: where lines for people go (stderr when None).
     """
 
     def __init__(
         self,
         tracing: Tracing | None,
         metrics: RunMetrics | None,
+        exposition: Exposition | None,
         server: MetricsServer | None,
         once: _Once,
+        stream: IO[str] | None = None,
     ) -> None:
         self.tracing = tracing
         self.metrics = metrics
+        self.exposition = exposition
         self.server = server
+        self.stream = stream
         self._once = once
         self.collector: Collector | None = None
 
@@ -102,8 +119,15 @@ class Telemetry:
         expected: int,
         attributes: Mapping[str, str | int] | None = None,
     ) -> None:
-        """Start watching `collector`: its gauges, and the job span (with `attributes`)."""
+        """Start watching `collector`: its gauges, and the job span (with `attributes`).
+
+        The run id (``trollout.run.id`` in `attributes`) labels ``trollout_run_info`` and
+        groups the Pushgateway's copy.
+        """
         self.collector = collector
+        run_id = (attributes or {}).get("trollout.run.id")
+        if self.exposition is not None and run_id is not None:
+            self.exposition.run_id = str(run_id)
         if self.metrics is not None:
             self.metrics.collector = collector
             self.metrics.expected = expected
@@ -166,6 +190,27 @@ class Telemetry:
 
     # --- the end ------------------------------------------------------------------------
 
+    async def linger(self) -> None:
+        """Serve the run's final values until the linger window ends, then close the endpoint.
+
+        Call it last, after the summary is printed (module docstring). Returns at once when no
+        endpoint lingers; early on SIGINT or SIGTERM (on the main thread).
+
+        Cancellation: returns (raising `trio.Cancelled`) at once; the endpoint is closed.
+        """
+        server = self.server
+        if server is None:
+            return
+        remaining = server.remaining_s()
+        if remaining > 0:
+            print(
+                f"trollout: serving the final metrics at {server.url} for {remaining:.0f} s "
+                "more (metrics_linger_s; Ctrl-C stops now)",
+                file=self.stream or sys.stderr,
+                flush=True,
+            )
+        await server.linger()
+
     def end_job(self) -> None:
         """Close the job span with the run's counts (idempotent)."""
         if self.tracing is None or self.collector is None:
@@ -206,7 +251,7 @@ async def open_telemetry(
     """
     once = _install_log_filter()
     resource = Resource.create({"service.name": "trollout"})
-    meter_provider, server = _meter_provider(settings, resource, metric_readers)  # may refuse
+    meter_provider, exposition, server = _meter_provider(settings, resource, metric_readers)
     tracer_provider = _tracer_provider(settings, resource, span_exporter)
     tracing = Tracing(tracer_provider) if tracer_provider is not None else None
     metrics = (
@@ -214,18 +259,31 @@ async def open_telemetry(
         if meter_provider is not None
         else None
     )
-    telemetry = Telemetry(tracing, metrics, server, once)
+    telemetry = Telemetry(tracing, metrics, exposition, server, once, stream)
     if server is not None:
         print(
             f"trollout: Prometheus metrics at {server.url}", file=stream or sys.stderr, flush=True
         )
+    ended = False  # without an exception: the endpoint lingers
     try:
         yield telemetry
+        ended = True
     finally:
         telemetry.end_job()
+        if exposition is not None:
+            _freeze(exposition)  # before the SDK shuts down: the last collection
+        lingering = ended and server is not None and settings.linger_s > 0
+        if lingering and server is not None:
+            server.start_linger(settings.linger_s)  # `Telemetry.linger` waits it out
+        push = settings.pushgateway if telemetry.collector is not None else None
         with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_S):
             await trio.to_thread.run_sync(
-                _shutdown, tracer_provider, meter_provider, server, abandon_on_cancel=True
+                _shutdown,
+                tracer_provider,
+                meter_provider,
+                None if lingering else server,
+                (exposition, push),
+                abandon_on_cancel=True,
             )
 
 
@@ -250,7 +308,7 @@ def _tracer_provider(
 
 def _meter_provider(
     settings: TelemetrySettings, resource: Resource, extra: Sequence[MetricReader]
-) -> tuple[MeterProvider | None, MetricsServer | None]:
+) -> tuple[MeterProvider | None, Exposition | None, MetricsServer | None]:
     readers = list(extra)
     if settings.metrics == "otlp":
         endpoint = settings.otlp_endpoint
@@ -261,21 +319,39 @@ def _meter_provider(
         readers.append(PeriodicExportingMetricReader(exporter))
     elif settings.metrics == "console":
         readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
-    server = None
-    if settings.prometheus is not None:
+    exposition = server = None
+    if settings.prometheus is not None or settings.pushgateway is not None:
         reader = InMemoryMetricReader()
-        server = MetricsServer(reader, *settings.prometheus)
+        exposition = Exposition(reader)
+        if settings.prometheus is not None:
+            server = MetricsServer(exposition.served, *settings.prometheus)
         readers.append(reader)
     if not readers:
-        return None, None
+        return None, None, None
     provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
-    return provider, server
+    return provider, exposition, server
+
+
+def _freeze(exposition: Exposition) -> None:
+    try:
+        exposition.freeze()
+    except Exception as exc:  # a failed collection loses the final values, never the run
+        _log.warning("the final metrics could not be collected: %r", exc)
 
 
 def _shutdown(
-    tracer: TracerProvider | None, meter: MeterProvider | None, server: MetricsServer | None
+    tracer: TracerProvider | None,
+    meter: MeterProvider | None,
+    server: MetricsServer | None,
+    push: tuple[Exposition | None, str | None],
 ) -> None:
-    """Flush and stop everything (blocking; runs in a worker thread)."""
+    """Push, flush and stop everything (blocking; runs in a worker thread)."""
+    exposition, gateway = push
+    if exposition is not None and gateway is not None:
+        try:
+            exposition.push(gateway, timeout_s=SHUTDOWN_S)
+        except Exception as exc:  # an unreachable gateway loses the push, never the run
+            _log.warning("the push to the Pushgateway at %s failed: %r", gateway, exc)
     if server is not None:
         server.close()
     for provider in (tracer, meter):
