@@ -128,6 +128,8 @@ def collect(args: tuple[str, ...], live: str, **options: Any) -> None:
 def report_run(result: RunResult, *, title: str) -> None:
     """Print a session's summary, timing report and metrics; exit as the run ended.
 
+    With a Prometheus endpoint, it keeps serving the final values for ``metrics_linger_s``
+    after everything is printed (not after a stop by signal; Ctrl-C ends the wait).
     Exit codes: 128 + the signal after SIGINT/SIGTERM (130/143); 1 when ``--max-run-time``
     ended the run or a server's metrics call failed; otherwise return (exit 0).
     """
@@ -151,6 +153,8 @@ def report_run(result: RunResult, *, title: str) -> None:
     for line in result.health:
         click.echo(visible(line))
     click.echo(f"view:    {visible(view_command(result.layout.output))}")
+    if result.telemetry is not None and result.signal is None:
+        run_trio(result.telemetry.linger)  # the last step: final values stay scrapeable
     if result.signal is not None:
         click.echo(f"stopped by {signal.Signals(result.signal).name}; resume to finish", err=True)
         sys.exit(128 + result.signal)

@@ -201,8 +201,14 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
         "--metrics-port",
         "metrics_port",
         type=int,
-        help="Serve Prometheus metrics on this port while the run lasts (0: any free port; "
-        "not with --ray, whose blocks share hosts: use --otlp-endpoint there).",
+        help="Serve Prometheus metrics on this port, and the final values --metrics-linger "
+        "s after the run (0: any free port; not with --ray: use --otlp-endpoint there).",
+    ),
+    "metrics-linger": click.option(
+        "--metrics-linger",
+        "metrics_linger_s",
+        type=float,
+        help="Seconds the final metrics are served after the run (default 60; 0: none).",
     ),
     "metrics-host": click.option(
         "--metrics-host",

@@ -58,6 +58,9 @@ class RunResult:
     health: tuple[str, ...] = ()  # the rollout health lines (`health.after_run`)
     differences: tuple[str, ...] = ()
     stopped: str | None = None
+    # The run's telemetry, ended: its Prometheus endpoint (if any) serves the final values
+    # until the entry point calls `Telemetry.linger` last, after printing (telemetry/runtime.py).
+    telemetry: Telemetry | None = attrs.field(default=None, eq=False, repr=False)
 
 
 async def collect(
@@ -175,6 +178,7 @@ async def collect(
         health=tuple(health),
         differences=tuple(differences(config)),
         stopped=session.stopped,
+        telemetry=telemetry,
     )
 
 
