@@ -180,7 +180,8 @@ def test_the_plan_keys_and_the_fingerprint_are_those_of_existing_runs() -> None:
         "prompt_config",
         "shard",
     )
-    assert RunConfig().plan_fingerprint() == (
+    # the settings of a default run before seeds became NeMo Gym's (seed_mode was hash then)
+    assert RunConfig(seed_mode="hash").plan_fingerprint() == (
         "8f22cd5ba2dfa7c17359e37de0d719f527800b750ff20f20101c5d277df09099"
     )
     config = RunConfig(
@@ -189,3 +190,24 @@ def test_the_plan_keys_and_the_fingerprint_are_those_of_existing_runs() -> None:
     assert config.plan_fingerprint() == (
         "352f80389aa438b40fa2f505bbf47ad35c8654d18604df6fb7b1fae9d437ccbc"
     )
+
+
+def test_a_run_saved_before_seeds_became_nemo_gyms_reads_as_hash() -> None:
+    """A saved set lacking seed_mode means hash (the old default): a seeded one differs from
+    today's default, and neither seed setting is compared when no seeds are added."""
+    from trollout.recovery.manifest import saved_settings
+    from trollout.settings import plan_differences, saved_as_started
+
+    old = saved_settings(RunConfig(num_repeats_add_seed=True))
+    del old["seed_mode"]
+    assert saved_as_started(old)["seed_mode"] == "hash"
+    now = saved_settings(RunConfig(num_repeats_add_seed=True))
+    assert plan_differences(old, now) == ["seed_mode 'hash' -> 'rollout-index'"]
+    assert (
+        plan_differences(
+            old, saved_settings(RunConfig(num_repeats_add_seed=True, seed_mode="hash"))
+        )
+        == []
+    )
+    unseeded = saved_settings(RunConfig(seed_mode="hash", seed=3))
+    assert plan_differences(unseeded, saved_settings(RunConfig())) == []

@@ -101,7 +101,7 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
     "seed-mode": click.option(
         "--seed-mode",
         type=click.Choice(["hash", "rollout-index"]),
-        help="hash(run seed, task, rollout) (default) or NeMo Gym's rollout index.",
+        help="NeMo Gym's rollout index (default) or hash(run seed, task, rollout).",
     ),
     "interleave-repeats": click.option(
         "--interleave-repeats/--no-interleave-repeats",

@@ -33,13 +33,14 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+import attrs
 import orjson
 from attrs import frozen
 
 from .._version import __version__
 from ..errors import ConfigError, RunChangedError, RunFolderError
 from ..records import RunManifest, converter
-from ..settings import RunConfig, plan_differences
+from ..settings import RunConfig, plan_differences, saved_as_started
 from ..settings import converter as config_converter
 from .files import replace_atomically
 from .layout import RunLayout
@@ -167,6 +168,9 @@ def write_manifest(layout: RunLayout, manifest: RunManifest) -> None:
 def read_manifest(layout: RunLayout) -> RunManifest | None:
     """Read the run's manifest, or None when there is none.
 
+    Its settings read as the run was started (`settings.saved_as_started`): a manifest written
+    before a default changed resumes with the old default.
+
     Raises:
         RunFolderError: the manifest exists but cannot be read or parsed.
     """
@@ -180,12 +184,14 @@ def read_manifest(layout: RunLayout) -> RunManifest | None:
             "permissions"
         ) from exc
     try:
-        return converter.structure(orjson.loads(data), RunManifest)
+        manifest = converter.structure(orjson.loads(data), RunManifest)
     except Exception as exc:  # orjson or cattrs: the file is not a manifest
         raise RunFolderError(
             f"the manifest {str(layout.manifest)!r} is damaged ({type(exc).__name__}); restore "
             "it, or collect into a new folder"
         ) from exc
+    # a key the run saved no value for means what it meant when the run started
+    return attrs.evolve(manifest, settings=saved_as_started(manifest.settings))
 
 
 def locate_run(path: str | os.PathLike[str]) -> RunLayout:

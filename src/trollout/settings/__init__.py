@@ -88,8 +88,8 @@ from .record import (
     TASKSET_NEEDS_ROUTES,
     RunConfig,
     converter,
-    plan_differences,
 )
+from .saved import plan_differences, saved_as_started
 from .syntax import (
     MAX_VALUE_DEPTH,
     head_server_url,
@@ -155,6 +155,7 @@ __all__ = [
     "plan_differences",
     "read_settings_file",
     "repeats_problems",
+    "saved_as_started",
     "translate",
     "validate_url",
 ]

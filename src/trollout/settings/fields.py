@@ -47,8 +47,8 @@ __all__ = [
 class SeedMode(enum.Enum):
     """How `num_repeats_add_seed` chooses a rollout's seed."""
 
-    HASH = "hash"  # hash(run seed, task, rollout): seeds differ across tasks (ours, default)
-    ROLLOUT_INDEX = "rollout-index"  # seed = rollout index (NeMo Gym's behaviour)
+    HASH = "hash"  # hash(run seed, task, rollout): seeds differ across tasks (ours, opt-in)
+    ROLLOUT_INDEX = "rollout-index"  # seed = rollout index (NeMo Gym's values; the default)
 
 
 _Choice = TypeVar("_Choice", bound=enum.Enum)
@@ -314,6 +314,9 @@ class Row:
         null_default: null means the default (NeMo Gym's Optional where trollout's is required).
         wrong: a value of the wrong type, for the tests that walk the rows.
         expected: what is expected, for the key table.
+        absent: what a run's saved settings mean when they lack the key (None: the default).
+            A key whose default changed sets the old default here, so a run saved before the
+            change, or before the key existed, resumes as it was started.
     """
 
     nemo: bool = False
@@ -324,6 +327,7 @@ class Row:
     null_default: bool = False
     wrong: Any = "many"
     expected: str = "a value"
+    absent: Any = None
 
 
 def setting(
@@ -339,6 +343,7 @@ def setting(
     path: bool = False,
     null_default: bool = False,
     wrong: Any = None,
+    absent: Any = None,
 ) -> Any:
     """Return one `RunConfig` field: its default, its check and its `Row` (module doc)."""
     if wrong is None:
@@ -349,7 +354,7 @@ def setting(
         expected = check.what
     else:
         expected = "true or false" if check is flag else "a value"
-    row = Row(nemo, shape, plan, order, path, null_default, wrong, expected)
+    row = Row(nemo, shape, plan, order, path, null_default, wrong, expected, absent)
     return attrs.field(
         default=default,
         factory=factory,

@@ -305,7 +305,7 @@ def differences(config: RunConfig) -> list[str]:
     if config.num_repeats_add_seed and config.seed_mode is SeedMode.HASH:
         out.append(
             "seeds are hash(run seed, task, rollout), different across tasks (NeMo Gym: the "
-            "rollout index; --seed-mode rollout-index)"
+            "rollout index, the default; --seed-mode rollout-index)"
         )
     if not config.retry_requests:
         out.append(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
@@ -79,7 +78,6 @@ __all__ = [
     "TASKSET_NEEDS_ROUTES",
     "RunConfig",
     "converter",
-    "plan_differences",
 ]
 
 _URLS: Final = "a list of URLs"
@@ -131,7 +129,11 @@ class RunConfig:
         False, seed_setting_check, shape=SEEDS, nemo=True, plan=0
     )
     seed: int = setting(0, SEED, plan=0)
-    seed_mode: SeedMode = setting(SeedMode.HASH, converter=seed_mode_of, plan=0)
+    # NeMo Gym's seeds (the rollout index) by default; a run saved without the key was started
+    # under the old default, hash, and resumes with it
+    seed_mode: SeedMode = setting(
+        SeedMode.ROLLOUT_INDEX, converter=seed_mode_of, plan=0, absent=SeedMode.HASH
+    )
     limit: int | None = setting(None, COUNT.or_none, nemo=True, plan=0)
     task_ids: list[str | int] | None = setting(
         None, task_ids_check, shape=OPTIONAL_LIST, nemo=True, plan=0
@@ -376,22 +378,4 @@ def _default_of(field: attrs.Attribute[Any]) -> Any:
 
 
 _DEFAULTS: Final = {a.name: _default_of(a) for a in _FIELDS if a.name in PLAN_KEYS}
-
-
-def plan_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """Return ``key saved -> now`` for each plan setting that differs between two saved sets.
-
-    Both are `saved_settings`-shaped mappings (a manifest's, and the current run's); a key one
-    of them lacks (a setting added later) counts as its default, and `ORDER_KEYS` are not
-    compared. This, not the fingerprint's bytes, decides whether a run may be resumed, so a
-    fingerprint that gains a key never strands the runs made before.
-    """
-    diffs = []
-    for key in PLAN_KEYS:
-        if key in ORDER_KEYS:
-            continue
-        default = converter.unstructure(_DEFAULTS[key])
-        before, after = saved.get(key, default), now.get(key, default)
-        if before != after:
-            diffs.append(f"{key} {before!r} -> {after!r}")
-    return diffs
+DEFAULTS: Final = _DEFAULTS  # the plan settings' defaults (`saved.plan_differences`)

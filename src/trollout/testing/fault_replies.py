@@ -32,9 +32,9 @@ def _sentinel(
     if fault.kind is FaultKind.FAILURE_CLASS:
         cls = fault.failure_class or "transient"
         terminal = {"_ng_failure_terminal": True} if fault.terminal else {}
-        return (
-            params | {"_ng_failure_class": cls, "failure_reason": f"fake {cls} failure"} | terminal
-        )
+        kind = {} if fault.failure_kind is None else {"failure_kind": fault.failure_kind}
+        said = {"failure_reason": f"fake {cls} failure"}
+        return params | {"_ng_failure_class": cls} | said | terminal | kind
     reason = fault.body or f"fake {fault.kind.value}"
     masked = {"reward": 0.0, "mask_sample": True, "failure_reason": reason}
     if fault.kind is FaultKind.JUDGE_FAILED:
@@ -50,7 +50,11 @@ def fault_reply(
     kind = fault.kind
     if kind is FaultKind.STATUS:
         status = fault.status or 500
-        headers = () if fault.retry_after is None else (("retry-after", f"{fault.retry_after:g}"),)
+        headers: tuple[tuple[str, str], ...] = ()
+        if fault.retry_after is not None:
+            headers += (("retry-after", f"{fault.retry_after:g}"),)
+        if fault.failure_kind is not None:
+            headers += (("x-ng-failure-report", _report(fault.failure_kind, row)),)
         body = orjson.dumps(fault.body or f"fake HTTP {status}")
         return Reply(status=status, body=body, headers=headers)
     if kind is FaultKind.OVERSIZED:
@@ -75,6 +79,18 @@ def fault_reply(
     if kind is FaultKind.NOT_OBJECT:
         return Reply(body=b'["not", "an", "object"]')
     return Reply(body=orjson.dumps(_sentinel(fault, row, result)))
+
+
+def _report(kind: str, row: dict[str, Any]) -> str:
+    """The failure report a failed ``/run`` forwards: the agent's routing failure (selected),
+    caused by its environment's failure of `kind`."""
+    at = f"{row.get('_ng_task_index')}-{row.get('_ng_rollout_index')}"
+    events = [
+        {"failure_id": f"agent-{at}", "kind": "agent_run_error", "caused_by": f"env-{at}"},
+        {"failure_id": f"env-{at}", "kind": kind, "message": f"fake provider: {kind}"},
+    ]
+    report = {"_ng_failure_id": f"agent-{at}", "_ng_failure_events": events}
+    return orjson.dumps(report).decode()
 
 
 async def _json_string(size: int) -> AsyncGenerator[bytes]:

@@ -167,6 +167,9 @@ class Fault:
         stage: EPISODE_FAILURE: the failure's ``stage``.
         partial: EPISODE_FAILURE: the failure carries a ``partial_response``.
         report: a FailureReport beside an episode server's reply (`REPORT_VARIANTS`), or None.
+        failure_kind: FAILURE_CLASS: the reply's ``failure_kind`` (``credentials_rejected``: its
+            provider refused the credentials); STATUS: the kind the failure report in the
+            reply's ``X-NG-Failure-Report`` header names, behind the agent's routing failure.
 
     For EPISODE_FAILURE, `failure_class` is the ``failure_kind`` (None: absent), `body` the
     ``failure_reason`` and `terminal` the failure's ``terminal``.
@@ -188,6 +191,7 @@ class Fault:
     stage: str | None = None
     partial: bool = False
     report: str | None = None
+    failure_kind: str | None = None
 
     def __attrs_post_init__(self) -> None:
         variants = EPISODE_VARIANTS.get(self.kind, ())

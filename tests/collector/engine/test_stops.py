@@ -184,3 +184,39 @@ def test_stops_violation_stop_follows_the_rule_for_any_sequence(
         (i for i, (s, k) in enumerate(sequence) if stops.check(make[k](s)) is not None), None
     )
     assert fired == expected
+
+
+# --- a provider's refusal named by a failure kind (issue 25: NeMo Gym's provider stops) ------
+
+
+def test_stops_credentials_rejected_failure_kind_counts_as_an_auth_failure() -> None:
+    """A producer's failure row of kind credentials_rejected counts in the same per-server
+    streak as a 401/403, and the stop names the kind."""
+    stops = RunStops(RunConfig(stop_after_auth_failures=3))
+    refused = {"failure_class": "agent_run_error", "kind": "credentials_rejected"}
+    assert stops.check(failed(200, **refused)) is None
+    assert stops.check(failed(401)) is None
+    reason = stops.check(failed(500, **refused))
+    assert reason is not None
+    assert "credentials rejected by 'env': failure kind credentials_rejected on 3" in reason
+
+
+def test_stops_quota_exhausted_failure_kind_stops_at_once() -> None:
+    """A rollout whose failure kind is quota_exhausted stops the run on the first one."""
+    stops = RunStops(RunConfig())
+    reason = stops.check(failed(200, kind="quota_exhausted"))
+    assert reason is not None
+    assert "quota exhausted at 'env' (failure kind quota_exhausted)" in reason
+
+
+def test_stops_a_masked_result_naming_a_refusal_is_no_success() -> None:
+    """A landed masked result whose failure_kind says credentials_rejected neither resets the
+    streak nor passes: it counts; one saying quota_exhausted stops the run."""
+    stops = RunStops(RunConfig(stop_after_auth_failures=2))
+    masked = builders.landed(
+        0, env="env", result={"mask_sample": True, "failure_kind": "credentials_rejected"}
+    )
+    assert stops.check(failed(401)) is None
+    assert stops.check(masked) is not None
+    quota = builders.landed(0, env="env", result={"failure_kind": "quota_exhausted"})
+    assert RunStops(RunConfig()).check(quota) is not None

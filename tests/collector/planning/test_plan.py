@@ -652,13 +652,11 @@ def test_plan_seed_extra_body_string_keeps_existing_json(tmp_path: Path) -> None
     none = row("c")
     [a, b, c] = plan(tmp_path, [as_text, as_obj, none], num_repeats_add_seed=True).rows()
     assert isinstance(a.body["responses_create_params"]["metadata"]["extra_body"], str)
-    assert extra_body(a) == {"top_k": 5, "seed": rollout_seed(0, 0, 0)}
+    assert extra_body(a) == {"top_k": 5, "seed": 0}
     assert a.body["responses_create_params"]["metadata"]["tag"] == "t"
-    assert extra_body(b) == {"n": 2, "seed": rollout_seed(0, 1, 0)}
-    assert extra_body(c) == {"seed": rollout_seed(0, 2, 0)}
-    assert c.body["responses_create_params"]["metadata"]["extra_body"] == json.dumps(
-        {"seed": rollout_seed(0, 2, 0)}
-    )
+    assert extra_body(b) == {"n": 2, "seed": 0}
+    assert extra_body(c) == {"seed": 0}
+    assert c.body["responses_create_params"]["metadata"]["extra_body"] == json.dumps({"seed": 0})
 
 
 def test_plan_rows_seed_extra_body_with_a_date_is_encoded_as_orjson_would() -> None:
@@ -671,9 +669,7 @@ def test_plan_rows_seed_extra_body_with_a_date_is_encoded_as_orjson_would() -> N
     rows = [{"responses_create_params": params, "agent_ref": {"name": "beta"}}]
     config = RunConfig(num_repeats=2, num_repeats_add_seed=True)
     seeded = list(plan_rows(rows, config, direct_router()).rows())
-    assert [extra_body(r) for r in seeded] == [
-        {"day": "2024-01-02", "seed": rollout_seed(0, 0, i)} for i in range(2)
-    ]
+    assert [extra_body(r) for r in seeded] == [{"day": "2024-01-02", "seed": i} for i in range(2)]
 
 
 def test_plan_seed_unusable_extra_body_refused(tmp_path: Path) -> None:
@@ -689,25 +685,24 @@ def test_plan_seed_unusable_extra_body_refused(tmp_path: Path) -> None:
     ]
 
 
-def test_plan_seed_mode_rollout_index(tmp_path: Path) -> None:
-    """seed_mode rollout-index gives NeMo Gym's seed = rollout index, the same on every task."""
-    p = plan(
-        tmp_path,
-        [row("a"), row("b")],
-        num_repeats=3,
-        num_repeats_add_seed=True,
-        seed_mode=SeedMode.ROLLOUT_INDEX,
-    )
-    assert [extra_body(r)["seed"] for r in p.rows()] == [0, 1, 2, 0, 1, 2]
+def test_plan_seeds_are_nemo_gyms_rollout_index_by_default(tmp_path: Path) -> None:
+    """By default the seed is NeMo Gym's, the rollout index, the same on every task (issue 25);
+    seed_mode rollout-index says so explicitly."""
+    for settings in ({}, {"seed_mode": SeedMode.ROLLOUT_INDEX}):
+        p = plan(
+            tmp_path, [row("a"), row("b")], num_repeats=3, num_repeats_add_seed=True, **settings
+        )
+        assert [extra_body(r)["seed"] for r in p.rows()] == [0, 1, 2, 0, 1, 2]
 
 
-def test_plan_seeds_differ_across_tasks_by_default(tmp_path: Path) -> None:
-    """Default seeds hash (run seed, task, rollout): distinct across tasks and run seeds."""
-    p = plan(tmp_path, [row(str(i)) for i in range(20)], num_repeats=3, num_repeats_add_seed=True)
+def test_plan_seeds_differ_across_tasks_in_hash_mode(tmp_path: Path) -> None:
+    """Hash seeds (opt-in) hash (run seed, task, rollout): distinct across tasks and run seeds."""
+    hashed = {"num_repeats_add_seed": True, "seed_mode": SeedMode.HASH}
+    p = plan(tmp_path, [row(str(i)) for i in range(20)], num_repeats=3, **hashed)
     seeds = [extra_body(r)["seed"] for r in p.rows()]
     assert len(set(seeds)) == 60
     assert all(0 <= s < 2**31 for s in seeds)
-    other = plan(tmp_path, [row("0")], num_repeats_add_seed=True, seed=1)
+    other = plan(tmp_path, [row("0")], seed=1, **hashed)
     assert extra_body(next(other.rows()))["seed"] != seeds[0]
 
 
@@ -737,7 +732,7 @@ def test_plan_overrides_then_seed(tmp_path: Path) -> None:
     [m] = plan(
         tmp_path, [row()], responses_create_params=overrides, num_repeats_add_seed=True
     ).rows()
-    assert extra_body(m) == {"k": 1, "seed": rollout_seed(0, 0, 0)}
+    assert extra_body(m) == {"k": 1, "seed": 0}
 
 
 # --- orders -------------------------------------------------------------------------------
@@ -1065,7 +1060,7 @@ def test_plan_seed_extra_body_shapes(tmp_path: Path, metadata: Any, ok: bool) ->
     r = row(responses_create_params={"input": "x", "metadata": metadata})
     if ok:
         [m] = plan(tmp_path, [r], num_repeats_add_seed=True).rows()
-        assert extra_body(m) == {"seed": rollout_seed(0, 0, 0)}
+        assert extra_body(m) == {"seed": 0}
     else:
         with pytest.raises(InputError, match="to add the seed"):
             plan(tmp_path, [r], num_repeats_add_seed=True)
@@ -1270,7 +1265,7 @@ def test_plan_with_no_rollout_is_an_input_error(
 
 def test_plan_seed_at_the_top_of_its_range_materializes(tmp_path: Path) -> None:
     """A run seed of 2**64 - 1 (the largest accepted) seeds rows that serialize."""
-    p = plan(tmp_path, [row("a")], seed=2**64 - 1, num_repeats_add_seed=True)
+    p = plan(tmp_path, [row("a")], seed=2**64 - 1, num_repeats_add_seed=True, seed_mode="hash")
     [r] = list(p.rows())
     assert extra_body(r)["seed"] == rollout_seed(2**64 - 1, 0, 0)
     assert jsonl.loads(jsonl.dumps(r.body)) == r.body

@@ -51,6 +51,7 @@ from ...records import Delivery, Failed, FailureClass, Identity, Landed
 from ..http.transport import RawResponse
 from .echo import echo_mismatches, json_type, same_json
 from .outcomes import one_line_message, outcome_from_response
+from .reports import MAX_REPORT_EVENTS, failure_report
 
 __all__ = [
     "EPISODE_FAILURE",
@@ -67,8 +68,6 @@ EPISODE_FAILURE: Final = "EpisodeFailure"
 SHAPE_VIOLATION: Final = "EpisodeShapeViolation"
 IDENTITY_VIOLATION: Final = "EpisodeIdentityMismatch"
 COLLECTOR_KEYS_VIOLATION: Final = "EpisodeCollectorKeys"
-MAX_REPORT_EVENTS: Final = 32
-REPORT_KEYS: Final = (records.FAILURE_EVENTS, records.FAILURE_ID, records.FAILURE_EVENTS_OMITTED)
 _RESERVED_KEYS: Final = frozenset({"ng_model_call_capture", "ng_perf"})
 _DROPPED_RESULT_KEYS: Final = frozenset({records.AGENT_REF, records.TASK_SOURCE, records.ELAPSED})
 _MAX_KEYS_NAMED: Final = 20
@@ -227,37 +226,6 @@ _FAILURE_FIELDS: Final[tuple[tuple[str, str, Callable[[Any], bool]], ...]] = (
 
 def _type_of(mapping: Mapping[str, Any], key: str) -> str:
     return _a(json_type(mapping[key])) if key in mapping else "missing"
-
-
-def failure_report(reply: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the FailureReport keys beside an episode outcome, or {} when none or invalid.
-
-    A report is ``_ng_failure_id`` (a non-empty string), ``_ng_failure_events`` (a list of
-    objects) and ``_ng_failure_events_omitted`` (an integer >= 0), at least one of the first two
-    present; a null key counts as absent. One ill-typed key drops the whole report (it is one
-    unit), and an invalid report changes nothing else. At most `MAX_REPORT_EVENTS` events are
-    kept; the rest are added to ``_ng_failure_events_omitted``.
-    """
-    present = {key: reply[key] for key in REPORT_KEYS if reply.get(key) is not None}
-    events = present.get(records.FAILURE_EVENTS)
-    failure_id = present.get(records.FAILURE_ID)
-    omitted = present.get(records.FAILURE_EVENTS_OMITTED, 0)
-    valid = (
-        (events is not None or failure_id is not None)
-        and (
-            events is None
-            or (isinstance(events, list) and all(isinstance(e, dict) for e in events))
-        )
-        and (failure_id is None or (isinstance(failure_id, str) and failure_id != ""))
-        and type(omitted) is int
-        and omitted >= 0
-    )
-    if not valid:
-        return {}
-    if events is not None and len(events) > MAX_REPORT_EVENTS:
-        present[records.FAILURE_EVENTS] = events[:MAX_REPORT_EVENTS]
-        present[records.FAILURE_EVENTS_OMITTED] = omitted + len(events) - MAX_REPORT_EVENTS
-    return present
 
 
 def describe_reply(reply: Any) -> str:

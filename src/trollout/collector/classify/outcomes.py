@@ -14,6 +14,9 @@ object, by the identity it echoes and the sentinel keys:
 | 200, body not a JSON object              | Failed(agent_run_error, ``malformed_body``)     |
 | 429, 502, 503, 504                       | Failed(agent_request_failed, ``http_<status>``) |
 | any other status                         | Failed(agent_run_error, ``http_<status>``)      |
+
+A non-200 reply whose headers forward a failure report (`reports`) keeps it on the row, and the
+kind the report names replaces ``http_<status>``.
 | no reply (connect, reset, timeout...)    | Failed(agent_request_failed, status null)       |
 
 The reply to an episode request (a 0.7.0 task row) is read by `episodes`, which hands non-200 and
@@ -59,6 +62,7 @@ from ...records import Delivery, Failed, FailureClass, Identity, Landed
 from ...text import public_url
 from ..http.transport import RawResponse, ResponseBeganError, delivery_of
 from .echo import ECHOED_PARAMS, conversation, echo_mismatches, json_type
+from .reports import reply_failure_kind, reply_failure_report
 
 __all__ = [
     "GATEWAY_STATUSES",
@@ -318,11 +322,12 @@ def _status_failure(
 ) -> Failed:
     gateway = response.status in GATEWAY_STATUSES
     failure_class = FailureClass.AGENT_REQUEST_FAILED if gateway else FailureClass.AGENT_RUN_ERROR
+    report = reply_failure_report(response)  # what the server forwarded in its headers
     return Failed(
         identity=identity,
         attempt_index=attempt_index,
         failure_class=failure_class.value,
-        kind=f"http_{response.status}",
+        kind=reply_failure_kind(report) or f"http_{response.status}",
         exception_type="HTTPStatusError",
         message=one_line_message(f"{_status_line(response.status)} from {_where(response)}"),
         http_status=response.status,
@@ -330,6 +335,7 @@ def _status_failure(
         max_attempts=max_attempts,
         delivery=Delivery.DELIVERED,
         elapsed_seconds=elapsed_seconds,
+        extra=report,
         retry_after_s=retry_after_seconds(response),
     )
 

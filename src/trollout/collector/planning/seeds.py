@@ -10,15 +10,22 @@ Seeds (docs/protocol.md section 5, item 6). With ``num_repeats_add_seed`` (true,
 existing extra_body (an object, or a string holding one) is kept and extended, its ``seed``
 replaced. The seed is, by `config.SeedMode`:
 
-- ``hash`` (default): `rollout_seed`, exactly::
+- ``rollout-index`` (default): the rollout index, NeMo Gym's values (every task gets seeds 0,
+  1, ...), so the same eval on the same deterministic policy reproduces NeMo Gym's.
+- ``hash`` (opt-in): `rollout_seed`, exactly::
 
       data = f"trollout-seed:{run_seed}:{task}:{rollout}".encode()   # decimal integers
       int.from_bytes(hashlib.sha256(data).digest()[:8], "big") % 2**31
 
   deterministic on every machine and Python version (never the salted ``hash()``), and
-  different across tasks. It is part of a run's identity: changing it changes what a resumed
-  run would dispatch.
-- ``rollout-index``: the rollout index (NeMo Gym's behaviour: every task gets seeds 0, 1, ...).
+  different across tasks.
+
+The mode is part of a run's identity: the seeds are written into the materialized inputs, and
+the manifest records the mode. A run saved before the default changed (its manifest holds
+``hash``, or no ``seed_mode`` at all) resumes in hash mode (`settings.saved_as_started`); a
+resume that asks for another mode of a seeded run is refused as a changed setting. Rejected:
+keeping hash as the default and documenting the difference: a NeMo Gym user switching over
+got other seeds without asking, and an eval did not reproduce.
 
 Run-level ``responses_create_params`` overrides are shallow-merged over the row's (the override
 wins per top-level key, so an override's ``metadata`` replaces the row's); the seed is added after
@@ -77,7 +84,7 @@ Row = dict[str, Any]
 
 
 def rollout_seed(run_seed: int, task: int, rollout: int) -> int:
-    """Return the default seed of a rollout, in ``[0, 2**31)`` (formula in the module doc)."""
+    """Return the hash-mode seed of a rollout, in ``[0, 2**31)`` (formula in the module doc)."""
     data = f"trollout-seed:{run_seed}:{task}:{rollout}".encode()
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "big") % _SEED_MODULUS
 
