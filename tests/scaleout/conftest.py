@@ -24,3 +24,20 @@ def fake_spec() -> DeploymentSpec:
     return DeploymentSpec(
         agents=(AgentSpec(name="math_agent"),), latency=Latency(fixed_s=0.02), record_runs=False
     )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the selected Slurm scenarios now, beside the suite (`slurm_session`)."""
+    from slurm_scenarios import REQUEUE, requeue_scenario
+    from slurm_session import start_in_background
+
+    if any(item.name == REQUEUE for item in session.items):
+        start_in_background(REQUEUE, requeue_scenario)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Wait for the Slurm scenarios (bounded) and stop the session's Slurm, by pid."""
+    import sys
+
+    if "slurm_session" in sys.modules:
+        sys.modules["slurm_session"].finish(timeout_s=60)
