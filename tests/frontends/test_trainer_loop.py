@@ -1,0 +1,82 @@
+"""A training loop's batches on one long-lived `Rollouts`: what a trainer does step after step.
+
+Each test is one friction a trainer met (issue 25): the dispatch budget counts per batch, a
+batch opened in a cancelled scope gives up at once, fed-back and fresh rows plan together, and
+every front end can stop admission. Timing runs on Trio's fake clock with a scripted transport
+(`builders.ScriptedTransport`) wherever only the engine's behaviour matters; files are checked
+on disk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+import trollout
+from builders import AGENT, URLS, ScriptedTransport
+from trollout.collector.engine.sink import ListSink
+from trollout.records import Landed, Omitted
+from trollout.testing import task_rows
+
+
+def budget_config(budget_s: float, **settings: Any) -> trollout.RunConfig:
+    return trollout.RunConfig(
+        agent_name=AGENT, dispatch_budget_s=budget_s, drain_margin_s=0.0, **settings
+    )
+
+
+# --- (a) the dispatch budget counts per batch ------------------------------------------------
+
+
+async def test_dispatch_budget_counts_from_each_batch_not_from_the_front_end(
+    autojump_clock: Any,
+) -> None:
+    """A batch opened after the first batch's budget has passed still runs all its rows."""
+    transport = ScriptedTransport(delay=lambda row: 1.0)
+    async with trollout.open_rollouts(
+        URLS, config=budget_config(10.0), transport=transport
+    ) as rollouts:
+        rows = rollouts.plan(list(task_rows(4, seed=3)))
+        first = await rollouts.run_batch(rows)
+        await trio.sleep(60.0)  # the trainer learns for a minute: far past the first budget
+        second = await rollouts.run_batch(rows)
+        third = await rollouts.run_batch(rows)
+    assert [len(first), len(second), len(third)] == [4, 4, 4]
+    assert all(item.landed for item in [*first, *second, *third])
+
+
+async def test_each_batch_stops_starting_rows_budget_seconds_after_it_opened(
+    autojump_clock: Any,
+) -> None:
+    """A 10 s budget with 4 s rollouts two at a time: each batch starts rows at 0, 4 and 8 s
+    after its own opening, however late it opens."""
+    transport = ScriptedTransport(delay=lambda row: 4.0)
+    config = budget_config(10.0, num_samples_in_parallel=2)
+    async with trollout.open_rollouts(URLS, config=config, transport=transport) as rollouts:
+        rows = rollouts.plan(list(task_rows(20, seed=3)))
+        counts = []
+        for _ in range(3):
+            sink = ListSink()
+            opened = trio.current_time()
+            async with rollouts.collector.open_batch(rows, sink=sink) as batch:
+                landed = [item async for item in batch]
+            counts.append((len(landed), trio.current_time() - opened))
+            assert all(type(o) is Landed for o in sink.outcomes)
+            await trio.sleep(30.0)
+    assert counts == [(6, 12.0)] * 3
+
+
+async def test_a_batch_budget_spent_leaves_the_next_batch_and_the_collector_open(
+    autojump_clock: Any,
+) -> None:
+    """One batch's spent budget closes that batch's admission only."""
+    transport = ScriptedTransport(delay=lambda row: 4.0)
+    config = budget_config(5.0, num_samples_in_parallel=1)
+    async with trollout.open_rollouts(URLS, config=config, transport=transport) as rollouts:
+        rows = rollouts.plan(list(task_rows(3, seed=3)))
+        cut = await rollouts.run_batch(rows)  # starts rows at 0 and 4 s only
+        after = await rollouts.run_batch(rows[:1])
+        assert rollouts.collector.window.closed_reason is None
+    assert (len(cut), len(after)) == (2, 1)
+    assert not any(isinstance(item.outcome, Omitted) for item in [*cut, *after])
