@@ -9,8 +9,10 @@ on disk.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 import trollout
@@ -80,3 +82,30 @@ async def test_a_batch_budget_spent_leaves_the_next_batch_and_the_collector_open
         assert rollouts.collector.window.closed_reason is None
     assert (len(cut), len(after)) == (2, 1)
     assert not any(isinstance(item.outcome, Omitted) for item in [*cut, *after])
+
+
+# --- (b) opening a recorded batch in a cancelled scope -----------------------------------------
+
+
+async def test_recorded_batch_opened_in_a_cancelled_scope_touches_nothing(
+    autojump_clock: Any, tmp_path: Path
+) -> None:
+    """Entering is a checkpoint: a cancelled scope raises there, before the shard's folder (its
+    lock file included) is touched; the label opens normally afterwards."""
+    transport = ScriptedTransport(delay=lambda row: 1.0)
+    config = trollout.RunConfig(agent_name=AGENT)
+    folder = tmp_path / "shards"
+    async with trollout.open_rollouts(
+        URLS, config=config, transport=transport, record_output_dir=folder
+    ) as rollouts:
+        rows = rollouts.plan(list(task_rows(3, seed=3)))
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            async with rollouts.open_batch(rows, record_shard="step-1"):
+                pytest.fail("a cancelled scope entered the batch")
+        assert scope.cancelled_caught
+        assert not folder.exists() or sorted(folder.iterdir()) == []
+        assert transport.requests == []
+        outcomes = await rollouts.run_batch(rows, record_shard="step-1")
+    assert len(outcomes) == 3
+    assert (folder / "rollouts-step-1.jsonl").exists()

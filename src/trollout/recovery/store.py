@@ -716,6 +716,10 @@ async def _off_loop_stoppable(fn: Callable[..., _T], *args: object, **kwargs: ob
     temp file removed) before the cancellation propagates: a write of gigabytes never keeps a
     user waiting, and never leaves a temp file behind.
     """
+    # A caller cancelled already raises here: `to_thread.run_sync` would raise at its own first
+    # checkpoint without starting the thread, and the wait below would last `_STOP_WAIT_S`
+    # for a thread that never ran (this check and that one have no checkpoint between them).
+    await trio.lowlevel.checkpoint_if_cancelled()
     stop, done = threading.Event(), threading.Event()
 
     def work() -> _T:
