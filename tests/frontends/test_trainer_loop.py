@@ -18,6 +18,7 @@ import trio
 import trollout
 from builders import AGENT, URLS, ScriptedTransport
 from trollout.collector.engine.sink import ListSink
+from trollout.errors import InputError
 from trollout.records import Landed, Omitted
 from trollout.testing import task_rows
 
@@ -109,3 +110,76 @@ async def test_recorded_batch_opened_in_a_cancelled_scope_touches_nothing(
         outcomes = await rollouts.run_batch(rows, record_shard="step-1")
     assert len(outcomes) == 3
     assert (folder / "rollouts-step-1.jsonl").exists()
+
+
+# --- (c) fed-back rows and fresh rows in one batch ---------------------------------------------
+
+
+def needs_another_turn(item: Any) -> bool:
+    """The trainer's choice of rollouts to continue next step: the odd tasks (scripted reward 1)."""
+    return bool(item.reward)
+
+
+async def test_a_step_mixes_fed_back_rollouts_with_freshly_planned_tasks(
+    autojump_clock: Any,
+) -> None:
+    """batch = rollouts fed back from earlier steps + tasks planned now: every step runs every
+    row once, and no two rows planned by one Rollouts share a task and rollout."""
+    transport = ScriptedTransport(delay=lambda row: 1.0)
+    config = trollout.RunConfig(agent_name=AGENT, num_repeats=2)
+    carry: list[dict[str, Any]] = []
+    seen: set[tuple[int, int]] = set()
+    async with trollout.open_rollouts(URLS, config=config, transport=transport) as rollouts:
+        for step in range(4):
+            fresh = rollouts.plan(list(task_rows(3, seed=step)))
+            outcomes = await rollouts.run_batch([*carry, *fresh], run_id=f"s{step}")
+            assert len(outcomes) == len(carry) + 6
+            keys = {(o.row["_ng_task_index"], o.row["_ng_rollout_index"]) for o in outcomes}
+            assert {(r["_ng_task_index"], r["_ng_rollout_index"]) for r in carry} <= keys
+            seen |= {(r.identity.task_index, r.identity.rollout_index) for r in fresh}
+            carry = [o.row for o in outcomes if needs_another_turn(o)]
+        assert len(seen) == 4 * 6  # fresh rows of four steps: never the same numbers twice
+        assert rollouts.next_task_index == 4 * 3
+
+
+async def test_plan_numbers_from_start_task_index_when_given(autojump_clock: Any) -> None:
+    """start_task_index numbers a call's tasks from there (0: as a run's own planning does)."""
+    config = trollout.RunConfig(agent_name=AGENT)
+    async with trollout.open_rollouts(URLS, config=config, transport=ScriptedTransport()) as ro:
+        rows = list(task_rows(2, seed=1))
+        assert [r.identity.task_index for r in ro.plan(rows)] == [0, 1]
+        assert [r.identity.task_index for r in ro.plan(rows)] == [2, 3]
+        assert [r.identity.task_index for r in ro.plan(rows, start_task_index=10)] == [10, 11]
+        assert ro.next_task_index == 12
+        assert [r.identity.task_index for r in ro.plan(rows, start_task_index=0)] == [0, 1]
+        assert ro.next_task_index == 12  # a lower start never moves the numbering back
+
+
+def test_plan_rows_takes_a_start_task_index() -> None:
+    """The functional planner numbers unstamped tasks from start_task_index too, skipping a
+    task index a row carries."""
+    config = trollout.RunConfig(agent_name=AGENT)
+    deployment = trollout.Deployment.from_agent_urls(URLS)
+    rows = [*task_rows(2, seed=1), {**next(iter(task_rows(1, seed=9))), "_ng_task_index": 6}]
+    plan = trollout.plan_rows(rows, config, deployment, start_task_index=5)
+    assert sorted(r.identity.task_index for r in plan.rows()) == [5, 6, 7]
+
+
+async def test_numbers_shared_by_a_fed_back_row_and_a_fresh_one_get_a_hint_that_applies(
+    autojump_clock: Any,
+) -> None:
+    """Fresh rows numbered over a fed-back one (planned apart from this Rollouts) are refused
+    with a hint naming both rows and start_task_index."""
+    config = trollout.RunConfig(agent_name=AGENT)
+    deployment = trollout.Deployment.from_agent_urls(URLS)
+    async with trollout.open_rollouts(URLS, config=config, transport=ScriptedTransport()) as ro:
+        (item,) = await ro.run_batch(ro.plan(list(task_rows(1, seed=1))), run_id="s0")
+        fresh = list(trollout.plan_rows(list(task_rows(1, seed=2)), config, deployment).rows())
+        with pytest.raises(InputError) as refused:
+            await ro.run_batch([item.row, *fresh])
+    message = str(refused.value)
+    assert "rows[1]" in message
+    assert "rows[0]" in message
+    assert "fed back from batch 's0'" in message
+    assert "start_task_index" in message
+    assert "num_repeats" not in message

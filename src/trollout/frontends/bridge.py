@@ -38,7 +38,6 @@ import trio
 
 from ..collector.deployment.discovery import Deployment
 from ..collector.engine.batch import BatchOutcome, BatchRows
-from ..collector.planning.plan import plan_rows
 from ..errors import TrolloutError
 from ..records import MaterializedRow
 from ..settings import RunConfig
@@ -317,6 +316,16 @@ class FrontEndRollouts:
         self.deployment: Deployment = thread.rollouts.deployment
         self.config: RunConfig = thread.rollouts.config
 
-    def plan(self, rows: Sequence[Mapping[str, Any]]) -> list[MaterializedRow]:
-        """Materialize dataset rows with this run's settings (as `Rollouts.plan`)."""
-        return list(plan_rows(rows, self.config, self.deployment).rows())
+    @property
+    def next_task_index(self) -> int:
+        """The task index `plan`'s next call starts from (as `Rollouts.next_task_index`)."""
+        assert self._thread.rollouts is not None
+        return self._thread.rollouts.next_task_index
+
+    def plan(
+        self, rows: Sequence[Mapping[str, Any]], *, start_task_index: int | None = None
+    ) -> list[MaterializedRow]:
+        """Materialize dataset rows with this run's settings (as `Rollouts.plan`, whose
+        numbering it shares; planning runs in the caller's thread)."""
+        assert self._thread.rollouts is not None
+        return self._thread.rollouts.plan(rows, start_task_index=start_task_index)
