@@ -9,15 +9,18 @@ on disk.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import trio
 
 import trollout
 from builders import AGENT, URLS, ScriptedTransport
 from trollout.collector.engine.sink import ListSink
+from trollout.collector.http.transport import RawResponse
 from trollout.errors import InputError
 from trollout.records import Landed, Omitted
 from trollout.testing import task_rows
@@ -183,3 +186,87 @@ async def test_numbers_shared_by_a_fed_back_row_and_a_fresh_one_get_a_hint_that_
     assert "fed back from batch 's0'" in message
     assert "start_task_index" in message
     assert "num_repeats" not in message
+
+
+# --- (e) stop_admission on every front end -----------------------------------------------------
+
+
+class GateTransport:
+    """Answers task 0 at once and every other task when `open` is called (from any thread)."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+        self._gate: trio.Event | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    async def post(self, url: str, body: bytes, **_: Any) -> RawResponse:
+        if self._gate is None:
+            self._gate, self._token = trio.Event(), trio.lowlevel.current_trio_token()
+        task = orjson.loads(body)["_ng_task_index"]
+        self.sent.append(task)
+        if task != 0:
+            await self._gate.wait()
+        return RawResponse(status=200, headers=[], body=b'{"reward": 1.0}', truncated=False)
+
+    def open(self) -> None:
+        assert self._token is not None
+        assert self._gate is not None
+        self._token.run_sync_soon(self._gate.set)  # after the stop scheduled before it
+
+    async def aclose(self) -> None:
+        pass
+
+
+STOP_CONFIG = trollout.RunConfig(agent_name=AGENT, num_samples_in_parallel=1)
+
+
+def test_sync_batch_stop_admission_lets_the_rollout_in_flight_finish() -> None:
+    """Stopping admission after the first outcome: the rollout in flight (task 1) finishes and
+    is yielded; tasks 2-7 never start; the iteration ends."""
+    transport = GateTransport()
+    with (
+        trollout.sync.open_rollouts(URLS, config=STOP_CONFIG, transport=transport) as ro,
+        ro.open_batch(ro.plan(list(task_rows(8, seed=3)))) as batch,
+    ):
+        first = next(batch)
+        batch.stop_admission()
+        transport.open()
+        rest = list(batch)
+    assert [item.row["_ng_task_index"] for item in [first, *rest]] == [0, 1]
+    assert all(item.landed for item in [first, *rest])
+    assert transport.sent == [0, 1]
+
+
+def test_aio_batch_stop_admission_lets_the_rollout_in_flight_finish() -> None:
+    """As the blocking front end, from asyncio.run."""
+    transport = GateTransport()
+
+    async def main() -> list[Any]:
+        async with (
+            trollout.aio.open_rollouts(URLS, config=STOP_CONFIG, transport=transport) as ro,
+            ro.open_batch(ro.plan(list(task_rows(8, seed=3)))) as batch,
+        ):
+            first = await anext(batch)
+            batch.stop_admission("enough for this step")
+            transport.open()
+            return [first, *[item async for item in batch]]
+
+    items = asyncio.run(main())
+    assert [item.row["_ng_task_index"] for item in items] == [0, 1]
+    assert all(item.landed for item in items)
+    assert transport.sent == [0, 1]
+
+
+async def test_trio_batch_stop_admission_lets_the_rollout_in_flight_finish() -> None:
+    """The Trio API's batch, for parity."""
+    transport = GateTransport()
+    async with (
+        trollout.open_rollouts(URLS, config=STOP_CONFIG, transport=transport) as ro,
+        ro.open_batch(ro.plan(list(task_rows(8, seed=3)))) as batch,
+    ):
+        first = await anext(batch)
+        batch.stop_admission()
+        transport.open()
+        items = [first, *[item async for item in batch]]
+    assert [item.row["_ng_task_index"] for item in items] == [0, 1]
+    assert transport.sent == [0, 1]

@@ -37,7 +37,7 @@ from typing import Any
 import trio
 
 from ..collector.deployment.discovery import Deployment
-from ..collector.engine.batch import BatchOutcome, BatchRows
+from ..collector.engine.batch import Batch, BatchOutcome, BatchRows
 from ..errors import TrolloutError
 from ..records import MaterializedRow
 from ..settings import RunConfig
@@ -89,12 +89,21 @@ class BatchTask:
         self._pump = trio.CancelScope()
         self._close = trio.Event()
         self._drain = False
+        self._batch: Batch | None = None  # once open
+        self._stop_reason: str | None = None  # admission stopped, maybe before the batch opened
 
     def request_close(self, drain: bool) -> None:
         """Stop handing outcomes out and close the batch (runs in the Trio thread)."""
         self._drain = self._drain or drain
         self._pump.cancel(reason="the caller closed the batch")
         self._close.set()
+
+    def request_stop_admission(self, reason: str) -> None:
+        """Start no more of the batch's rows; those in flight go on (runs in the Trio thread)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        if self._batch is not None:
+            self._batch.stop_admission(reason)
 
     def settle(self, drained: list[BatchOutcome], error: BaseException | None) -> None:
         """Report the batch done, the first time only (its task, a refusal or the thread's end)."""
@@ -113,6 +122,9 @@ class BatchTask:
         drained: list[BatchOutcome] = []
         try:
             async with rollouts.open_batch(self.rows, **self.options) as batch:
+                self._batch = batch
+                if self._stop_reason is not None:
+                    batch.stop_admission(self._stop_reason)
                 self.report.opened(batch.run_id)
                 with self._pump:
                     async for first in batch:
@@ -199,6 +211,13 @@ class RolloutsThread:
         assert self._token is not None  # a batch was opened
         with contextlib.suppress(trio.RunFinishedError):
             self._token.run_sync_soon(task.request_close, drain)
+
+    def stop_admission(self, task: BatchTask, reason: str) -> None:
+        """Ask a batch to start no more rows (non-blocking); asking an ended thread does
+        nothing."""
+        assert self._token is not None  # a batch was opened
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(task.request_stop_admission, reason)
 
     def stop(self) -> None:
         """Close every open batch and the collector (non-blocking); `join` waits for it.
@@ -288,6 +307,16 @@ class FrontEndBatch:
         self._done: tuple[list[BatchOutcome], BaseException | None] | None = None
         self._task: Any = None
         self.run_id = ""
+
+    def stop_admission(self, reason: str = "the batch stopped admission") -> None:
+        """Start no more of this batch's rows; those in flight go on and are still yielded
+        (keep iterating to get them). Does not block.
+
+        Rows never started are not yielded (a recorded shard settles them as drained when the
+        batch closes), as with the Trio API's `Batch.stop_admission`.
+        """
+        if self._task is not None and self._done is None:
+            self._thread.stop_admission(self._task, reason)
 
     def _take_drained(self) -> list[BatchOutcome]:
         """Return what settled but was not consumed, once (a second drain returns nothing)."""
