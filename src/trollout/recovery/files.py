@@ -279,6 +279,7 @@ def write_materialized(
     *,
     stop: threading.Event | None = None,
     before_replace: Callable[[Path], None] | None = None,
+    digest: Any = None,
 ) -> int:
     """Write the materialized-inputs file atomically; return the row count.
 
@@ -288,6 +289,8 @@ def write_materialized(
         stop: when set (by a cancelled caller in another thread), the write stops at the next
             row with `WriteStoppedError` and removes its temp file.
         before_replace: as for `replace_atomically`.
+        digest: a ``hashlib`` object updated with every byte written (the file's sha256 without
+            reading it back: the manifest of a run whose rows are its input names it).
     """
     count = 0
 
@@ -298,7 +301,10 @@ def write_materialized(
                 raise WriteStoppedError(f"writing {str(path)!r} was stopped")
             count += 1
             body = row.body if isinstance(row, MaterializedRow) else row  # as written, not copied
-            yield jsonl.dumps(body if type(body) is dict else dict(body))
+            line = jsonl.dumps(body if type(body) is dict else dict(body))
+            if digest is not None:
+                digest.update(line)
+            yield line
 
     with os_errors(path, "write"):
         replace_atomically(path, lines(), before_replace=before_replace)
