@@ -289,8 +289,7 @@ def write_materialized(
         stop: when set (by a cancelled caller in another thread), the write stops at the next
             row with `WriteStoppedError` and removes its temp file.
         before_replace: as for `replace_atomically`.
-        digest: a ``hashlib`` object updated with every byte written (the file's sha256 without
-            reading it back: the manifest of a run whose rows are its input names it).
+        digest: a ``hashlib`` object updated with every byte written (no read-back to hash).
     """
     count = 0
 
@@ -330,20 +329,15 @@ def fsync_dir(folder: Path) -> None:
 
 
 def temp_files(layout: RunLayout) -> list[Path]:
-    """Return the temp files a crash left beside the run's files (our exact names only).
-
-    One listing of the folder, whose names are cut at their suffix and looked up among the run
-    files' (a folder of a training loop's shards holds thousands of files: a glob per run file,
-    what this replaced, cost several milliseconds per shard opened).
-    """
+    """Return the temp files a crash left beside the run's files (our exact names only), from
+    one listing of the folder (a glob per run file cost ms per shard in a folder of shards)."""
     folder = layout.output.parent
     prefixes = {f".{path.name}" for path in layout.all_files()}
     try:
         names = os.listdir(folder)
-    except FileNotFoundError:  # no folder yet: nothing left in it
+    except FileNotFoundError:  # no folder yet
         return []
-    # ".<run file name>" + ".<8 hex digits>.tmp": the suffix is 13 characters.
-    return [
+    return [  # ".<run file name>" + ".<8 hex digits>.tmp": a 13-character suffix
         folder / name
         for name in names
         if name.endswith(".tmp") and name[:-13] in prefixes and _TEMP_SUFFIX.fullmatch(name[-13:])
