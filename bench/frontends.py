@@ -12,6 +12,7 @@ subprocess, one after the other, and sends ``batches x rows`` rollouts:
 - ``aio``: `trollout.aio` under ``asyncio.run`` (Trio in a thread), a 10 ms ticker task beside
   (each step's rows are made in a worker thread, as a trainer would keep planning off its loop,
   so the ticker measures trollout, not the bench);
+- ``aio+shards``: the same, each batch recorded as a shard (the loop's stall with shards);
 - ``aio-guest``: the same front end with Trio started in guest mode on the asyncio loop instead
   of a thread (the alternative `driver.bridge` rejects; built here only to measure it);
 - ``trio-asyncio``: an asyncio trainer run by ``trio_asyncio`` (Trio hosts asyncio), calling
@@ -50,7 +51,17 @@ from memory import peak_rss_mib  # noqa: E402
 from throughput import make_rows  # noqa: E402
 
 AGENT = "bench_agent"
-CLIENTS = ("cli", "trio", "trio+shards", "aio", "aio-guest", "trio-asyncio", "sync", "nemo-gym")
+CLIENTS = (
+    "cli",
+    "trio",
+    "trio+shards",
+    "aio",
+    "aio+shards",
+    "aio-guest",
+    "trio-asyncio",
+    "sync",
+    "nemo-gym",
+)
 
 
 def cpu_seconds() -> float:
@@ -132,7 +143,9 @@ def run_trio(
     return {"cpu_s": cpu_seconds() - cpu0, "landed": landed}
 
 
-def run_aio(url: str, batches: int, rows: int, concurrency: int, guest: bool) -> dict[str, Any]:
+def run_aio(
+    url: str, batches: int, rows: int, concurrency: int, guest: bool, folder: Path | None = None
+) -> dict[str, Any]:
     import trollout
 
     config = trollout.RunConfig(num_samples_in_parallel=concurrency)
@@ -142,9 +155,12 @@ def run_aio(url: str, batches: int, rows: int, concurrency: int, guest: bool) ->
         ticker = Ticker()
         beat = asyncio.create_task(ticker.run())
         landed = 0
-        async with _aio_rollouts(url, config, guest) as ro:
+        async with _aio_rollouts(url, config, guest, folder) as ro:
+            step = 0
             while step_rows := await asyncio.to_thread(next, work, None):  # off the loop
-                async with ro.open_batch(step_rows) as batch:
+                shard = f"step-{step:04d}" if folder is not None else None
+                step += 1
+                async with ro.open_batch(step_rows, record_shard=shard) as batch:
                     async for item in batch:
                         landed += item.landed
         ticker.stop.set()
@@ -156,11 +172,11 @@ def run_aio(url: str, batches: int, rows: int, concurrency: int, guest: bool) ->
     return {"cpu_s": cpu_seconds() - cpu0, **result}
 
 
-def _aio_rollouts(url: str, config: Any, guest: bool) -> Any:
+def _aio_rollouts(url: str, config: Any, guest: bool, folder: Path | None) -> Any:
     import trollout
 
     if not guest:
-        return trollout.aio.open_rollouts({AGENT: url}, config=config)
+        return trollout.aio.open_rollouts({AGENT: url}, config=config, record_output_dir=folder)
     return _guest_rollouts(url, config)
 
 
@@ -279,8 +295,15 @@ def client_main(argv: list[str]) -> None:
         result = run_trio(
             url, batches, rows, concurrency, folder if kind == "trio+shards" else None
         )
-    elif kind in ("aio", "aio-guest"):
-        result = run_aio(url, batches, rows, concurrency, guest=kind == "aio-guest")
+    elif kind in ("aio", "aio-guest", "aio+shards"):
+        result = run_aio(
+            url,
+            batches,
+            rows,
+            concurrency,
+            guest=kind == "aio-guest",
+            folder=folder if kind == "aio+shards" else None,
+        )
     elif kind == "trio-asyncio":
         result = run_trio_asyncio(url, batches, rows, concurrency)
     elif kind == "nemo-gym":

@@ -34,7 +34,7 @@ async def test_hundred_batches_with_one_cancelled_stay_apart() -> None:
         open_fake_deployment(SPEC) as fake,
         trollout.open_rollouts(fake.run_urls, config=CONFIG) as rollouts,
     ):
-        planned, hanging = rollouts.plan(ROWS), rollouts.plan(HANGING)
+        planned, hanging = rollouts.plan(ROWS), rollouts.plan(HANGING, start_task_index=0)
         for step in range(100):
             sink = ListSink()
             rows = hanging if step == 30 else planned

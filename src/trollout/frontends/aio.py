@@ -9,9 +9,11 @@ why a thread and not Trio's guest mode, with the figures)::
                 ...
 
 The asyncio loop only ever runs one short callback per group of settled outcomes, so its other
-tasks keep their pace. Leaving a batch's block closes it; so does cancelling the task that holds
-it: the exit asks the Trio side to cancel the batch's unfinished rollouts and waits (shielded
-from a second cancellation) until every accepted rollout has reached its sink.
+tasks keep their pace. ``batch.stop_admission()`` (as the Trio API's; it does not block) starts
+nothing more and lets what is in flight finish. Leaving a batch's block closes it; so does
+cancelling the task that holds it: the exit asks the Trio side to cancel the batch's unfinished
+rollouts and waits (shielded from a second cancellation) until every accepted rollout has
+reached its sink.
 """
 
 from __future__ import annotations

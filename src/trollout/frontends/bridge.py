@@ -37,8 +37,7 @@ from typing import Any
 import trio
 
 from ..collector.deployment.discovery import Deployment
-from ..collector.engine.batch import BatchOutcome, BatchRows
-from ..collector.planning.plan import plan_rows
+from ..collector.engine.batch import Batch, BatchOutcome, BatchRows
 from ..errors import TrolloutError
 from ..records import MaterializedRow
 from ..settings import RunConfig
@@ -90,12 +89,21 @@ class BatchTask:
         self._pump = trio.CancelScope()
         self._close = trio.Event()
         self._drain = False
+        self._batch: Batch | None = None  # once open
+        self._stop_reason: str | None = None  # admission stopped, maybe before the batch opened
 
     def request_close(self, drain: bool) -> None:
         """Stop handing outcomes out and close the batch (runs in the Trio thread)."""
         self._drain = self._drain or drain
         self._pump.cancel(reason="the caller closed the batch")
         self._close.set()
+
+    def request_stop_admission(self, reason: str) -> None:
+        """Start no more of the batch's rows; those in flight go on (runs in the Trio thread)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        if self._batch is not None:
+            self._batch.stop_admission(reason)
 
     def settle(self, drained: list[BatchOutcome], error: BaseException | None) -> None:
         """Report the batch done, the first time only (its task, a refusal or the thread's end)."""
@@ -114,6 +122,9 @@ class BatchTask:
         drained: list[BatchOutcome] = []
         try:
             async with rollouts.open_batch(self.rows, **self.options) as batch:
+                self._batch = batch
+                if self._stop_reason is not None:
+                    batch.stop_admission(self._stop_reason)
                 self.report.opened(batch.run_id)
                 with self._pump:
                     async for first in batch:
@@ -200,6 +211,13 @@ class RolloutsThread:
         assert self._token is not None  # a batch was opened
         with contextlib.suppress(trio.RunFinishedError):
             self._token.run_sync_soon(task.request_close, drain)
+
+    def stop_admission(self, task: BatchTask, reason: str) -> None:
+        """Ask a batch to start no more rows (non-blocking); asking an ended thread does
+        nothing."""
+        assert self._token is not None  # a batch was opened
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(task.request_stop_admission, reason)
 
     def stop(self) -> None:
         """Close every open batch and the collector (non-blocking); `join` waits for it.
@@ -290,6 +308,16 @@ class FrontEndBatch:
         self._task: Any = None
         self.run_id = ""
 
+    def stop_admission(self, reason: str = "the batch stopped admission") -> None:
+        """Start no more of this batch's rows; those in flight go on and are still yielded
+        (keep iterating to get them). Does not block.
+
+        Rows never started are not yielded (a recorded shard settles them as drained when the
+        batch closes), as with the Trio API's `Batch.stop_admission`.
+        """
+        if self._task is not None and self._done is None:
+            self._thread.stop_admission(self._task, reason)
+
     def _take_drained(self) -> list[BatchOutcome]:
         """Return what settled but was not consumed, once (a second drain returns nothing)."""
         assert self._done is not None
@@ -317,6 +345,16 @@ class FrontEndRollouts:
         self.deployment: Deployment = thread.rollouts.deployment
         self.config: RunConfig = thread.rollouts.config
 
-    def plan(self, rows: Sequence[Mapping[str, Any]]) -> list[MaterializedRow]:
-        """Materialize dataset rows with this run's settings (as `Rollouts.plan`)."""
-        return list(plan_rows(rows, self.config, self.deployment).rows())
+    @property
+    def next_task_index(self) -> int:
+        """The task index `plan`'s next call starts from (as `Rollouts.next_task_index`)."""
+        assert self._thread.rollouts is not None
+        return self._thread.rollouts.next_task_index
+
+    def plan(
+        self, rows: Sequence[Mapping[str, Any]], *, start_task_index: int | None = None
+    ) -> list[MaterializedRow]:
+        """Materialize dataset rows with this run's settings (as `Rollouts.plan`, whose
+        numbering it shares; planning runs in the caller's thread)."""
+        assert self._thread.rollouts is not None
+        return self._thread.rollouts.plan(rows, start_task_index=start_task_index)

@@ -14,11 +14,27 @@ a folder where each batch is recorded as a shard (`trollout.run.shards`)::
 The batch semantics (completion order, row copies, run ids, closing early) are the engine's
 (`collector.batch`); this module only composes them with planning and shard recording. The
 asyncio and blocking front ends (`aio`, `sync`) run exactly this object in a Trio thread.
+
+Design note: numbering across steps. A step's batch is often the rollouts fed back from
+earlier steps (rows a batch returned, which keep their task and rollout indices) plus tasks
+planned now, and a batch refuses two rows with one (task, rollout). So `Rollouts.plan` numbers
+each call's tasks after every task it planned before (`next_task_index`): no two rows planned
+by one `Rollouts` ever share numbers, and ``[*fed_back, *ro.plan(fresh)]`` is a valid batch
+with no bookkeeping by the trainer. ``start_task_index=`` numbers a call from a given index
+(0: as a run plans; a trainer resumed from a checkpoint passes where it was). Rejected:
+numbering every call from 0 (what this replaced: fed-back rows of step 1 collided with step 2's
+fresh tasks, with an error whose hint did not apply), a ``start_task_index`` the trainer must
+always compute (it must then track every fed-back row's numbers), and `plan` passing
+already-planned rows through among fresh ones (a row carrying ``_ng_task_index`` is already
+valid planning input, a task that keeps its index and is repeated ``num_repeats`` times, as a
+run re-planning its own output does; giving it a second meaning by context would change runs
+that rely on the first).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -59,14 +75,41 @@ class Rollouts:
         self.config = config
         self.collector = collector
         self.record_output_dir = record_output_dir
+        self._next_task = 0
+        self._numbering = threading.Lock()  # the blocking front end plans from any thread
 
-    def plan(self, rows: Sequence[Mapping[str, Any]]) -> list[MaterializedRow]:
+    @property
+    def next_task_index(self) -> int:
+        """The task index `plan` gives the next call's first task: one past every task it has
+        planned (module docstring)."""
+        return self._next_task
+
+    def plan(
+        self, rows: Sequence[Mapping[str, Any]], *, start_task_index: int | None = None
+    ) -> list[MaterializedRow]:
         """Materialize dataset rows with this run's settings (repeats, agents, seeds, indices).
+
+        Tasks are numbered after every task this object planned before (`next_task_index`), so
+        rows fed back from earlier batches and rows planned now go in one batch together:
+        ``ro.open_batch([*fed_back, *ro.plan(fresh)])``. Feed returned rows back as they are;
+        planning them again makes each a task of its own, repeated ``num_repeats`` times.
+
+        Args:
+            rows: dataset rows.
+            start_task_index: number this call's tasks from here instead (0: as a run does).
 
         Raises:
             InputError: every problem of the rows, together.
+            ConfigError: a negative or non-int ``start_task_index``.
         """
-        return list(plan_rows(rows, self.config, self.deployment).rows())
+        with self._numbering:
+            start = self._next_task if start_task_index is None else start_task_index
+            planned = list(
+                plan_rows(rows, self.config, self.deployment, start_task_index=start).rows()
+            )
+            last = max((row.identity.task_index for row in planned), default=-1)
+            self._next_task = max(self._next_task, last + 1)
+        return planned
 
     @asynccontextmanager
     async def open_batch(

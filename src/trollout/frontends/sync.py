@@ -9,7 +9,9 @@ Same semantics as the Trio API (`rollouts`), run in a Trio thread (`bridge`)::
         outcomes = ro.run_batch(ro.plan(rows))  # or: a whole batch at once
 
 Leaving a batch's ``with`` closes it (its unfinished rollouts are cancelled, every accepted one
-reaches its sink first); `SyncBatch.close_and_drain` also returns what settled unconsumed.
+reaches its sink first); `SyncBatch.close_and_drain` also returns what settled unconsumed, and
+`stop_admission` (every front end's batch has it) starts nothing more while what is in flight
+finishes and is still yielded.
 Leaving `open_rollouts`'s ``with`` closes every batch still open and the collector.
 """
 

@@ -279,6 +279,7 @@ def write_materialized(
     *,
     stop: threading.Event | None = None,
     before_replace: Callable[[Path], None] | None = None,
+    digest: Any = None,
 ) -> int:
     """Write the materialized-inputs file atomically; return the row count.
 
@@ -288,6 +289,7 @@ def write_materialized(
         stop: when set (by a cancelled caller in another thread), the write stops at the next
             row with `WriteStoppedError` and removes its temp file.
         before_replace: as for `replace_atomically`.
+        digest: a ``hashlib`` object updated with every byte written (no read-back to hash).
     """
     count = 0
 
@@ -298,7 +300,10 @@ def write_materialized(
                 raise WriteStoppedError(f"writing {str(path)!r} was stopped")
             count += 1
             body = row.body if isinstance(row, MaterializedRow) else row  # as written, not copied
-            yield jsonl.dumps(body if type(body) is dict else dict(body))
+            line = jsonl.dumps(body if type(body) is dict else dict(body))
+            if digest is not None:
+                digest.update(line)
+            yield line
 
     with os_errors(path, "write"):
         replace_atomically(path, lines(), before_replace=before_replace)
@@ -324,15 +329,19 @@ def fsync_dir(folder: Path) -> None:
 
 
 def temp_files(layout: RunLayout) -> list[Path]:
-    """Return the temp files a crash left beside the run's files (our exact names only)."""
+    """Return the temp files a crash left beside the run's files (our exact names only), from
+    one listing of the folder (a glob per run file cost ms per shard in a folder of shards)."""
     folder = layout.output.parent
-    found = []
-    for path in layout.all_files():
-        prefix = f".{path.name}"
-        for tmp in folder.glob(f"{prefix}.*.tmp"):
-            if _TEMP_SUFFIX.fullmatch(tmp.name[len(prefix) :]):
-                found.append(tmp)
-    return found
+    prefixes = {f".{path.name}" for path in layout.all_files()}
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:  # no folder yet
+        return []
+    return [  # ".<run file name>" + ".<8 hex digits>.tmp": a 13-character suffix
+        folder / name
+        for name in names
+        if name.endswith(".tmp") and name[:-13] in prefixes and _TEMP_SUFFIX.fullmatch(name[-13:])
+    ]
 
 
 def remove_temp_files(layout: RunLayout, *, keep: Path | None = None) -> None:

@@ -225,7 +225,11 @@ async def _start(
     if path is None:  # the rows are the input: the manifest names their file
         path = str(store.layout.materialized_inputs)
         config = attrs.evolve(config, input_jsonl_fpath=path)
-        digest = await trio.to_thread.run_sync(sha256_file, path, abandon_on_cancel=True)
+        written = store.materialized_sha256  # hashed as written: not read back
+        if written is not None:
+            digest = written
+        else:
+            digest = await trio.to_thread.run_sync(sha256_file, path, abandon_on_cancel=True)
     manifest = build_manifest(
         config,
         deployment,

@@ -55,6 +55,7 @@ every rollout that has an outcome but has not landed.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -208,6 +209,8 @@ class RunStore:
         self._lock = lock  # checked before each append: still this writer's folder
         self.config = config
         self.expected = expected
+        # The sha256 of the materialized inputs this store wrote (None: it wrote none).
+        self.materialized_sha256: str | None = None
         self._rollouts = Appender(layout.rollouts)
         self._failures = Appender(layout.failures)
         self._ledger = Appender(layout.attempts)
@@ -292,7 +295,11 @@ class RunStore:
                 "are what it dispatches and are never replaced; collect into a new output file"
             )
         replace = partial(_clear_run_files, self.layout, self.snapshot())
-        count = await _off_loop_stoppable(write_materialized, path, rows, before_replace=replace)
+        digest = hashlib.sha256()
+        count = await _off_loop_stoppable(
+            write_materialized, path, rows, before_replace=replace, digest=digest
+        )
+        self.materialized_sha256 = digest.hexdigest()
         self.expected = count
         self._opened(status_at=trio.current_time())
         return count
@@ -716,6 +723,10 @@ async def _off_loop_stoppable(fn: Callable[..., _T], *args: object, **kwargs: ob
     temp file removed) before the cancellation propagates: a write of gigabytes never keeps a
     user waiting, and never leaves a temp file behind.
     """
+    # A caller cancelled already raises here: `to_thread.run_sync` would raise at its own first
+    # checkpoint without starting the thread, and the wait below would last `_STOP_WAIT_S`
+    # for a thread that never ran (this check and that one have no checkpoint between them).
+    await trio.lowlevel.checkpoint_if_cancelled()
     stop, done = threading.Event(), threading.Event()
 
     def work() -> _T:

@@ -124,7 +124,8 @@ async def open_shard(
         RunFolderLockedError: another writer holds the shard.
         RunFolderError: the folder cannot be written.
 
-    Cancellation: a checkpoint while opening (a cancelled open leaves an old shard whole);
+    Cancellation: a checkpoint while opening, first of all before the folder is touched (an
+    open in a cancelled scope creates nothing; one cancelled later leaves an old shard whole);
     exit settles the rows that never started (module docstring), flushes every accepted
     outcome and releases the lock, shielded.
     """
@@ -133,6 +134,9 @@ async def open_shard(
     if not stamped:
         raise ConfigError(f"shard {label!r} has no rows; a batch records at least one rollout")
     settings = shard_config(config, deployment, layout)
+    # Entering is a checkpoint, taken before the folder (its lock file included) is touched:
+    # a batch opened in a cancelled scope leaves the disk as it was.
+    await trio.lowlevel.checkpoint_if_cancelled()
     async with open_run_folder(
         settings, deployment, plan=MaterializedRows(stamped), run_id=run_id
     ) as run:

@@ -170,7 +170,10 @@ async def test_batch_unknown_agent_raises_in_that_batch_only(autojump_clock: Any
     ("rows", "needle"),
     [
         ([{"responses_create_params": {}}], r"rows\[0\] has no _ng_task_index.*plan_rows"),
-        ([row_body(0), row_body(0)], r"rows\[1\] repeats task 0 rollout 0"),
+        (
+            [row_body(0), row_body(0)],
+            r"rows\[1\] \(planned anew\) has the task and rollout numbers of rows\[0\]",
+        ),
         ([{**row_body(0), "bad": object()}], r"rows\[0\] is not JSON"),
     ],
 )

@@ -11,6 +11,9 @@ has reached the sink. Only this batch's workers are cancelled: never the caller'
 another batch, never the collector. `Batch.aclose_and_drain` closes the same way and returns
 what settled but was not consumed; `Batch.stop_admission` lets rollouts in flight finish.
 
+The dispatch budget (``dispatch_budget_s``) counts per batch, from its opening: each batch's
+pool has a window of its own (`window.DispatchWindow.for_batch`; its design note says why).
+
 Rollout ids: each row is copied and stamped with the batch's run id (`run_ids.RowStamper`);
 the names of `run_ids` are re-exported here, where the front ends import them from.
 """
@@ -131,6 +134,7 @@ class Batch:
             sink=target,
             reserver=reserver,
             deliver=self._take,
+            window=collector.window.for_batch(),
         )
         self._pending: deque[BatchOutcome] = deque()
         self._consumed = 0
@@ -231,10 +235,9 @@ class Batch:
 
     async def feed(self, rows: Iterable[MaterializedRow]) -> None:
         """Offer the batch's rows; an error ends admission and is raised to the consumer."""
-        collector = self._collector
         try:
-            self.pool.feed_scope.deadline = collector.window.deadline
-            await self.pool.feed(((row, 0) for row in rows), _resolver(collector))
+            self.pool.feed_scope.deadline = self.pool.window.deadline
+            await self.pool.feed(((row, 0) for row in rows), _resolver(self._collector))
         except Exception as exc:  # a bad row or an unknown agent: the consumer's error
             self._error = exc
             self.pool.stop_admission(f"the batch's rows failed: {exc!r}")
@@ -309,6 +312,7 @@ async def open_batch(
     stamp = RowStamper(batch.run_id)
     await collector.start_pool(batch.pool)
     collector.begin_dispatch()
+    batch.pool.window.begin()  # the batch's budget counts from here (`window.for_batch`)
     batch.pool.start_soon(batch.feed, stamp.all(rows))
     try:
         yield batch

@@ -182,8 +182,12 @@ class Pool:
         sink: OutcomeSink | None,
         reserver: AttemptReserver | None,
         deliver: Deliver,
+        window: DispatchWindow | None = None,
     ) -> None:
         self.engine = engine
+        # When this pool's rows may start: the run's window (the collector's own pool), or a
+        # batch's own (`DispatchWindow.for_batch`), whose spent budget ends this pool's admission.
+        self.window = engine.window if window is None else window
         self.sink = sink
         self.reserver = reserver
         # The reserver's path without a checkpoint, when it has one (`RunStore.reserve_now`).
@@ -492,10 +496,15 @@ class Pool:
                 await limiter.acquire()
                 began = trio.current_time()
             try:
-                if not engine.window.admits():
-                    engine.stop_admission(engine.window.closed_reason or "admission closed")
+                window = self.window
+                if not window.admits():
+                    closed = window.closed_reason or "admission closed"
+                    if window is engine.window:
+                        engine.stop_admission(closed)  # the run's budget: every pool stops
+                    else:
+                        self.stop_admission(closed)  # a batch's budget: this batch stops
                     return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
-                if not self.admitting:
+                if not self.admits():
                     return Omitted(row.identity, attempt, OmitReason.DRAINED, 0.0)
                 identity = row.identity
                 first = self.reserver

@@ -76,7 +76,8 @@ class RowStamper:
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        self._keys: set[tuple[int, int]] = set()
+        # Each (task, rollout) taken: the row's index and the batch that returned it, if any.
+        self._keys: dict[tuple[int, int], tuple[int, str | None]] = {}
 
     def __call__(self, item: MaterializedRow | Mapping[str, Any], index: int) -> MaterializedRow:
         """Return the stamped copy of ``rows[index]``.
@@ -103,15 +104,11 @@ class RowStamper:
                     "deployment) first, or feed back rows a batch returned"
                 ]
             )
-        if key in self._keys:
-            raise InputError(
-                [
-                    f"rows[{index}] repeats task {key[0]} rollout {key[1]} of an earlier row of "
-                    "this batch; each rollout may appear once per batch (plan repeats with "
-                    "num_repeats, which numbers them)"
-                ]
-            )
-        self._keys.add(key)  # type: ignore[arg-type]
+        came_from = body.get(RUN_ID) if isinstance(body.get(RUN_ID), str) else None
+        earlier = self._keys.get(key)  # type: ignore[arg-type]
+        if earlier is not None:
+            raise InputError([_repeated(index, came_from, *earlier, key)])
+        self._keys[key] = (index, came_from)  # type: ignore[index]
         body[ROLLOUT_ID] = shard_rollout_id(body, self.run_id)
         body[RUN_ID] = self.run_id
         return MaterializedRow.from_body(body)
@@ -120,3 +117,32 @@ class RowStamper:
         """Stamp rows one by one as they are read."""
         for index, item in enumerate(rows):
             yield self(item, index)
+
+
+def _repeated(
+    index: int, came_from: str | None, first: int, first_from: str | None, key: tuple[Any, Any]
+) -> str:
+    """Say why ``rows[index]`` repeats the numbers of ``rows[first]``, and what to do."""
+
+    def origin(run: str | None) -> str:
+        return "planned anew" if run is None else f"fed back from batch {run!r}"
+
+    what = (
+        f"rows[{index}] ({origin(came_from)}) has the task and rollout numbers of rows[{first}] "
+        f"({origin(first_from)}): task {key[0]} rollout {key[1]}; each rollout may appear "
+        "once per batch"
+    )
+    if came_from is not None and came_from == first_from:
+        return f"{what}; the same returned row was given twice: feed it back once"
+    if came_from is None and first_from is None:
+        return (
+            f"{what}; rows planned by separate calls are numbered apart by one Rollouts' plan "
+            "(each call continues its numbering) or by plan_rows(..., start_task_index=N) "
+            "past the other call's tasks, and a row meant to run several times is planned "
+            "once with num_repeats"
+        )
+    return (
+        f"{what}; plan the fresh rows with the Rollouts that planned the fed-back ones (its "
+        "plan numbers each call after every task it planned), or pass start_task_index= past "
+        "the fed-back rows' highest _ng_task_index"
+    )

@@ -10,6 +10,17 @@ durations, so the last rollouts started can still finish inside the budget.
 The same window also closes on demand (`close`): a signal, ``--max-run-time`` or a run-level stop
 ends admission through it, so "stop starting new rollouts" is one mechanism whatever the cause.
 
+A batch has a budget of its own (`for_batch`). A training loop keeps one collector for hours
+and opens a batch per step; NeMo Gym's ``run_examples`` "stops starting rows that many seconds
+after this call", so the budget of a batch counts from the batch's opening, and spending it
+closes that batch's admission only (its pool's), never the run's. The batch's window shares the
+run's drain margin (``drain_margin_s``, or the p75 of the durations every pool's finished
+rollouts recorded in the run's window), so a step's margin is known from its first rollout.
+Rejected: one window for the collector, begun at its first batch (what this replaced: once the
+budget had passed, every later batch yielded nothing and raised nothing), and resetting the
+run's window at each batch (two batches open at once would share one clock, and a run-level
+close would be undone by the next batch).
+
 Design note: the durations kept for the p75 are the most recent `_KEPT` ones (a deque), so the
 margin follows the run's current behaviour and memory stays bounded; an exact p75 over every
 rollout of a million-rollout run would cost O(rollouts) memory for no practical gain. The p75 is
@@ -42,15 +53,27 @@ class DispatchWindow:
             rollouts' durations once 5 have finished (0 before).
     """
 
-    def __init__(self, *, budget_s: float | None, margin_s: float | None) -> None:
+    def __init__(
+        self,
+        *,
+        budget_s: float | None,
+        margin_s: float | None,
+        run: DispatchWindow | None = None,
+    ) -> None:
         self.budget_s = budget_s
         self.margin_s = margin_s
+        self._run = run  # a batch's window takes the run's p75 (module docstring)
         self.started_at: float | None = None
         self.closed_reason: str | None = None
         self._durations: deque[float] = deque(maxlen=_KEPT)
         self._finished = 0
         self._p75 = 0.0
         self._p75_at: int | None = None  # `_finished` when `_p75` was computed
+
+    def for_batch(self) -> DispatchWindow:
+        """Return a window for one batch: this one's budget and margin, counted from its own
+        `begin`, closed on its own (module docstring)."""
+        return DispatchWindow(budget_s=self.budget_s, margin_s=self.margin_s, run=self)
 
     def begin(self) -> None:
         """Mark the start of dispatch (the budget counts from here); idempotent."""
@@ -68,6 +91,8 @@ class DispatchWindow:
         """Seconds before the deadline at which admission stops."""
         if self.margin_s is not None:
             return self.margin_s
+        if self._run is not None:
+            return self._run.margin()
         if self._finished < _MIN_FINISHED:
             return 0.0
         # Called before every start: re-sort only after a few more rollouts finished.

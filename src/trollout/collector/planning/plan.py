@@ -97,17 +97,31 @@ def plan_rollouts(input_path: str | os.PathLike[str], config: RunConfig, router:
     return _plan(source, config, router)
 
 
-def plan_rows(rows: Sequence[Mapping[str, Any]], config: RunConfig, router: Router) -> Plan:
+def plan_rows(
+    rows: Sequence[Mapping[str, Any]],
+    config: RunConfig,
+    router: Router,
+    *,
+    start_task_index: int = 0,
+) -> Plan:
     """Check in-memory rows and plan their rollouts (`plan_rollouts` for embedding drivers).
 
     The sequence is read again by every ``rows()`` pass and never mutated; problems name rows
     as ``rows[i]`` (0-based). Identical rows (equal as JSON with sorted keys) are one task.
+    Tasks are numbered from ``start_task_index`` (a row carrying ``_ng_task_index`` keeps it),
+    so rows planned apart, such as a training step's fresh tasks and the rollouts fed back from
+    earlier steps, can go into one batch (docs/embedding.md).
 
     Raises:
         InputError: every problem of the rows and the preprocessing settings, together; or
             the plan holds no rollout (the message says why).
     """
-    return _plan(RowsSource(rows), config, router)
+    if type(start_task_index) is not int or start_task_index < 0:
+        raise ConfigError(
+            f"start_task_index must be a non-negative int (got {start_task_index!r}); it is "
+            "the task index the rows' first task gets"
+        )
+    return _plan(RowsSource(rows), config, router, first_task=start_task_index)
 
 
 class _Entry(NamedTuple):
@@ -264,7 +278,7 @@ class Plan:
         return self._orders.bodies()
 
 
-def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
+def _plan(source: _Source, config: RunConfig, router: Router, *, first_task: int = 0) -> Plan:
     problems = Problems()
     if jsonl.nested_deeper_than(config.responses_create_params, jsonl.MAX_DEPTH - 1):
         problems.config(
@@ -274,7 +288,9 @@ def _plan(source: _Source, config: RunConfig, router: Router) -> Plan:
     resolver = Resolver(config, router, problems)
     materializer = Materializer(config)
     shard = parse_shard(config.shard) if config.shard is not None else None
-    table = TaskTable(limit=config.limit, task_ids=config.task_ids, shard=shard)
+    table = TaskTable(
+        limit=config.limit, task_ids=config.task_ids, shard=shard, first_task=first_task
+    )
     totals = _check_rows(source, resolver, materializer, table, problems)
     resolver.check_keys(problems)
     problems.raise_if_any()

@@ -7,8 +7,10 @@ Rules (docs/protocol.md sections 3 and 5, NeMo Gym 0.7.0), for a flat row whose 
 
 1. ``fan_out[row agent]``, else ``fan_out[task_source]``: the row runs once per listed agent.
 2. ``agent_map[row agent]`` > ``agent_map[task_source]`` > ``agent_map._default`` > the row's
-   agent > the agent ``task_source`` resolves to. ``agent_name X`` *replaces* ``agent_map`` with
-   ``{_default: X}``, so it re-routes every row that no fan-out matches.
+   agent > the agent ``task_source`` resolves to > the deployment's only agent, when it has
+   exactly one and the row names neither an agent nor a ``task_source``. ``agent_name X``
+   *replaces* ``agent_map`` with ``{_default: X}``, so it re-routes every row that no fan-out
+   matches.
 3. The environment server: ``agent`` mode, the one fronting the agent (``Route``); ``legacy``,
    ``environment_server_name`` for every flat row; ``taskset``, flat rows are refused (and
    ``environment_server_routes`` is required).
@@ -25,6 +27,13 @@ be a mapping: a flat row takes its agent's entry, a task row its taskset's, then
 agent the deployment serves, or (``num_repeats``) a taskset of the rows: any other key would
 change nothing, a typo taken in silence, so it is refused (`Resolver.check_keys`, once every
 row has been seen).
+
+The only agent: a run with one ``--agent-url`` (or a deployment serving one agent) has no
+choice to make, so asking for ``+agent_name`` named the one agent the user had just given
+(issue 25's trainer friction). With two agents or more, a row naming none is still refused, as
+NeMo Gym refuses it: which one is the user's to say. Rejected: any agent a row's
+``task_source`` cannot resolve to falling back on the only agent (a ``task_source`` naming an
+instance the deployment lacks is a mistake worth reporting whatever the agent count).
 
 Resolution depends only on (row agent, task_source) or the taskset, so it is cached per key and
 the router is asked once per distinct key, not once per row.
@@ -183,6 +192,9 @@ class Resolver:
 
     def _task_source_agent(self, task_source: str | None) -> list[tuple[str, str]] | Issue:
         if task_source is None:
+            if len(self._known) == 1:
+                (only,) = self._known
+                return [(only, "the deployment's only agent")]
             return Issue(
                 ("no agent", None),
                 "no agent: no agent_ref.name, no task_source",

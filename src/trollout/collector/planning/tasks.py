@@ -6,7 +6,10 @@ per distinct row, never the rows. Indices are assigned in two steps, because a p
 may appear after the rows that must avoid it: the first pass numbers distinct unstamped rows
 0, 1, 2, ... in order of first occurrence (ordinals); `TaskTable.finish` then gives ordinal ``k``
 the ``k``-th smallest non-negative integer that no row of the input is stamped with. So with rows
-stamped 0 and 2, the unstamped rows take 1, 3, 4, ... in order of first occurrence.
+stamped 0 and 2, the unstamped rows take 1, 3, 4, ... in order of first occurrence. A caller
+planning rows in several calls (a training loop's steps: `frontends.rollouts.Rollouts.plan`)
+numbers a call's unstamped rows from ``first_task`` instead of 0 (the same rule above it), so
+the rows of two calls never share a task index.
 
 Selection (`Selection`): ``limit N`` keeps every line of the first N distinct tasks in order of
 first appearance (duplicates included); ``task_ids`` then keeps the listed tasks among those, each
@@ -68,7 +71,9 @@ class TaskTable:
         limit: int | None = None,
         task_ids: Sequence[str | int] | None = None,
         shard: tuple[int, int] | None = None,
+        first_task: int = 0,
     ) -> None:
+        self._first_task = first_task  # unstamped rows are numbered from here
         self._by_digest: dict[bytes, int] = {}  # ordinals until finish(), then task indices
         self._ids = StoredIds(task_ids)  # the tasks `task_ids` names, by the id rows store
         self._stamped: set[int] = set()
@@ -123,7 +128,7 @@ class TaskTable:
 
     def _finals(self, n: int) -> list[int]:
         finals: list[int] = []
-        stamped, j, candidate = self._stamped_sorted, 0, 0
+        stamped, j, candidate = self._stamped_sorted, 0, self._first_task
         while len(finals) < n:
             while j < len(stamped) and stamped[j] < candidate:
                 j += 1
@@ -144,8 +149,11 @@ class TaskTable:
         """Return whether some row of the input has task index ``task``."""
         if task in self._stamped:
             return True
-        rank = task - bisect.bisect_left(self._stamped_sorted, task)
-        return 0 <= rank < len(self._by_digest)
+        if task < self._first_task:
+            return False
+        stamped = self._stamped_sorted
+        below = bisect.bisect_left(stamped, task) - bisect.bisect_left(stamped, self._first_task)
+        return 0 <= task - self._first_task - below < len(self._by_digest)
 
     def selection(self, task_ids: Sequence[str | int] | None, problems: Problems) -> Selection:
         """Return the tasks kept by `limit` (the first N), then `task_ids`, then `shard`."""
