@@ -12,6 +12,7 @@ every message names the key, shows the value and says what was expected.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from collections.abc import Mapping
@@ -329,6 +330,15 @@ class RunConfig:
             if key not in _LATER_PLAN_KEYS or getattr(self, key) != _DEFAULTS[key]
         }
         return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+    def planned_as_is(self) -> RunConfig:
+        """Return these settings with every plan setting (`PLAN_KEYS`) at its default.
+
+        The settings of rows that are already planned: the planner keeps a row's task and
+        rollout index, agent and seed, so planning them with the defaults is the identity
+        (`run.shards` records a shard with these, as NeMo Gym's resume recipe computes them).
+        """
+        return attrs.evolve(self, **{key: copy.deepcopy(_DEFAULTS[key]) for key in PLAN_KEYS})
 
     def with_absolute_paths(self) -> RunConfig:
         """Return these settings with every file they name (`PATH_KEYS`) made absolute.
