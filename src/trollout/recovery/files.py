@@ -325,11 +325,10 @@ def fsync_dir(folder: Path) -> None:
 
 def temp_files(layout: RunLayout) -> list[Path]:
     """Return the temp files a crash left beside the run's files (our exact names only)."""
-    folder = layout.output.parent
     found = []
     for path in layout.all_files():
         prefix = f".{path.name}"
-        for tmp in folder.glob(f"{prefix}.*.tmp"):
+        for tmp in path.parent.glob(f"{prefix}.*.tmp"):  # beside each (inputs may be elsewhere)
             if _TEMP_SUFFIX.fullmatch(tmp.name[len(prefix) :]):
                 found.append(tmp)
     return found

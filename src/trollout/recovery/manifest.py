@@ -67,7 +67,7 @@ _PER_INVOCATION = (
     "metrics_port",
     "metrics_host",
 )
-_PATH_KEYS = ("input_jsonl_fpath", "output_jsonl_fpath")
+_PATH_KEYS = ("input_jsonl_fpath", "output_jsonl_fpath", "materialized_jsonl_fpath")
 _HASH_CHUNK = 1 << 20
 
 

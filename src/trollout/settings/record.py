@@ -12,7 +12,6 @@ every message names the key, shows the value and says what was expected.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 from collections.abc import Mapping
@@ -98,6 +97,9 @@ class RunConfig:
     input_jsonl_fpath: str | None = setting(None, shape=path("data/in.jsonl"), nemo=True, path=True)
     output_jsonl_fpath: str | None = setting(
         None, shape=path("out/rollouts.jsonl"), nemo=True, path=True
+    )
+    materialized_jsonl_fpath: str | None = setting(
+        None, shape=path("m.jsonl"), nemo=True, path=True
     )
     max_input_line_bytes: int = setting(DEFAULT_MAX_INPUT_LINE_BYTES, POSITIVE_COUNT)
     # deployment
@@ -332,13 +334,10 @@ class RunConfig:
         return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
     def planned_as_is(self) -> RunConfig:
-        """Return these settings with every plan setting (`PLAN_KEYS`) at its default.
-
-        The settings of rows that are already planned: the planner keeps a row's task and
-        rollout index, agent and seed, so planning them with the defaults is the identity
-        (`run.shards` records a shard with these, as NeMo Gym's resume recipe computes them).
-        """
-        return attrs.evolve(self, **{key: copy.deepcopy(_DEFAULTS[key]) for key in PLAN_KEYS})
+        """Return these settings, every `PLAN_KEYS` one at its default (`run.shards`)."""
+        return attrs.evolve(
+            self, **{a.name: _default_of(a) for a in _FIELDS if a.name in PLAN_KEYS}
+        )
 
     def with_absolute_paths(self) -> RunConfig:
         """Return these settings with every file they name (`PATH_KEYS`) made absolute.
