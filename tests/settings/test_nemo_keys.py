@@ -134,6 +134,7 @@ SAMPLES: dict[str, str] = {
     "max_resident_rollout_tasks": "8",
     "num_samples_in_parallel": "16",
     "output_jsonl_fpath": "out/r.jsonl",
+    "materialized_jsonl_fpath": "inputs/r.jsonl",
     "require_complete": "true",
     "responses_create_params": "{temperature:0.5}",
     "input_glob": "shards/*.jsonl",
@@ -218,13 +219,6 @@ def _loader(command: str) -> Any:
 def _check_implemented(name: str, command: str, load: Any, capsys: Any) -> None:
     if name == "config_paths":
         return  # test_config_paths_merge_like_nemo_gym
-    if name == "materialized_jsonl_fpath":
-        config, notes = collect_settings(
-            "output_jsonl_fpath=out/r.jsonl",
-            "materialized_jsonl_fpath=out/r_materialized_inputs.jsonl",
-        )
-        assert notes == []
-        return
     token = f"{name}={SAMPLES[name]}"
     expected = parse_value(SAMPLES[name])
     if command == COLLECT:
@@ -331,10 +325,15 @@ def test_config_paths_merge_like_nemo_gym(tmp_path: Path) -> None:
     assert values["merge_shards"] is False
 
 
-def test_materialized_jsonl_fpath_elsewhere_is_refused() -> None:
-    """The materialized inputs always sit beside the output; another path is refused."""
-    with pytest.raises(ConfigError, match="not where the run writes its materialized inputs"):
-        collect_settings("output_jsonl_fpath=out/r.jsonl", "materialized_jsonl_fpath=x.jsonl")
+def test_materialized_jsonl_fpath_elsewhere_is_taken() -> None:
+    """The materialized inputs go where the key says (`recovery.layout` finds them again);
+    a run split into parts refuses it, since one file cannot hold every part's inputs."""
+    config, notes = collect_settings(
+        "output_jsonl_fpath=out/r.jsonl", "materialized_jsonl_fpath=x.jsonl"
+    )
+    assert (config.materialized_jsonl_fpath, notes) == ("x.jsonl", [])
+    with pytest.raises(ConfigError, match="shard splits the run into parts"):
+        collect_settings("materialized_jsonl_fpath=x.jsonl", "shard=0/2")
 
 
 def test_a_key_of_the_other_command_is_refused() -> None:

@@ -47,14 +47,17 @@ def test_the_public_loader_merges_config_paths(tmp_path: Path) -> None:
     assert (via_override.num_repeats, via_override.limit) == (2, 5)
 
 
-def test_the_public_loader_checks_the_derived_materialized_path() -> None:
-    """materialized_jsonl_fpath is NeMo Gym's derived path: beside the output, or refused."""
+def test_the_public_loader_takes_the_materialized_path() -> None:
+    """materialized_jsonl_fpath: beside the output by default (NeMo Gym's derived path), or
+    where it is given."""
     output, beside = "+output_jsonl_fpath=out/r.jsonl", "out/r_materialized_inputs.jsonl"
     config = trollout.load_config(overrides=[output, f"+materialized_jsonl_fpath={beside}"])
     assert config.output_jsonl_fpath == "out/r.jsonl"
-    with pytest.raises(ConfigError, match="not where the run writes its materialized inputs"):
-        trollout.load_config(overrides=[output, "+materialized_jsonl_fpath=x.jsonl"])
-    assert trollout.RunLayout.for_output("out/r.jsonl").materialized_inputs == Path(beside)
+    layout = trollout.RunLayout.for_output("out/r.jsonl", config.materialized_jsonl_fpath)
+    assert (layout.materialized_inputs, layout.relocated) == (Path(beside), False)
+    config = trollout.load_config(overrides=[output, "+materialized_jsonl_fpath=x.jsonl"])
+    layout = trollout.RunLayout.for_output("out/r.jsonl", config.materialized_jsonl_fpath)
+    assert (layout.materialized_inputs, layout.relocated) == (Path("x.jsonl"), True)
 
 
 # Values for keys of every kind the loader handles: fields (good and bad values), own-way and

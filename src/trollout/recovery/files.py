@@ -330,18 +330,25 @@ def fsync_dir(folder: Path) -> None:
 
 def temp_files(layout: RunLayout) -> list[Path]:
     """Return the temp files a crash left beside the run's files (our exact names only), from
-    one listing of the folder (a glob per run file cost ms per shard in a folder of shards)."""
-    folder = layout.output.parent
-    prefixes = {f".{path.name}" for path in layout.all_files()}
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:  # no folder yet
-        return []
-    return [  # ".<run file name>" + ".<8 hex digits>.tmp": a 13-character suffix
-        folder / name
-        for name in names
-        if name.endswith(".tmp") and name[:-13] in prefixes and _TEMP_SUFFIX.fullmatch(name[-13:])
-    ]
+    one listing of each folder that holds one (inputs may be elsewhere; a glob per run file
+    cost ms per shard in a folder of shards)."""
+    wanted: dict[Path, set[str]] = {}
+    for path in layout.all_files():
+        wanted.setdefault(path.parent, set()).add(f".{path.name}")
+    found = []
+    for folder, prefixes in wanted.items():
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:  # no folder yet
+            continue
+        found += [  # ".<run file name>" + ".<8 hex digits>.tmp": a 13-character suffix
+            folder / name
+            for name in names
+            if name.endswith(".tmp")
+            and name[:-13] in prefixes
+            and _TEMP_SUFFIX.fullmatch(name[-13:])
+        ]
+    return found
 
 
 def remove_temp_files(layout: RunLayout, *, keep: Path | None = None) -> None:

@@ -70,7 +70,7 @@ _PER_INVOCATION = (
     "metrics_linger_s",
     "metrics_pushgateway",
 )
-_PATH_KEYS = ("input_jsonl_fpath", "output_jsonl_fpath")
+_PATH_KEYS = ("input_jsonl_fpath", "output_jsonl_fpath", "materialized_jsonl_fpath")
 _HASH_CHUNK = 1 << 20
 
 

@@ -13,6 +13,11 @@ ours to destroy, each with one line that names the file and the remedy:
   (``collect out/r.jsonl -o out/r.jsonl``, or input ``out/r_failures.jsonl``).
 - `check_fresh`: a fresh run over a folder that already holds a run (a manifest or outcome rows)
   needs ``overwrite``; without it the message says ``--resume`` or ``--overwrite``.
+- `check_relocated_inputs`: materialized inputs kept elsewhere (``materialized_jsonl_fpath``,
+  `layout`) are not another of the run's files nor a file of another run (a rollouts file or
+  sibling whose manifest lies beside it); a fresh run replaces a file already there only with
+  ``overwrite``, since nothing says it is ours; and a resume names the place the run's manifest
+  records, or none (it is then read from the manifest).
 
 The store runs them again under the lock (a second process may have changed the folder since)
 and opens files with ``O_NOFOLLOW`` besides, which closes the window between check and open.
@@ -29,13 +34,14 @@ from pathlib import Path
 from ..errors import RunFolderError
 from ..settings import RunConfig
 from .files import check_replaceable, temp_files
-from .layout import RunLayout
+from .layout import AUXILIARY_SUFFIXES, RunLayout, recorded_inputs
 from .lock import RunLock
 from .manifest import FolderState, folder_state
 
 __all__ = [
     "check_fresh",
     "check_input",
+    "check_relocated_inputs",
     "check_run_folder",
     "check_run_paths",
     "run_paths",
@@ -59,6 +65,7 @@ def check_run_folder(layout: RunLayout, config: RunConfig, *, fresh: bool) -> No
         RunFolderError: one line naming the file and the remedy.
     """
     check_run_paths(layout)
+    check_relocated_inputs(layout, fresh=fresh, overwrite=config.overwrite)
     check_input(layout, config.input_jsonl_fpath, resuming=not fresh)
     RunLock.for_layout(layout).check_free()  # "in use" says more than "holds a run"
     if fresh:
@@ -114,6 +121,55 @@ def check_input(
                 f"{str(layout.output)!r}, which the run would replace; collect into another "
                 "output file (-o), or move the input out of the way"
             )
+
+
+def check_relocated_inputs(layout: RunLayout, *, fresh: bool, overwrite: bool) -> None:
+    """Refuse materialized inputs kept where they would clash (the module docstring's rules).
+
+    Raises:
+        RunFolderError: naming ``materialized_jsonl_fpath``, the clash and the remedy.
+    """
+    recorded = recorded_inputs(layout.output) if layout.manifest.exists() else None
+    if not fresh and layout.manifest.exists():
+        kept = recorded if recorded is not None else RunLayout(layout.output).materialized_inputs
+        if not same_file(kept, layout.materialized_inputs):
+            raise RunFolderError(
+                f"materialized_jsonl_fpath={str(layout.materialized_inputs)!r} is not where "
+                f"{str(layout.output)!r} keeps its materialized inputs ({str(kept)!r}); drop "
+                "the key to resume from the recorded file"
+            )
+    if not layout.relocated:
+        return
+    where = layout.materialized_inputs
+    beside = RunLayout(layout.output)  # the run's other files, where they always are
+    for path in run_paths(beside):
+        if path != beside.materialized_inputs and same_file(where, path):
+            raise RunFolderError(
+                f"materialized_jsonl_fpath={str(where)!r} is the run file {str(path)!r} of "
+                f"output {str(layout.output)!r}; choose another path for the inputs"
+            )
+    other = RunLayout(where.with_name(_stem_of(where.name) + ".jsonl"))
+    if other.output != layout.output and other.manifest.exists():
+        raise RunFolderError(
+            f"materialized_jsonl_fpath={str(where)!r} is a file of the run "
+            f"{str(other.output)!r} (its manifest is {other.manifest.name}); choose another path"
+        )
+    ours = recorded is not None and same_file(recorded, where)
+    if fresh and not overwrite and not ours and _nonempty(where):
+        raise RunFolderError(
+            f"materialized_jsonl_fpath={str(where)!r} already exists and no run of "
+            f"{str(layout.output)!r} records it; pass --overwrite to replace it, or choose "
+            "another path"
+        )
+
+
+def _stem_of(name: str) -> str:
+    """The stem of the run a ``.jsonl`` file name would belong to (its sibling suffix off)."""
+    stem = name.removesuffix(".jsonl")
+    for suffix in AUXILIARY_SUFFIXES:
+        if stem.endswith(suffix):
+            return stem.removesuffix(suffix)
+    return stem
 
 
 def check_fresh(layout: RunLayout, *, overwrite: bool) -> None:

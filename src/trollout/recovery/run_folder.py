@@ -166,7 +166,7 @@ async def open_run_folder(
     """
     if not config.output_jsonl_fpath:
         raise ConfigError("no output file: pass -o OUT.jsonl or +output_jsonl_fpath=<file.jsonl>")
-    layout = RunLayout.for_output(config.output_jsonl_fpath)
+    layout = RunLayout.for_output(config.output_jsonl_fpath, config.materialized_jsonl_fpath)
     resuming = config.resume_from_cache or resubmit is not None
     expected = plan.expected if plan is not None and not callable(plan) else 0
     servers = deployment.policy_model_servers()  # rows are read stamped with them

@@ -31,7 +31,7 @@ from ..recovery.preflight import check_input, check_run_paths
 from ..recovery.resume import Fate, ResumeRules, scan_run
 from ..recovery.store import check_run_folder
 from ..scaleout.layout import check_shards_root, shard_output
-from ..settings import RunConfig
+from ..settings import RunConfig, materialized_problem
 from ..telemetry import TelemetrySettings, telemetry_settings
 from .deployment import http_client
 
@@ -68,7 +68,7 @@ def check_before_writing(
         raise ConfigError("no output file: pass -o OUT.jsonl or +output_jsonl_fpath=<file.jsonl>")
     if not config.input_jsonl_fpath and not resuming:
         raise ConfigError("no input file: pass INPUT or +input_jsonl_fpath=<file.jsonl>")
-    layout = RunLayout.for_output(config.output_jsonl_fpath)
+    layout = RunLayout.for_output(config.output_jsonl_fpath, config.materialized_jsonl_fpath)
     check_run_folder(layout, config, fresh=not resuming)  # before slow work; the store rechecks
     if config.input_jsonl_fpath and (not resuming or folder_state(layout) is FolderState.NEW):
         FileSource(config.input_jsonl_fpath).check_readable()  # before the deployment is asked
@@ -98,6 +98,8 @@ def check_shard_jobs(config: RunConfig, output: Path, shards: int) -> TelemetryS
             shard=f"{index}/{shards}",
             resume_from_cache=True,
         )
+        if problem := materialized_problem(job.materialized_jsonl_fpath, job):
+            raise ConfigError(problem)
         _, watching = check_before_writing(job, resuming=True)
     return watching
 

@@ -28,6 +28,27 @@ Rejected: reserving every row's first attempt when the shard opens (what this re
 never sent kept a reserved number and read as possibly sent), and leaving the rows unrecorded
 (the status then summed to fewer rows than the shard holds while saying it had finished).
 
+A shard resumes by NeMo Gym's recipe too: ``trollout collect
++input_jsonl_fpath=D/rollouts-L_materialized_inputs.jsonl +output_jsonl_fpath=D/rollouts-L.jsonl
++resume_from_cache=true`` (with the deployment) runs what the shard still lacks, as ``gym eval
+run`` does. For that the shard's manifest is the one that recipe computes (NeMo Gym's
+``_RunRecordWriter`` records the same): its input is its materialized inputs, and every plan
+setting (`RunConfig.planned_as_is`: ``num_repeats``, ``agent_name``, ``agent_map``, ``fan_out``,
+seeds, routing, ...) is at its default, because planning the shard's rows with the defaults is
+the identity: each row already carries its task and rollout index, its agent and its seed, and
+the planner keeps them. The batch's own plan settings shaped rows that are now the input; they
+plan nothing more. What still guards a resume is unchanged: the materialized file's sha256 (a
+changed row is refused, one line), the deployment's agent set, and the plan settings compared
+with the defaults, so a resume that asks for another plan (``+num_repeats=4`` over the shard's
+rows) is refused rather than silently run as recorded. ``trollout resume`` reads the same
+manifest and behaves as before.
+Rejected: skipping the comparison of plan settings whenever the input rows carry identity stamps
+(the other reading of "planning is the identity"). It needs the resume to read and judge the
+input's rows, and it would run a resume given ``+num_repeats=4`` as recorded, a setting taken in
+silence; NeMo Gym refuses that resume, and so does a manifest that records the defaults.
+Rejected too: a special case for the recipe in the manifest check; the manifest should say what
+the shard is, and every resume (the recipe, ``resume``, a Store's) then checks one thing.
+
 Shards of a training run aggregate without collisions: every rollout id carries its shard's run
 id (`collector.batch.shard_rollout_id`), so step 3's task 0 is never step 4's task 0.
 """
@@ -89,7 +110,8 @@ def shard_layout(output_dir: str | os.PathLike[str], label: str) -> RunLayout:
 
 
 def shard_config(config: RunConfig, deployment: Deployment, layout: RunLayout) -> RunConfig:
-    """Return the settings a shard is recorded (and later resumed) with."""
+    """Return the settings a shard is recorded (and later resumed) with: NeMo Gym's resume
+    recipe's (module docstring), with the deployment the batch ran against."""
     where: dict[str, Any]
     if deployment.head_url is not None:
         where = {"head_server": deployment.head_url, "agent_urls": {}}
@@ -97,7 +119,7 @@ def shard_config(config: RunConfig, deployment: Deployment, layout: RunLayout) -
         agents = {s.name: s.url for s in deployment.servers if s.server_type == AGENTS}
         where = {"agent_urls": agents}
     return attrs.evolve(
-        config,
+        config.planned_as_is(),  # the recipe's settings (module docstring)
         input_jsonl_fpath=None,
         output_jsonl_fpath=str(layout.output),
         overwrite=True,

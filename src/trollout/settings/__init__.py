@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from .aggregation import AGGREGATE_SETTINGS, AggregateSetting
 from .build import build_config
-from .derived import materialized_jsonl_fpath, output_stem
+from .derived import materialized_jsonl_fpath, materialized_problem, output_stem
 from .enrichment import enrichment_problem
 from .fields import FsyncPolicy, OutagePolicy, SeedMode, parse_shard, repeats_problems
 from .keys import AGGREGATE, BY_NAME, COLLECT, KEYS, Handling, NemoKey, differences, translate
@@ -147,6 +147,7 @@ __all__ = [
     "load_run_config",
     "load_yaml",
     "materialized_jsonl_fpath",
+    "materialized_problem",
     "merge_config_paths",
     "output_stem",
     "parse_override",

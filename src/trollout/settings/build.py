@@ -19,6 +19,7 @@ import attrs
 import cattrs
 
 from ..errors import ConfigError
+from .derived import materialized_problem
 from .fields import Shape, row_of
 from .record import FIELD_NAMES, NULL_MEANS_DEFAULT, RunConfig, converter
 from .syntax import head_server_url, shown
@@ -54,6 +55,8 @@ def build_config(values: Mapping[str, Any]) -> RunConfig:
         inner = _wrapped_config_error(exc)
         raise ConfigError(str(inner) if inner else _structure_message(exc)) from exc
     config.validate()
+    if problem := materialized_problem(config.materialized_jsonl_fpath, config):
+        raise ConfigError(problem)
     return config
 
 

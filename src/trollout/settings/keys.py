@@ -10,9 +10,7 @@ and their mixins (``config_paths``, ``upload_rollouts``) is accepted by ``trollo
   read off those tables (`KEYS`), so an implemented key is one row, where its type and default
   are; a few are read by the loader: ``config_paths`` (YAML files merged in order, later wins,
   mappings merged deeply as OmegaConf does, below every other source; only the keys that are
-  collection settings are taken, server blocks are the deployment's) and
-  ``materialized_jsonl_fpath`` (always ``<stem>_materialized_inputs.jsonl`` beside the output,
-  as in NeMo Gym, where it is derived: another path is refused).
+  collection settings are taken, server blocks are the deployment's).
 - **own way**: accepted with one line saying how trollout already does it (a row in `_OTHERS`).
 - **unsupported**: a subsystem trollout does not have (skills, uploads, E2E
   serving and data preparation, custom drivers): accepted at the value that asks for nothing,
@@ -133,15 +131,6 @@ _FLAG: Final = "true or false"
 # not implement is one row here; an implemented one is a row of `RunConfig` (or of
 # `AGGREGATE_SETTINGS`) marked ``nemo``.
 _OTHERS: Final[tuple[NemoKey, ...]] = (
-    NemoKey(
-        "materialized_jsonl_fpath",
-        Handling.IMPLEMENTED,
-        _RUN,
-        "a path",
-        lambda v: isinstance(v, str),
-        field=False,
-        wrong=[1],
-    ),
     NemoKey(
         "config_paths",
         Handling.IMPLEMENTED,
@@ -277,7 +266,7 @@ def translate(values: Mapping[str, Any], command: str) -> tuple[dict[str, Any], 
             continue
         check_type(key, out[name])
         if key.handling is Handling.IMPLEMENTED:
-            continue  # read by the caller (config_paths, materialized_jsonl_fpath)
+            continue  # read by the caller (config_paths)
         value = out.pop(name)
         if not key.inert(value):
             raise ConfigError(f"{name}={shown(value)} is not supported: {key.text}")

@@ -20,7 +20,6 @@ from attrs import frozen
 from ..errors import ConfigError
 from .aggregation import AGGREGATE_BY_NAME, AGGREGATE_DEFAULTS, AGGREGATE_PATH_KEYS
 from .build import build_config
-from .derived import materialized_jsonl_fpath
 from .keys import AGGREGATE, BY_NAME, COLLECT, check_type, translate
 from .record import FIELD_NAMES, RunConfig
 from .syntax import parse_override, read_settings_file
@@ -171,8 +170,6 @@ def load_run_config(
     notes = _one_source_each(values, given)
     values, own_way = translate(values, COLLECT)
     values.pop("config_paths", None)
-    if "materialized_jsonl_fpath" in values:
-        _check_materialized(values.pop("materialized_jsonl_fpath"), values)
     config = build_config(values)  # values are checked before what they combine into
     _check_needs(config, given)
     return config, own_way + notes
@@ -236,18 +233,6 @@ def _deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
             _deep_merge(old, value)
         else:
             into[key] = dict(value) if isinstance(value, Mapping) else value
-
-
-def _check_materialized(value: str, values: Mapping[str, Any]) -> None:
-    output = values.get("output_jsonl_fpath")
-    derived = materialized_jsonl_fpath(output) if output else None
-    if derived is None or os.path.abspath(value) != os.path.abspath(derived):
-        where = f" (here {str(derived)!r})" if derived else ""
-        raise ConfigError(
-            f"materialized_jsonl_fpath={value!r} is not where the run writes its materialized "
-            f"inputs: always <stem>_materialized_inputs.jsonl beside the output{where}, as in "
-            "NeMo Gym; set output_jsonl_fpath instead, or drop the key"
-        )
 
 
 def load_config(

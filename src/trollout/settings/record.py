@@ -97,6 +97,9 @@ class RunConfig:
     output_jsonl_fpath: str | None = setting(
         None, shape=path("out/rollouts.jsonl"), nemo=True, path=True
     )
+    materialized_jsonl_fpath: str | None = setting(
+        None, shape=path("m.jsonl"), nemo=True, path=True
+    )
     max_input_line_bytes: int = setting(DEFAULT_MAX_INPUT_LINE_BYTES, POSITIVE_COUNT)
     # deployment
     head_server: str | None = setting(None, shape=HEAD)
@@ -337,6 +340,12 @@ class RunConfig:
             if key not in _LATER_PLAN_KEYS or getattr(self, key) != _DEFAULTS[key]
         }
         return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+    def planned_as_is(self) -> RunConfig:
+        """Return these settings, every `PLAN_KEYS` one at its default (`run.shards`)."""
+        return attrs.evolve(
+            self, **{a.name: _default_of(a) for a in _FIELDS if a.name in PLAN_KEYS}
+        )
 
     def with_absolute_paths(self) -> RunConfig:
         """Return these settings with every file they name (`PATH_KEYS`) made absolute.

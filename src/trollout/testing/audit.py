@@ -28,8 +28,9 @@ What "settled once" means here, per run folder (docs/run-folder.md has the files
 
 Design note: the auditor reads the files itself, with orjson, and imports nothing of trollout
 but its errors: an auditor built on the store's own reading code would share its bugs. The
-file layout it reads is the documented one (``<stem>_materialized_inputs.jsonl``,
-``_failures.jsonl``, ``_attempts.jsonl``, ``_manifest.json``, ``_batch_status.json``).
+file layout it reads is the documented one (``<stem>_materialized_inputs.jsonl``, or where the
+manifest's ``materialized_jsonl_fpath`` says, ``_failures.jsonl``, ``_attempts.jsonl``,
+``_manifest.json``, ``_batch_status.json``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from ..errors import ConfigError
 __all__ = ["AuditReport", "assert_exactly_once", "audit_folder", "audit_run"]
 
 _AUXILIARY = ("_failures", "_materialized_inputs", "_attempts")
+_RUN_MARKERS = ("_materialized_inputs.jsonl", "_manifest.json")  # one beside a run's output
 _Key = tuple[int, int]
 _Attempt = tuple[int, int, int]
 
@@ -114,7 +116,7 @@ def audit_folder(
         path
         for path in sorted(Path(folder).glob("*.jsonl"))
         if not path.stem.endswith(_AUXILIARY)
-        and path.with_name(path.stem + "_materialized_inputs.jsonl").exists()
+        and any(path.with_name(path.stem + end).exists() for end in _RUN_MARKERS)
     ]
     if not outputs:
         raise ConfigError(f"{os.fspath(folder)!r} holds no run folder (no rollouts file beside")
@@ -155,13 +157,16 @@ class _Audit:
         return self.output.with_name(self.stem + suffix)
 
     def report(self) -> AuditReport:
-        materialized_path = self._sibling("_materialized_inputs.jsonl")
+        manifest = _read_json(self._sibling("_manifest.json"))
+        materialized_path = _recorded_inputs(manifest) or self._sibling(
+            "_materialized_inputs.jsonl"
+        )
         if not materialized_path.exists():
             raise ConfigError(
-                f"{os.fspath(self.output)!r} is not a run folder's rollouts file: "
-                f"{materialized_path.name} is missing beside it; pass a run's output path"
+                f"{os.fspath(self.output)!r} is not a run folder's rollouts file: its "
+                f"materialized inputs {materialized_path.name} are missing; pass a run's output "
+                "path"
             )
-        manifest = _read_json(self._sibling("_manifest.json"))
         run_id = manifest.get("run_id") if manifest else None
         inputs = self._materialized(materialized_path)
         expected = int(manifest.get("expected_rollouts", len(inputs))) if manifest else len(inputs)
@@ -374,6 +379,14 @@ def _attempt(row: Mapping[str, Any]) -> int:
 
 def _drained(row: Mapping[str, Any]) -> bool:
     return bool(row.get("_ng_dispatch_drained")) or row.get("failure_kind") == "drained"
+
+
+def _recorded_inputs(manifest: Mapping[str, Any] | None) -> Path | None:
+    """Where a manifest records the run's materialized inputs (``materialized_jsonl_fpath``,
+    given when they are not beside the output), or None."""
+    settings = manifest.get("settings") if manifest else None
+    where = settings.get("materialized_jsonl_fpath") if isinstance(settings, dict) else None
+    return Path(where) if isinstance(where, str) and where else None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
