@@ -42,7 +42,14 @@ from trollout.recovery.layout import RunLayout  # noqa: E402
 from trollout.recovery.lock import RunLock, read_owner  # noqa: E402
 from trollout.scaleout import shard_folders, shard_output  # noqa: E402
 from trollout.scaleout.ray import driver as ray_run  # noqa: E402
-from trollout.scaleout.ray.block import WIND_DOWN, BlockReport, Control, _run_block  # noqa: E402
+from trollout.scaleout.ray.block import (  # noqa: E402
+    WIND_DOWN,
+    BlockReport,
+    _run_block,
+    _Watcher,
+    stop_file,
+    write_stop,
+)
 from trollout.scaleout.ray.handout import HandoutEnd, RayRun  # noqa: E402
 from trollout.settings import RunConfig  # noqa: E402
 from trollout.testing import (  # noqa: E402
@@ -166,6 +173,66 @@ def test_ray_worker_killed_mid_run_still_lands_every_rollout_once(
     assert any(r.get("_ng_attempt_index", 0) > 0 for r in rows)
 
 
+def test_ray_losing_every_worker_process_mid_run_loses_nothing(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """What losing a worker node does, on the test's one-node cluster: every Ray worker process
+    is killed mid-run. The run's coordinating state is the driver's (no actor to lose), so the
+    lost blocks are handed out again and the run exits 0 with every rollout once (with a
+    control actor on the lost node, the run ended with a traceback)."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 60, seed=12)
+    out = tmp_path / "ray" / "run.jsonl"
+    command = ray_driver(
+        source, out, fake.head_url, cluster, "--workers", "2", "--concurrency", "2"
+    )
+    log = tmp_path / "driver.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_busy_block(out, proc)
+        victims = ray_worker_pids()
+        assert victims
+        for pid in victims:  # workers of the test's own cluster (its raylet's children)
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert "worker died" in text
+    keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in read_jsonl(out)]
+    assert len(keys) == len(set(keys)) == 120
+    assert status(out)["complete"]
+
+
+def ray_worker_pids() -> list[int]:
+    """Return the pids of the Ray worker processes below this test process (its cluster's)."""
+    parents: dict[int, int] = {}
+    workers: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # ended meanwhile
+        parents[int(entry.name)] = int(stat[1])
+        title = command.split(b"\0", 1)[0]  # a worker's: ray::IDLE, ray::run_block
+        if title.startswith(b"ray::") and not title.endswith(b"Agent"):  # the raylet's own
+            workers.add(int(entry.name))
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return sorted(pid for pid in workers if ours(pid))
+
+
 def wait_for_busy_block(out: Path, proc: subprocess.Popen[str]) -> int:
     """Wait until some block folder is locked with rows landed; return its owner's pid."""
     found: list[int] = []
@@ -240,12 +307,13 @@ async def test_ray_block_obeys_the_drivers_stop(
         grace_s=0.0,
     )
     deployment = Deployment.from_agent_urls(fake.run_urls)
-    control = Control.remote()
-    ray.get(control.stop.remote(WIND_DOWN, "test"))
-    report = await _run_block(config, deployment, (0, 1), control)
+    stop = stop_file(tmp_path / "run.jsonl")
+    write_stop(stop, WIND_DOWN, "test")
+    report = await _run_block(config, deployment, (0, 1), _Watcher(stop))
     assert report.stopped == "the driver: test"
     assert report.error is None
-    again = await _run_block(config, deployment, (0, 2), Control.remote())
+    stop.unlink()
+    again = await _run_block(config, deployment, (0, 2), _Watcher(stop))
     assert not again.interrupted
     assert report.progress.landed + again.progress.landed == 8
     assert len(read_jsonl(out)) == 8
@@ -274,7 +342,7 @@ async def test_ray_block_serves_no_prometheus_endpoint(
             metrics_port=port,
         )
         deployment = Deployment.from_agent_urls(fake.run_urls)
-        report = await _run_block(config, deployment, (0, 1), Control.remote())
+        report = await _run_block(config, deployment, (0, 1), _Watcher(stop_file(out)))
     assert report.error is None
     assert report.stopped is None
     assert report.progress.landed == 4

@@ -1,7 +1,8 @@
 """Handing a Ray run's blocks out (`scaleout.ray.handout._hand_out`), with a scripted fake of Ray.
 
-`ScriptedBlocks` stands in for `RayBlocks`: every hand-out ends at once, as its script says
-(a report, or a dead worker's Ray error), so the queue's rules are checked without a cluster.
+`ScriptedBlocks` stands in for `RayBlocks`: every hand-out ends at once, its first item as its
+script says (a report, or a dead worker's Ray error), so the queue's rules are checked without
+a cluster.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class ScriptedBlocks:
     async def wait(self, handles: list[Any]) -> list[Any]:
         return handles[:1]
 
-    async def report(self, handle: tuple[int, int]) -> BlockReport:
+    async def next(self, handle: tuple[int, int]) -> BlockReport:
         outcome = self.script.get(handle, finished(handle[0]))
         if isinstance(outcome, BaseException):
             raise outcome

@@ -2,7 +2,8 @@
 
 - `driver`: ``collect --ray`` in the ``trollout`` process (plan once, manifest, merge at the end);
 - `handout`: the queue of blocks, the driver's watchers (signals, deadline), the summed progress;
-- `block`: what runs on a worker (one block through `trollout.run.collect`) and the control actor.
+- `block`: what runs on a worker (one block through `trollout.run.collect`), streaming its
+  progress to the driver and reading the driver's stop file.
 
 These are the only modules that import Ray. Nothing imports this package but the command line,
 lazily (`trollout.cli.scaleout.collect_any`), so ``import trollout`` and a plain ``trollout

@@ -15,15 +15,18 @@ under ``<stem>_shards/`` (`block`), collected by the run layer (`trollout.run.co
 every block is done they are merged and aggregated into OUT as one run
 (`metrics.aggregate_shards`, by the rollouts' identity across runs).
 
-A worker that dies (killed, out of memory, its node lost) loses only its block's hand-out: the
-block goes back to the front of the queue and the next worker resumes its folder, the kernel
-having dropped the dead worker's lock; attempt numbers come from the folder's ledger, so none
-is reused. A block stopped by a signal to its own worker (a node drain, a preemption) is
+The driver holds all the run's coordinating state (`handout`): the queue, every hand-out's
+progress (streamed by the blocks), the stop level (a file in the shards folder). No actor or
+other process of the run lives on a worker node, so losing any node loses only the hand-outs
+running there. A worker that dies (killed, out of memory, its node lost) loses only its block's
+hand-out: the block goes back to the front of the queue and the next worker resumes its folder,
+the kernel having dropped the dead worker's lock; attempt numbers come from the folder's ledger,
+so none is reused. A block stopped by a signal to its own worker (a node drain, a preemption) is
 handed out again the same way, never merged as if done. A block lost 3 times
 (`handout._MAX_CRASHES`) ends the run; what landed stays, resumable.
 
-Ending early works as on one machine: the first SIGINT or SIGTERM, or ``--max-run-time``,
-stops the hand-outs and asks every running block, through the `block.Control` actor, to
+Ending early works as on one machine: the first SIGINT or SIGTERM, or ``--max-run-time``, stops
+the hand-outs and asks every running block, through the run's stop file (`block.write_stop`), to
 wind down (no new rollout; ``--grace`` for those in flight); a second SIGINT cancels them at
 once. The run then exits 130, 143 or 1, resumable with ``trollout resume OUT``, which reads the
 saved settings (B included, so the block folders are found again with any worker count).
