@@ -116,6 +116,35 @@ def test_ray_four_workers_give_the_one_machine_run(
     assert doc["landed"] == 80
 
 
+def test_ray_blocks_run_the_drivers_plan_and_never_read_the_input(
+    tmp_path: Path, fake: FakeUrls, cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver plans once and writes each block its rows: the input replaced by rows of
+    other tasks once the run has started changes nothing (when every block planned the whole
+    input itself, the blocks refused the changed input). Blocks are equal in size, each names
+    its own rows as its input, and the merged run is the one-machine run of the first input."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 24, seed=13)
+    one = tmp_path / "one" / "run.jsonl"
+    collect(source, one, fake.head_url)
+    write_start = ray_run._write_start
+
+    def then_replace_the_input(*args: Any) -> None:
+        write_start(*args)
+        write_tasks_input(source, 24, seed=14)  # other tasks under the same name
+
+    monkeypatch.setattr(ray_run, "_write_start", then_replace_the_input)
+    out = tmp_path / "ray" / "run.jsonl"
+    collect(source, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=4")
+    assert metrics(out) == metrics(one)
+    assert rollout_set(out) == rollout_set(one)
+    sizes = []
+    for folder in shard_folders(out, 4):
+        manifest = json.loads(folder.layout.manifest.read_text())
+        assert manifest["settings"]["input_jsonl_fpath"] == str(folder.layout.materialized_inputs)
+        sizes.append(count_lines(folder.layout.materialized_inputs))
+    assert sizes == [12, 12, 12, 12]  # 6 tasks of 2 rollouts each
+
+
 def test_ray_merges_out_under_the_run_lock(
     tmp_path: Path, fake: FakeUrls, cluster: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,7 +40,11 @@ class ScriptedBlocks:
         self.stops: list[tuple[int, str]] = []
 
     def start(self, config: RunConfig, key: tuple[int, int]) -> tuple[int, int]:
-        assert config.shard == f"{key[0]}/3"
+        assert config.output_jsonl_fpath is not None
+        assert f"/{key[0]:05d}-of-00003/" in config.output_jsonl_fpath
+        assert config.input_jsonl_fpath == config.output_jsonl_fpath.replace(
+            "run.jsonl", "run_materialized_inputs.jsonl"
+        )
         self.started.append(key)
         return key
 

@@ -1,6 +1,7 @@
 """A run on a Ray cluster: the driver hands blocks of the plan out to workers as they free up.
 
 - `driver`: ``collect --ray`` in the ``trollout`` process (plan once, manifest, merge at the end);
+- `rows`: the plan cut into the blocks' run folders, once, on the driver;
 - `handout`: the queue of blocks, the driver's watchers (signals, deadline), the summed progress;
 - `block`: what runs on a worker (one block through `trollout.run.collect`), streaming its
   progress to the driver and reading the driver's stop file.

@@ -1,11 +1,11 @@
 """What runs on a Ray worker: one block of a distributed run, and its two channels to the driver.
 
-A block is shard ``b`` of ``B`` of the run's plan (``--shard b/B``), collected by the run layer
-(`trollout.run.collect`, with the command line's signal watcher: a node drain or a preemption
-signals the worker) into its own run folder under the run's shards folder, always with
-``resume_from_cache``: a block handed out for the first time starts afresh, and one handed out
-again after its worker died resumes what the dead worker left, with new attempt numbers from
-the folder's ledger.
+A block is a run folder under the run's shards folder that the driver wrote before handing it
+out, its rows and manifest (`rows`), collected by the run layer (`trollout.run.collect`, with
+the command line's signal watcher: a node drain or a preemption signals the worker), always
+with ``resume_from_cache``: every hand-out resumes the folder, reading its own rows and never
+the input; one handed out again after its worker died resumes what the dead worker left, with
+new attempt numbers from the folder's ledger.
 
 The driver holds every piece of the run's coordinating state (the queue, each hand-out's
 progress, the stop level), so losing any worker node loses only the blocks running there. Two

@@ -6,14 +6,14 @@ driver may call `collect_on_ray` itself. It reports through a `trollout.run.RunO
 `sharded_status`, `http_client`), never the command line.
 
 The driver (this module, in the ``trollout`` process) plans the whole input once (so bad input
-is refused before anything is written), writes the run's manifest beside OUT, and cuts the plan
-into B blocks, block ``b`` being shard ``b/B`` of the plan (`collector.task_selection`). It then
-hands blocks out to at most N workers at a time, the next block to whichever worker frees up
-first, so a slow worker holds back only its own block and workers added to the cluster mid-run
-(a pending task that finds room) get work (`handout`). Each block is an ordinary run folder
-under ``<stem>_shards/`` (`block`), collected by the run layer (`trollout.run.collect`); when
-every block is done they are merged and aggregated into OUT as one run
-(`metrics.aggregate_shards`, by the rollouts' identity across runs).
+is refused before anything is written), cuts the plan into B blocks and writes each block's run
+folder, its rows and manifest (`rows`: no block reads or plans the input), then the run's
+manifest beside OUT. It then hands blocks out to at most N workers at a time, the next block to
+whichever worker frees up first, so a slow worker holds back only its own block and workers
+added to the cluster mid-run (a pending task that finds room) get work (`handout`). Each block
+is an ordinary run folder under ``<stem>_shards/`` (`block`), collected by the run layer
+(`trollout.run.collect`); when every block is done they are merged and aggregated into OUT as
+one run (`metrics.aggregate_shards`, by the rollouts' identity across runs).
 
 The driver holds all the run's coordinating state (`handout`): the queue, every hand-out's
 progress (streamed by the blocks), the stop level (a file in the shards folder). No actor or
@@ -45,14 +45,14 @@ blocks reported landing in this invocation, and the merged OUT every row landed 
 otherwise the run fails (exit 1) saying how many rows are where, so a shards folder the driver
 does not share with the workers, or a merge that lost rows, is never an empty OUT with exit 0.
 
-Design note: the rejected alternative gave each worker one static shard (``--shard i/N``, as
-the Slurm array does). Then the slowest shard sets the finish time, a worker that joins late
-has nothing to do, and a dead worker's shard waits for someone to notice. Blocks cost one
-planning pass over the input each (every shard plans the whole input, for its numbering), which
-is why there are only a few per worker (`_BLOCKS_PER_WORKER`). Rejected for the paths: making
-them absolute in each block (the worker's working directory is not the driver's, so it cannot
-know what the user meant) or changing the workers' working directory to the driver's (a node
-may not have that directory, and Ray's ``runtime_env`` ``working_dir`` uploads a copy).
+Design note: the rejected alternative gave each worker one static shard (``--shard i/N``, as the
+Slurm array does). Then the slowest shard sets the finish time, a worker that joins late has
+nothing to do, and a dead worker's shard waits for someone to notice. Each hand-out costs a task
+start and its folder's resume (its own rows read and hashed), which is why there are only a few
+blocks per worker (`_BLOCKS_PER_WORKER`). Rejected for the paths: making them absolute in each
+block (the worker's working directory is not the driver's, so it cannot know what the user
+meant) or changing the workers' working directory to the driver's (a node may not have that
+directory, and Ray's ``runtime_env`` ``working_dir`` uploads a copy).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, Final
@@ -91,6 +92,7 @@ from ...recovery.manifest import (
 )
 from ...recovery.preflight import check_run_folder, check_run_paths
 from ...recovery.run_folder import input_sha256
+from ...run.checks import check_free_space
 from ...run.compose import RunResult
 from ...run.deployment import http_client, load_deployment
 from ...run.observe import RunObserver, StreamObserver, format_duration
@@ -98,6 +100,7 @@ from ...run.state import sharded_status
 from ...settings import RunConfig, differences
 from ..layout import check_shards_root, shard_folders, shard_output
 from .handout import HandoutEnd, RayRun, drive, total_progress
+from .rows import write_blocks
 
 __all__ = ["collect_on_ray"]
 
@@ -240,7 +243,8 @@ def check_fresh_shards(layout: RunLayout, *, overwrite: bool) -> None:
 async def _start(
     layout: RunLayout, config: RunConfig, deployment: Deployment, plan: Plan
 ) -> RayRun:
-    """Write the manifest of a new run (its commit marker); on overwrite, clear the old one."""
+    """Write the blocks' folders (`rows.write_blocks`), then the run's manifest (its commit
+    marker); on overwrite, clear the old run first."""
     assert config.ray_workers is not None
     blocks = config.ray_blocks or max(1, min(plan.tasks, _BLOCKS_PER_WORKER * config.ray_workers))
     config = attrs.evolve(config, ray_blocks=blocks)
@@ -248,7 +252,9 @@ async def _start(
     manifest = build_manifest(
         config, deployment, input_sha256=digest or "", expected=plan.expected, tasks=plan.tasks
     )
-    await trio.to_thread.run_sync(_write_start, layout, manifest, config.overwrite)
+    check_free_space(layout, plan)
+    write = partial(write_blocks, config, layout.output, plan, deployment)
+    await trio.to_thread.run_sync(_write_start, layout, manifest, config.overwrite, write)
     return RayRun(layout, config, plan.expected, plan.expected)
 
 
@@ -278,17 +284,22 @@ async def _digest(config: RunConfig) -> str | None:
     return await input_sha256(path)
 
 
-def _write_start(layout: RunLayout, manifest: RunManifest, overwrite: bool) -> None:
-    """Write the manifest; on ``overwrite``, then clear the old run's files (ours only)."""
+def _write_start(
+    layout: RunLayout, manifest: RunManifest, overwrite: bool, write_blocks: Callable[[], object]
+) -> None:
+    """On ``overwrite``, clear the old run's files (ours only: its manifest first); write the
+    blocks' folders, then the manifest. Interrupted before the manifest, the blocks are
+    refused as a run's until --overwrite (`check_fresh_shards`)."""
     check_run_paths(layout)
     layout.output.parent.mkdir(parents=True, exist_ok=True)
-    write_manifest(layout, manifest)
     if overwrite:
         for folder in [layout, *(f.layout for f in shard_folders(layout.output))]:
             check_run_paths(folder)  # regular files only: never a link's target
+            folder.manifest.unlink(missing_ok=True)
             for path in folder.all_files():
-                if path != folder.manifest or folder is not layout:
-                    path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
+    write_blocks()
+    write_manifest(layout, manifest)
     layout.output.touch()
 
 

@@ -38,8 +38,8 @@ from ...collector.engine.progress import Progress
 from ...recovery.layout import RunLayout
 from ...run.observe import RunObserver, Snapshot
 from ...settings import RunConfig
-from ..layout import shard_output
 from .block import CANCEL, WIND_DOWN, BlockReport, BlockSnapshot, run_block, stop_file, write_stop
+from .rows import block_config
 
 __all__ = ["BlocksView", "HandoutEnd", "RayBlocks", "RayRun", "drive", "total_progress"]
 
@@ -81,24 +81,6 @@ class HandoutEnd:
     snapshots: dict[tuple[int, int], BlockSnapshot] = attrs.field(factory=dict)
     deaths: list[str] = attrs.field(factory=list)
     handouts: int = 0
-
-
-def _block_config(run: RayRun, block: int) -> RunConfig:
-    """Return block ``block``'s own settings: its folder, its shard, resumed if it exists."""
-    return attrs.evolve(
-        run.config,
-        output_jsonl_fpath=str(shard_output(run.layout.output, block, run.blocks)),
-        shard=f"{block}/{run.blocks}",
-        resume_from_cache=True,
-        overwrite=False,
-        disable_aggregation=True,
-        require_complete=False,
-        batch_manifest_fpath=None,
-        max_run_time_s=None,
-        ray_address=None,
-        ray_workers=None,
-        ray_blocks=None,
-    )
 
 
 class RayBlocks:
@@ -188,7 +170,7 @@ async def _hand_out(
             handouts[block] += 1
             end.handouts += 1
             key = (block, handouts[block])
-            running[blocks.start(_block_config(run, block), key)] = key
+            running[blocks.start(block_config(run.config, run.layout.output, block), key)] = key
         if not running:
             break
         for handle in await blocks.wait(list(running)):
