@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from builders import (  # noqa: E402
     wait_for,
     write_tasks_input,
 )
+from telemetry.otlp_receiver import otlp_receiver  # noqa: E402
 from trollout.collector.deployment.discovery import Deployment  # noqa: E402
 from trollout.collector.engine.progress import Progress  # noqa: E402
 from trollout.errors import RunFolderLockedError, RunStoppedError  # noqa: E402
@@ -42,6 +44,7 @@ from trollout.recovery.layout import RunLayout  # noqa: E402
 from trollout.recovery.lock import RunLock, read_owner  # noqa: E402
 from trollout.scaleout import shard_folders, shard_output  # noqa: E402
 from trollout.scaleout.ray import driver as ray_run  # noqa: E402
+from trollout.scaleout.ray import merge as ray_merge  # noqa: E402
 from trollout.scaleout.ray.block import (  # noqa: E402
     WIND_DOWN,
     BlockReport,
@@ -145,6 +148,62 @@ def test_ray_blocks_run_the_drivers_plan_and_never_read_the_input(
     assert sizes == [12, 12, 12, 12]  # 6 tasks of 2 rollouts each
 
 
+def test_ray_run_is_one_trace_and_its_metrics_add_up_to_the_run_folder(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """Telemetry of a Ray run (--otlp-endpoint, to a receiver on loopback): one trace holds the
+    run's span, a span per hand-out and each block's job span; the driver alone exports the
+    metrics, summed over the blocks; both add up to the run folder's counts (each block once
+    exported counters from 0 under one identity, and started a trace of its own)."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 20, seed=15)
+    out = tmp_path / "ray" / "run.jsonl"
+    with otlp_receiver() as (url, received):
+        collect(source, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=4",
+                "--otlp-endpoint", url)  # fmt: skip
+    check_telemetry_adds_up(received, out, handouts=4)
+
+
+def check_telemetry_adds_up(received: Any, out: Path, *, handouts: int) -> None:
+    """Assert the run's spans form one trace and its spans and metrics count the folder's
+    landed rollouts (`scaleout.ray.telemetry`)."""
+    landed = status(out)["landed"]
+    assert landed == count_lines(out)
+    spans = {name: [s for s in received.spans if s.name == name] for name in
+             ("ray.run", "ray.block", "job", "dispatch")}  # fmt: skip
+    [run] = spans["ray.run"]
+    assert len(spans["ray.block"]) == handouts
+    assert {s.trace_id for s in spans["ray.block"] + spans["job"]} == {run.trace_id}
+    blocks = {s.span_id: s for s in spans["ray.block"]}
+    assert {s.parent_span_id for s in spans["ray.block"]} == {run.span_id}
+    assert {s.parent_span_id for s in spans["job"]} <= set(blocks)
+    assert span_attributes(run)["trollout.rollouts.landed"] == landed
+    last: dict[int, Any] = {}  # each block's last hand-out
+    for span in spans["ray.block"]:
+        attributes = span_attributes(span)
+        block, number = attributes["trollout.block"], attributes["trollout.block.handout"]
+        if block not in last or number > last[block][0]:
+            last[block] = (number, attributes.get("trollout.block.landed"))
+    assert sum(landed_then for _, landed_then in last.values()) == landed
+    jobs = {s.span_id for s in spans["job"]}
+    links = {link.span_id for s in spans["dispatch"] for link in s.links}
+    assert links <= jobs
+    [export] = received.metrics["trollout.rollouts"][-1:]
+    outcomes: Counter[str] = Counter()
+    for point in export.sum.data_points:
+        point_attributes = {kv.key: kv.value.string_value for kv in point.attributes}
+        outcomes[point_attributes["outcome"]] += point.as_int
+    assert outcomes["landed"] == landed
+
+
+def span_attributes(span: Any) -> dict[str, Any]:
+    """Return a decoded span's attributes as Python values."""
+    values: dict[str, Any] = {}
+    for kv in span.attributes:
+        kind = kv.value.WhichOneof("value")
+        values[kv.key] = getattr(kv.value, kind) if kind else None
+    return values
+
+
 def test_ray_merges_out_under_the_run_lock(
     tmp_path: Path, fake: FakeUrls, cluster: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -152,7 +211,7 @@ def test_ray_merges_out_under_the_run_lock(
     resume cannot take it and delete the shards mid-merge."""
     out = tmp_path / "ray" / "run.jsonl"
     held: list[bool] = []
-    merge = ray_run.aggregate_shards
+    merge = ray_merge.aggregate_shards
 
     async def merge_watched(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -163,7 +222,7 @@ def test_ray_merges_out_under_the_run_lock(
             held.append(False)
         return await merge(*args, **kwargs)
 
-    monkeypatch.setattr(ray_run, "aggregate_shards", merge_watched)
+    monkeypatch.setattr(ray_merge, "aggregate_shards", merge_watched)
     source = write_tasks_input(tmp_path / "tasks.jsonl", 6, seed=11)
     collect(source, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=2")
     assert held == [True]
@@ -579,4 +638,4 @@ async def test_ray_driver_that_cannot_read_the_blocks_rows_fails_saying_where(
         end.reports[(block, 1)] = BlockReport(block, Progress(landed=5), None, os.getpid())
     with pytest.raises(RunStoppedError, match=r"the blocks landed 10 rollouts, but the driver "
                        r"reads 0 in '.*run_shards'"):  # fmt: skip
-        await ray_run._check_rows_out(run, end, None)
+        await ray_merge._check_rows_out(run, end, None)

@@ -39,7 +39,9 @@ class ScriptedBlocks:
         self.started: list[tuple[int, int]] = []
         self.stops: list[tuple[int, str]] = []
 
-    def start(self, config: RunConfig, key: tuple[int, int]) -> tuple[int, int]:
+    def start(
+        self, config: RunConfig, key: tuple[int, int], carrier: dict[str, str]
+    ) -> tuple[int, int]:
         assert config.output_jsonl_fpath is not None
         assert f"/{key[0]:05d}-of-00003/" in config.output_jsonl_fpath
         assert config.input_jsonl_fpath == config.output_jsonl_fpath.replace(

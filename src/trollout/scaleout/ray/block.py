@@ -36,7 +36,9 @@ stop: ``ray.cancel``, which raises ``KeyboardInterrupt`` at an arbitrary point o
 
 Blocks serve no Prometheus endpoint, whether ``--metrics-port`` or ``OTEL_METRICS_EXPORTER=
 prometheus`` asks (a local cluster inherits the driver's environment): several may share a
-host, where one port cannot serve them all. OTLP still goes out from each.
+host, where one port cannot serve them all. Nor do they export metrics: the driver exports the
+run's, summed over the blocks (`telemetry`). Their spans go out over OTLP, each block's job
+span under its hand-out's span in the run's one trace (`block_environment`).
 
 Only the `trollout.scaleout.ray` modules import Ray; the plain command line never imports them.
 """
@@ -48,8 +50,8 @@ import os
 import queue
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import suppress
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -71,7 +73,7 @@ from ...run.signals import watch_signals
 from ...settings import RunConfig
 from ..layout import shards_root
 
-__all__ = ["BlockReport", "read_stop", "run_block", "stop_file", "write_stop"]
+__all__ = ["BlockReport", "block_environment", "read_stop", "run_block", "stop_file", "write_stop"]
 
 _REPORT_S = 0.5  # how often a block reports progress and reads the stop level
 GO, WIND_DOWN, CANCEL = 0, 1, 2  # the driver's stop levels
@@ -143,13 +145,39 @@ def run_block(
     head_url: str | None,
     key: tuple[int, int],
     stop_path: str,
+    carrier: Mapping[str, str],
 ) -> Iterator[BlockSnapshot | BlockReport]:
-    """Collect one block (``config`` is the block's own: output, rows); yield its progress
-    every `_REPORT_S` seconds, then its report."""
+    """Collect one block (``config`` is the block's own: output, rows; ``carrier``: its
+    hand-out span's trace context); yield its progress every `_REPORT_S` seconds, then its
+    report."""
     deployment = Deployment(tuple(servers), head_url=head_url)
     watcher = _Watcher(Path(stop_path))
     run = partial(_run_block, config, deployment, key, watcher)
-    yield from _guest_run(run, watcher.snapshot)
+    with block_environment(carrier):
+        yield from _guest_run(run, watcher.snapshot)
+
+
+@contextmanager
+def block_environment(carrier: Mapping[str, str]) -> Iterator[None]:
+    """Set the block's telemetry environment for its run, then restore the worker's.
+
+    Its job span's parent is its hand-out's span (``TRACEPARENT``/``TRACESTATE`` from
+    ``carrier``, when the driver traces), and it exports no metrics: the driver exports the
+    run's (`telemetry`'s module docstring). A worker runs one block at a time.
+    """
+    names = {"traceparent": "TRACEPARENT", "tracestate": "TRACESTATE"}
+    wanted = {names[key]: value for key, value in carrier.items() if key in names}
+    wanted["OTEL_METRICS_EXPORTER"] = "none"
+    saved = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _guest_run(

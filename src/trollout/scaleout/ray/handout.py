@@ -26,7 +26,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import attrs
 import ray
@@ -41,7 +41,32 @@ from ...settings import RunConfig
 from .block import CANCEL, WIND_DOWN, BlockReport, BlockSnapshot, run_block, stop_file, write_stop
 from .rows import block_config
 
-__all__ = ["BlocksView", "HandoutEnd", "RayBlocks", "RayRun", "drive", "total_progress"]
+
+class HandoutWatcher(Protocol):
+    """What `_hand_out` tells about every hand-out (`telemetry.RayTelemetry`)."""
+
+    async def handing_out(self, key: tuple[int, int]) -> dict[str, str]:
+        """A hand-out is about to start; return the trace context to send with it."""
+        ...
+
+    def received(self, end: HandoutEnd) -> None:
+        """A running hand-out streamed a snapshot."""
+        ...
+
+    def ended(self, key: tuple[int, int], end: HandoutEnd, lost: str | None) -> None:
+        """A hand-out ended (``lost``: why it is to be handed out again)."""
+        ...
+
+
+__all__ = [
+    "BlocksView",
+    "HandoutEnd",
+    "HandoutWatcher",
+    "RayBlocks",
+    "RayRun",
+    "drive",
+    "total_progress",
+]
 
 _MAX_CRASHES: Final = 3  # hand-outs of one block that may die before the run gives up
 _WAIT_S: Final = 0.25  # how long one ray.wait blocks a worker thread
@@ -55,6 +80,8 @@ class RayRun:
     config: RunConfig
     expected: int
     to_dispatch: int
+    run_id: str = ""
+    fresh: bool = True  # started now: no block folder holds a row yet
 
     @property
     def blocks(self) -> int:
@@ -93,10 +120,11 @@ class RayBlocks:
         self.deployment = deployment
         self.stop_path = stop_path
 
-    def start(self, config: RunConfig, key: tuple[int, int]) -> Any:
-        """Start one hand-out of a block; return its handle (a Ray object ref generator)."""
+    def start(self, config: RunConfig, key: tuple[int, int], carrier: dict[str, str]) -> Any:
+        """Start one hand-out of a block (``carrier``: its span's trace context); return its
+        handle (a Ray object ref generator)."""
         servers, head_url = self.deployment.servers, self.deployment.head_url
-        return run_block.remote(config, servers, head_url, key, str(self.stop_path))
+        return run_block.remote(config, servers, head_url, key, str(self.stop_path), carrier)
 
     async def wait(self, handles: list[Any]) -> list[Any]:
         """Return the hand-outs that have an item (none after `_WAIT_S`, so the caller can
@@ -135,8 +163,14 @@ def _next(handle: Any) -> Any:
     return ray.get(ref)
 
 
-async def drive(run: RayRun, deployment: Deployment, observer: RunObserver) -> HandoutEnd:
-    """Hand the blocks out beside the watchers (signals, deadline, progress)."""
+async def drive(
+    run: RayRun,
+    deployment: Deployment,
+    observer: RunObserver,
+    telemetry: HandoutWatcher | None = None,
+) -> HandoutEnd:
+    """Hand the blocks out beside the watchers (signals, deadline, progress), telling
+    ``telemetry`` about every hand-out."""
     end = HandoutEnd()
     stop_path = stop_file(run.layout.output)
     await trio.to_thread.run_sync(_clear_stop, stop_path)
@@ -149,7 +183,7 @@ async def drive(run: RayRun, deployment: Deployment, observer: RunObserver) -> H
             if run.config.max_run_time_s is not None:
                 nursery.start_soon(_watch_deadline, end, blocks, run.config.max_run_time_s)
             nursery.start_soon(observer.watch, BlocksView(run.to_dispatch, end))
-            await _hand_out(run, blocks, end, emit)
+            await _hand_out(run, blocks, end, emit, telemetry)
             nursery.cancel_scope.cancel(reason="every block ended")
     finally:
         with trio.CancelScope(shield=True):
@@ -158,7 +192,11 @@ async def drive(run: RayRun, deployment: Deployment, observer: RunObserver) -> H
 
 
 async def _hand_out(
-    run: RayRun, blocks: RayBlocks, end: HandoutEnd, emit: Callable[[str], None]
+    run: RayRun,
+    blocks: RayBlocks,
+    end: HandoutEnd,
+    emit: Callable[[str], None],
+    telemetry: HandoutWatcher | None = None,
 ) -> None:
     pending = deque(range(run.blocks))
     running: dict[Any, tuple[int, int]] = {}
@@ -170,7 +208,9 @@ async def _hand_out(
             handouts[block] += 1
             end.handouts += 1
             key = (block, handouts[block])
-            running[blocks.start(block_config(run.config, run.layout.output, block), key)] = key
+            carrier = await telemetry.handing_out(key) if telemetry is not None else {}
+            config = block_config(run.config, run.layout.output, block)
+            running[blocks.start(config, key, carrier)] = key
         if not running:
             break
         for handle in await blocks.wait(list(running)):
@@ -178,6 +218,10 @@ async def _hand_out(
             ended, lost = await _receive(handle, key, end, blocks)
             if ended:
                 del running[handle]
+            if telemetry is not None and ended:
+                telemetry.ended(key, end, lost)
+            elif telemetry is not None:
+                telemetry.received(end)
             if lost is None:
                 continue
             block = key[0]
