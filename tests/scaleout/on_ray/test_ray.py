@@ -321,6 +321,26 @@ def ray_worker_pids() -> list[int]:
     return sorted(pid for pid in workers if ours(pid))
 
 
+def test_ray_alone_joins_ray_address_as_a_ray_job_driver_does(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """A driver started by ``ray job submit`` has RAY_ADDRESS set to the job's cluster: ``--ray``
+    alone joins it (starting a cluster of its own there failed: ray.init refuses num_cpus
+    when RAY_ADDRESS names a running cluster)."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 6, seed=16)
+    out = tmp_path / "ray" / "run.jsonl"
+    args = collect_args(source, out, fake.head_url, "--ray", "--workers", "2")
+    done = subprocess.run(
+        cli_command(*args),
+        env={**os.environ, "RAY_ADDRESS": cluster},
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S * 2,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(read_jsonl(out)) == 12
+
+
 def wait_for_busy_block(out: Path, proc: subprocess.Popen[str]) -> int:
     """Wait until some block folder is locked with rows landed; return its owner's pid."""
     found: list[int] = []

@@ -171,8 +171,14 @@ async def _telemetry(
 
 
 def _connect(config: RunConfig) -> bool:
-    """Join (or start) the Ray cluster; return whether this call started a local one."""
+    """Join (or start) the Ray cluster; return whether this call started a local one.
+
+    ``--ray`` alone joins ``RAY_ADDRESS`` when it is set, as ``ray.init()`` does: a driver
+    started by ``ray job submit`` runs with it set to the job's cluster.
+    """
     address = config.ray_address
+    if address in (None, "local") and os.environ.get("RAY_ADDRESS"):
+        address = "auto"
     if address not in (None, "local", "auto"):
         check_reachable(address)
     if ray.is_initialized():  # an embedding driver's, or a test's, cluster
