@@ -14,9 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from ray_harness import RayNode, check_telemetry_adds_up, ray_env, status  # noqa: E402
 from shard_runs import collect, collect_args, metrics, rollout_set  # noqa: E402
 
 from builders import (  # noqa: E402
@@ -92,14 +91,6 @@ def ray_driver(source: Path, output: Path, head: str, address: str, *extra: str)
     return cli_command(*args)
 
 
-def status(output: Path) -> dict[str, Any]:
-    """Return ``trollout status OUT --json``."""
-    result = invoke("status", str(output), "--json")
-    assert result.exit_code == 0, result.output
-    doc: dict[str, Any] = json.loads(result.output)
-    return doc
-
-
 def test_ray_four_workers_give_the_one_machine_run(
     tmp_path: Path, fake: FakeUrls, cluster: str
 ) -> None:
@@ -160,48 +151,7 @@ def test_ray_run_is_one_trace_and_its_metrics_add_up_to_the_run_folder(
     with otlp_receiver() as (url, received):
         collect(source, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=4",
                 "--otlp-endpoint", url)  # fmt: skip
-    check_telemetry_adds_up(received, out, handouts=4)
-
-
-def check_telemetry_adds_up(received: Any, out: Path, *, handouts: int) -> None:
-    """Assert the run's spans form one trace and its spans and metrics count the folder's
-    landed rollouts (`scaleout.ray.telemetry`)."""
-    landed = status(out)["landed"]
-    assert landed == count_lines(out)
-    spans = {name: [s for s in received.spans if s.name == name] for name in
-             ("ray.run", "ray.block", "job", "dispatch")}  # fmt: skip
-    [run] = spans["ray.run"]
-    assert len(spans["ray.block"]) == handouts
-    assert {s.trace_id for s in spans["ray.block"] + spans["job"]} == {run.trace_id}
-    blocks = {s.span_id: s for s in spans["ray.block"]}
-    assert {s.parent_span_id for s in spans["ray.block"]} == {run.span_id}
-    assert {s.parent_span_id for s in spans["job"]} <= set(blocks)
-    assert span_attributes(run)["trollout.rollouts.landed"] == landed
-    last: dict[int, Any] = {}  # each block's last hand-out
-    for span in spans["ray.block"]:
-        attributes = span_attributes(span)
-        block, number = attributes["trollout.block"], attributes["trollout.block.handout"]
-        if block not in last or number > last[block][0]:
-            last[block] = (number, attributes.get("trollout.block.landed"))
-    assert sum(landed_then for _, landed_then in last.values()) == landed
-    jobs = {s.span_id for s in spans["job"]}
-    links = {link.span_id for s in spans["dispatch"] for link in s.links}
-    assert links <= jobs
-    [export] = received.metrics["trollout.rollouts"][-1:]
-    outcomes: Counter[str] = Counter()
-    for point in export.sum.data_points:
-        point_attributes = {kv.key: kv.value.string_value for kv in point.attributes}
-        outcomes[point_attributes["outcome"]] += point.as_int
-    assert outcomes["landed"] == landed
-
-
-def span_attributes(span: Any) -> dict[str, Any]:
-    """Return a decoded span's attributes as Python values."""
-    values: dict[str, Any] = {}
-    for kv in span.attributes:
-        kind = kv.value.WhichOneof("value")
-        values[kv.key] = getattr(kv.value, kind) if kind else None
-    return values
+    assert check_telemetry_adds_up(received, out, blocks=4) == 4
 
 
 def test_ray_merges_out_under_the_run_lock(
@@ -557,57 +507,17 @@ def test_ray_block_that_fails_ends_the_run_naming_the_block(
 @pytest.fixture
 def head_elsewhere(tmp_path: Path) -> Iterator[str]:
     """A Ray head started with ``ray start --head --block`` (2 CPUs, loopback only) whose
-    working directory is not the test's; yields its address, then stops it by its pid.
-
-    Its session files live in a temporary folder of its own (removed at the end), so the
-    test never reads or joins another cluster of this machine. Token authentication is off
-    for both sides (RAY_AUTH_MODE=disabled): the head binds 127.0.0.1 only, and the test
-    must neither read nor write the token file Ray keeps in the user's home.
-    """
-    temp = Path(tempfile.mkdtemp(prefix="tr-rs-"))  # short: socket paths must fit 107 bytes
+    working directory is not the test's; yields its address, then stops it by its pid
+    (`ray_harness.RayNode`)."""
     elsewhere = tmp_path / "ray_node_cwd"
     elsewhere.mkdir()
-    ray_cli = Path(sys.executable).with_name("ray")
-    command = [
-        str(ray_cli), "start", "--head", "--port=0", "--node-ip-address=127.0.0.1",
-        "--include-dashboard=false", "--num-cpus=2", f"--temp-dir={temp}",
-        "--disable-usage-stats", "--block",
-    ]  # fmt: skip
-    log = (tmp_path / "ray_head.log").open("w")
-    head = subprocess.Popen(
-        command, cwd=elsewhere, env=ray_env(), stdout=log, stderr=subprocess.STDOUT
-    )
+    args = ["--head", "--port=0", "--include-dashboard=false", "--num-cpus=2"]
+    head = RayNode(args, elsewhere, tmp_path / "ray_head.log", ray_env())
     try:
-        address_file = temp / "ray_current_cluster"
-        wait_for(lambda: address_file.exists() and address_file.read_text().strip() != "",
-                 "the Ray head's address", proc=head)  # fmt: skip
-        address = address_file.read_text().strip()
-        wait_for(lambda: reachable(address), "the Ray head's GCS", proc=head)
-        yield address
+        yield head.address()
     finally:
-        head.terminate()  # `ray start --block` stops the processes it started on SIGTERM
-        try:
-            head.wait(timeout=HANG_GUARD_S)
-        except subprocess.TimeoutExpired:
-            head.kill()
-            head.wait()
-        log.close()
-        shutil.rmtree(temp, ignore_errors=True)
+        head.stop()
     assert list(elsewhere.iterdir()) == [], "a block wrote under the Ray node's directory"
-
-
-def ray_env() -> dict[str, str]:
-    """The environment of the test's Ray head and driver: loopback only, no token auth."""
-    return {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-
-
-def reachable(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=1.0).close()
-    except OSError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("relative_input", [True, False], ids=["input-relative", "input-absolute"])
