@@ -16,7 +16,8 @@ and no aggregation, one after the other in this invocation:
 Reported: rollouts per second (rollouts over the run's own elapsed time: planning, every
 block's planning and hand-outs included; aggregation excluded for all), and CPU seconds per
 1,000 rollouts: this process's for ``1 process``; for Ray, this process's plus every Ray
-process's (GCS, raylet, workers; read from /proc before and after the run). Ray's added CPU
+process's (GCS, raylet, workers, actors; read from /proc every 0.1 s during the run, so a
+process that ends before the run does is counted to its last reading: `RayCpu`). Ray's added CPU
 per rollout is the difference with ``1 process``. The machine is shared and noisy: compare
 within one run.
 """
@@ -29,6 +30,7 @@ import resource
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +54,7 @@ from trollout.testing import (
 )
 
 _TICK = os.sysconf("SC_CLK_TCK")
+_SAMPLE_S = 0.1
 
 
 def cpu_of(pids: set[int]) -> float:
@@ -97,14 +100,54 @@ def run_one(config: RunConfig) -> tuple[float, float]:
     return result.elapsed_s, self_cpu() - cpu
 
 
+class RayCpu:
+    """Samples the CPU of every process below this one (the fake's tree left out) every
+    `_SAMPLE_S` seconds in a thread, keeping each process's last reading, so a process that
+    ends during the run (an actor, a worker Ray ends) still counts up to its last sample.
+    The sampler's own CPU is left out of this process's."""
+
+    def __init__(self, exclude: int) -> None:
+        self.exclude = exclude
+        self.seen: dict[int, float] = {}
+        self.sampler_cpu = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        pids = descendants(os.getpid(), self.exclude)
+        for pid in pids:
+            self.seen[pid] = cpu_of({pid})
+
+    def _run(self) -> None:
+        start = time.thread_time()
+        while not self._stop.wait(_SAMPLE_S):
+            self.sample()
+        self.sampler_cpu = time.thread_time() - start
+
+    def __enter__(self) -> RayCpu:
+        self.sample()
+        self.before = dict(self.seen)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    @property
+    def used(self) -> float:
+        """CPU seconds the sampled processes used meanwhile."""
+        return sum(cpu - self.before.get(pid, 0.0) for pid, cpu in self.seen.items())
+
+
 def run_ray(config: RunConfig, fake_pid: int) -> tuple[float, float]:
     """Collect on the local cluster; return (elapsed s, CPU s of this process and Ray's)."""
-    pids = descendants(os.getpid(), fake_pid)
-    before = self_cpu() + cpu_of(pids)
-    with open(os.devnull, "w") as quiet:
+    before = self_cpu()
+    with RayCpu(fake_pid) as ray_cpu, open(os.devnull, "w") as quiet:
         result = trio.run(lambda: collect_on_ray(config, observer=StreamObserver(quiet)))
-    pids |= descendants(os.getpid(), fake_pid)
-    return result.elapsed_s, self_cpu() + cpu_of(pids) - before
+    own = self_cpu() - before - ray_cpu.sampler_cpu
+    return result.elapsed_s, own + ray_cpu.used
 
 
 def main() -> None:

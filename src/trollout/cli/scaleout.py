@@ -81,8 +81,8 @@ async def collect_any(
         _refuse_ray_folder(config)
         return await collect_run(config, live=live, resubmit=resubmit)
     _check_ray_settings(config, resubmit)
-    if config.ray_address in (None, "local"):
-        os.environ.setdefault(_LOCAL_ONLY, "0")
+    if config.ray_address in (None, "local") and not os.environ.get("RAY_ADDRESS"):
+        os.environ.setdefault(_LOCAL_ONLY, "0")  # not under ray job submit: that joins a cluster
     try:
         from ..scaleout.ray import driver
     except ImportError as exc:

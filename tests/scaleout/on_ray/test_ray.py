@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from ray_harness import RayNode, check_telemetry_adds_up, ray_env, status  # noqa: E402
 from shard_runs import collect, collect_args, metrics, rollout_set  # noqa: E402
 
 from builders import (  # noqa: E402
@@ -35,6 +35,7 @@ from builders import (  # noqa: E402
     wait_for,
     write_tasks_input,
 )
+from telemetry.otlp_receiver import otlp_receiver  # noqa: E402
 from trollout.collector.deployment.discovery import Deployment  # noqa: E402
 from trollout.collector.engine.progress import Progress  # noqa: E402
 from trollout.errors import RunFolderLockedError, RunStoppedError  # noqa: E402
@@ -42,7 +43,15 @@ from trollout.recovery.layout import RunLayout  # noqa: E402
 from trollout.recovery.lock import RunLock, read_owner  # noqa: E402
 from trollout.scaleout import shard_folders, shard_output  # noqa: E402
 from trollout.scaleout.ray import driver as ray_run  # noqa: E402
-from trollout.scaleout.ray.block import WIND_DOWN, BlockReport, Control, _run_block  # noqa: E402
+from trollout.scaleout.ray import merge as ray_merge  # noqa: E402
+from trollout.scaleout.ray.block import (  # noqa: E402
+    WIND_DOWN,
+    BlockReport,
+    _run_block,
+    _Watcher,
+    stop_file,
+    write_stop,
+)
 from trollout.scaleout.ray.handout import HandoutEnd, RayRun  # noqa: E402
 from trollout.settings import RunConfig  # noqa: E402
 from trollout.testing import (  # noqa: E402
@@ -82,14 +91,6 @@ def ray_driver(source: Path, output: Path, head: str, address: str, *extra: str)
     return cli_command(*args)
 
 
-def status(output: Path) -> dict[str, Any]:
-    """Return ``trollout status OUT --json``."""
-    result = invoke("status", str(output), "--json")
-    assert result.exit_code == 0, result.output
-    doc: dict[str, Any] = json.loads(result.output)
-    return doc
-
-
 def test_ray_four_workers_give_the_one_machine_run(
     tmp_path: Path, fake: FakeUrls, cluster: str
 ) -> None:
@@ -109,6 +110,50 @@ def test_ray_four_workers_give_the_one_machine_run(
     assert doc["landed"] == 80
 
 
+def test_ray_blocks_run_the_drivers_plan_and_never_read_the_input(
+    tmp_path: Path, fake: FakeUrls, cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver plans once and writes each block its rows: the input replaced by rows of
+    other tasks once the run has started changes nothing (when every block planned the whole
+    input itself, the blocks refused the changed input). Blocks are equal in size, each names
+    its own rows as its input, and the merged run is the one-machine run of the first input."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 24, seed=13)
+    one = tmp_path / "one" / "run.jsonl"
+    collect(source, one, fake.head_url)
+    write_start = ray_run._write_start
+
+    def then_replace_the_input(*args: Any) -> None:
+        write_start(*args)
+        write_tasks_input(source, 24, seed=14)  # other tasks under the same name
+
+    monkeypatch.setattr(ray_run, "_write_start", then_replace_the_input)
+    out = tmp_path / "ray" / "run.jsonl"
+    collect(source, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=4")
+    assert metrics(out) == metrics(one)
+    assert rollout_set(out) == rollout_set(one)
+    sizes = []
+    for folder in shard_folders(out, 4):
+        manifest = json.loads(folder.layout.manifest.read_text())
+        assert manifest["settings"]["input_jsonl_fpath"] == str(folder.layout.materialized_inputs)
+        sizes.append(count_lines(folder.layout.materialized_inputs))
+    assert sizes == [12, 12, 12, 12]  # 6 tasks of 2 rollouts each
+
+
+def test_ray_run_is_one_trace_and_its_metrics_add_up_to_the_run_folder(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """Telemetry of a Ray run (--otlp-endpoint, to a receiver on loopback): one trace holds the
+    run's span, a span per hand-out and each block's job span; the driver alone exports the
+    metrics, summed over the blocks; both add up to the run folder's counts (each block once
+    exported counters from 0 under one identity, and started a trace of its own)."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 20, seed=15)
+    out = tmp_path / "ray" / "run.jsonl"
+    with otlp_receiver() as (url, received):
+        collect(source, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=4",
+                "--otlp-endpoint", url)  # fmt: skip
+    assert check_telemetry_adds_up(received, out, blocks=4) == 4
+
+
 def test_ray_merges_out_under_the_run_lock(
     tmp_path: Path, fake: FakeUrls, cluster: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,7 +161,7 @@ def test_ray_merges_out_under_the_run_lock(
     resume cannot take it and delete the shards mid-merge."""
     out = tmp_path / "ray" / "run.jsonl"
     held: list[bool] = []
-    merge = ray_run.aggregate_shards
+    merge = ray_merge.aggregate_shards
 
     async def merge_watched(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -127,7 +172,7 @@ def test_ray_merges_out_under_the_run_lock(
             held.append(False)
         return await merge(*args, **kwargs)
 
-    monkeypatch.setattr(ray_run, "aggregate_shards", merge_watched)
+    monkeypatch.setattr(ray_merge, "aggregate_shards", merge_watched)
     source = write_tasks_input(tmp_path / "tasks.jsonl", 6, seed=11)
     collect(source, out, fake.head_url, "--ray", "--workers", "2", "+ray_blocks=2")
     assert held == [True]
@@ -164,6 +209,86 @@ def test_ray_worker_killed_mid_run_still_lands_every_rollout_once(
     # the killed attempts kept their numbers: the resumed block reserved new ones
     assert doc["reserved_attempts"] > doc["expected"]
     assert any(r.get("_ng_attempt_index", 0) > 0 for r in rows)
+
+
+def test_ray_losing_every_worker_process_mid_run_loses_nothing(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """What losing a worker node does, on the test's one-node cluster: every Ray worker process
+    is killed mid-run. The run's coordinating state is the driver's (no actor to lose), so the
+    lost blocks are handed out again and the run exits 0 with every rollout once (with a
+    control actor on the lost node, the run ended with a traceback)."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 60, seed=12)
+    out = tmp_path / "ray" / "run.jsonl"
+    command = ray_driver(
+        source, out, fake.head_url, cluster, "--workers", "2", "--concurrency", "2"
+    )
+    log = tmp_path / "driver.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_busy_block(out, proc)
+        victims = ray_worker_pids()
+        assert victims
+        for pid in victims:  # workers of the test's own cluster (its raylet's children)
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert "worker died" in text
+    keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in read_jsonl(out)]
+    assert len(keys) == len(set(keys)) == 120
+    assert status(out)["complete"]
+
+
+def ray_worker_pids() -> list[int]:
+    """Return the pids of the Ray worker processes below this test process (its cluster's)."""
+    parents: dict[int, int] = {}
+    workers: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # ended meanwhile
+        parents[int(entry.name)] = int(stat[1])
+        title = command.split(b"\0", 1)[0]  # a worker's: ray::IDLE, ray::run_block
+        if title.startswith(b"ray::") and not title.endswith(b"Agent"):  # the raylet's own
+            workers.add(int(entry.name))
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return sorted(pid for pid in workers if ours(pid))
+
+
+def test_ray_alone_joins_ray_address_as_a_ray_job_driver_does(
+    tmp_path: Path, fake: FakeUrls, cluster: str
+) -> None:
+    """A driver started by ``ray job submit`` has RAY_ADDRESS set to the job's cluster: ``--ray``
+    alone joins it (starting a cluster of its own there failed: ray.init refuses num_cpus
+    when RAY_ADDRESS names a running cluster)."""
+    source = write_tasks_input(tmp_path / "tasks.jsonl", 6, seed=16)
+    out = tmp_path / "ray" / "run.jsonl"
+    args = collect_args(source, out, fake.head_url, "--ray", "--workers", "2")
+    done = subprocess.run(
+        cli_command(*args),
+        env={**os.environ, "RAY_ADDRESS": cluster},
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S * 2,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(read_jsonl(out)) == 12
 
 
 def wait_for_busy_block(out: Path, proc: subprocess.Popen[str]) -> int:
@@ -240,12 +365,13 @@ async def test_ray_block_obeys_the_drivers_stop(
         grace_s=0.0,
     )
     deployment = Deployment.from_agent_urls(fake.run_urls)
-    control = Control.remote()
-    ray.get(control.stop.remote(WIND_DOWN, "test"))
-    report = await _run_block(config, deployment, (0, 1), control)
+    stop = stop_file(tmp_path / "run.jsonl")
+    write_stop(stop, WIND_DOWN, "test")
+    report = await _run_block(config, deployment, (0, 1), _Watcher(stop))
     assert report.stopped == "the driver: test"
     assert report.error is None
-    again = await _run_block(config, deployment, (0, 2), Control.remote())
+    stop.unlink()
+    again = await _run_block(config, deployment, (0, 2), _Watcher(stop))
     assert not again.interrupted
     assert report.progress.landed + again.progress.landed == 8
     assert len(read_jsonl(out)) == 8
@@ -274,7 +400,7 @@ async def test_ray_block_serves_no_prometheus_endpoint(
             metrics_port=port,
         )
         deployment = Deployment.from_agent_urls(fake.run_urls)
-        report = await _run_block(config, deployment, (0, 1), Control.remote())
+        report = await _run_block(config, deployment, (0, 1), _Watcher(stop_file(out)))
     assert report.error is None
     assert report.stopped is None
     assert report.progress.landed == 4
@@ -381,57 +507,17 @@ def test_ray_block_that_fails_ends_the_run_naming_the_block(
 @pytest.fixture
 def head_elsewhere(tmp_path: Path) -> Iterator[str]:
     """A Ray head started with ``ray start --head --block`` (2 CPUs, loopback only) whose
-    working directory is not the test's; yields its address, then stops it by its pid.
-
-    Its session files live in a temporary folder of its own (removed at the end), so the
-    test never reads or joins another cluster of this machine. Token authentication is off
-    for both sides (RAY_AUTH_MODE=disabled): the head binds 127.0.0.1 only, and the test
-    must neither read nor write the token file Ray keeps in the user's home.
-    """
-    temp = Path(tempfile.mkdtemp(prefix="tr-rs-"))  # short: socket paths must fit 107 bytes
+    working directory is not the test's; yields its address, then stops it by its pid
+    (`ray_harness.RayNode`)."""
     elsewhere = tmp_path / "ray_node_cwd"
     elsewhere.mkdir()
-    ray_cli = Path(sys.executable).with_name("ray")
-    command = [
-        str(ray_cli), "start", "--head", "--port=0", "--node-ip-address=127.0.0.1",
-        "--include-dashboard=false", "--num-cpus=2", f"--temp-dir={temp}",
-        "--disable-usage-stats", "--block",
-    ]  # fmt: skip
-    log = (tmp_path / "ray_head.log").open("w")
-    head = subprocess.Popen(
-        command, cwd=elsewhere, env=ray_env(), stdout=log, stderr=subprocess.STDOUT
-    )
+    args = ["--head", "--port=0", "--include-dashboard=false", "--num-cpus=2"]
+    head = RayNode(args, elsewhere, tmp_path / "ray_head.log", ray_env())
     try:
-        address_file = temp / "ray_current_cluster"
-        wait_for(lambda: address_file.exists() and address_file.read_text().strip() != "",
-                 "the Ray head's address", proc=head)  # fmt: skip
-        address = address_file.read_text().strip()
-        wait_for(lambda: reachable(address), "the Ray head's GCS", proc=head)
-        yield address
+        yield head.address()
     finally:
-        head.terminate()  # `ray start --block` stops the processes it started on SIGTERM
-        try:
-            head.wait(timeout=HANG_GUARD_S)
-        except subprocess.TimeoutExpired:
-            head.kill()
-            head.wait()
-        log.close()
-        shutil.rmtree(temp, ignore_errors=True)
+        head.stop()
     assert list(elsewhere.iterdir()) == [], "a block wrote under the Ray node's directory"
-
-
-def ray_env() -> dict[str, str]:
-    """The environment of the test's Ray head and driver: loopback only, no token auth."""
-    return {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-
-
-def reachable(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=1.0).close()
-    except OSError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("relative_input", [True, False], ids=["input-relative", "input-absolute"])
@@ -482,4 +568,4 @@ async def test_ray_driver_that_cannot_read_the_blocks_rows_fails_saying_where(
         end.reports[(block, 1)] = BlockReport(block, Progress(landed=5), None, os.getpid())
     with pytest.raises(RunStoppedError, match=r"the blocks landed 10 rollouts, but the driver "
                        r"reads 0 in '.*run_shards'"):  # fmt: skip
-        await ray_run._check_rows_out(run, end, None)
+        await ray_merge._check_rows_out(run, end, None)

@@ -1,7 +1,8 @@
 """Handing a Ray run's blocks out (`scaleout.ray.handout._hand_out`), with a scripted fake of Ray.
 
-`ScriptedBlocks` stands in for `RayBlocks`: every hand-out ends at once, as its script says
-(a report, or a dead worker's Ray error), so the queue's rules are checked without a cluster.
+`ScriptedBlocks` stands in for `RayBlocks`: every hand-out ends at once, its first item as its
+script says (a report, or a dead worker's Ray error), so the queue's rules are checked without
+a cluster.
 """
 
 from __future__ import annotations
@@ -38,15 +39,21 @@ class ScriptedBlocks:
         self.started: list[tuple[int, int]] = []
         self.stops: list[tuple[int, str]] = []
 
-    def start(self, config: RunConfig, key: tuple[int, int]) -> tuple[int, int]:
-        assert config.shard == f"{key[0]}/3"
+    def start(
+        self, config: RunConfig, key: tuple[int, int], carrier: dict[str, str]
+    ) -> tuple[int, int]:
+        assert config.output_jsonl_fpath is not None
+        assert f"/{key[0]:05d}-of-00003/" in config.output_jsonl_fpath
+        assert config.input_jsonl_fpath == config.output_jsonl_fpath.replace(
+            "run.jsonl", "run_materialized_inputs.jsonl"
+        )
         self.started.append(key)
         return key
 
     async def wait(self, handles: list[Any]) -> list[Any]:
         return handles[:1]
 
-    async def report(self, handle: tuple[int, int]) -> BlockReport:
+    async def next(self, handle: tuple[int, int]) -> BlockReport:
         outcome = self.script.get(handle, finished(handle[0]))
         if isinstance(outcome, BaseException):
             raise outcome

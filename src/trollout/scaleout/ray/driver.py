@@ -6,24 +6,27 @@ driver may call `collect_on_ray` itself. It reports through a `trollout.run.RunO
 `sharded_status`, `http_client`), never the command line.
 
 The driver (this module, in the ``trollout`` process) plans the whole input once (so bad input
-is refused before anything is written), writes the run's manifest beside OUT, and cuts the plan
-into B blocks, block ``b`` being shard ``b/B`` of the plan (`collector.task_selection`). It then
-hands blocks out to at most N workers at a time, the next block to whichever worker frees up
-first, so a slow worker holds back only its own block and workers added to the cluster mid-run
-(a pending task that finds room) get work (`handout`). Each block is an ordinary run folder
-under ``<stem>_shards/`` (`block`), collected by the run layer (`trollout.run.collect`); when
-every block is done they are merged and aggregated into OUT as one run
-(`metrics.aggregate_shards`, by the rollouts' identity across runs).
+is refused before anything is written), cuts the plan into B blocks and writes each block's run
+folder, its rows and manifest (`rows`: no block reads or plans the input), then the run's
+manifest beside OUT. It then hands blocks out to at most N workers at a time, the next block to
+whichever worker frees up first, so a slow worker holds back only its own block and workers
+added to the cluster mid-run (a pending task that finds room) get work (`handout`). Each block
+is an ordinary run folder under ``<stem>_shards/`` (`block`), collected by the run layer
+(`trollout.run.collect`); when every block is done they are merged and aggregated into OUT as
+one run (`metrics.aggregate_shards`, by the rollouts' identity across runs).
 
-A worker that dies (killed, out of memory, its node lost) loses only its block's hand-out: the
-block goes back to the front of the queue and the next worker resumes its folder, the kernel
-having dropped the dead worker's lock; attempt numbers come from the folder's ledger, so none
-is reused. A block stopped by a signal to its own worker (a node drain, a preemption) is
+The driver holds all the run's coordinating state (`handout`): the queue, every hand-out's
+progress (streamed by the blocks), the stop level (a file in the shards folder). No actor or
+other process of the run lives on a worker node, so losing any node loses only the hand-outs
+running there. A worker that dies (killed, out of memory, its node lost) loses only its block's
+hand-out: the block goes back to the front of the queue and the next worker resumes its folder,
+the kernel having dropped the dead worker's lock; attempt numbers come from the folder's ledger,
+so none is reused. A block stopped by a signal to its own worker (a node drain, a preemption) is
 handed out again the same way, never merged as if done. A block lost 3 times
 (`handout._MAX_CRASHES`) ends the run; what landed stays, resumable.
 
-Ending early works as on one machine: the first SIGINT or SIGTERM, or ``--max-run-time``,
-stops the hand-outs and asks every running block, through the `block.Control` actor, to
+Ending early works as on one machine: the first SIGINT or SIGTERM, or ``--max-run-time``, stops
+the hand-outs and asks every running block, through the run's stop file (`block.write_stop`), to
 wind down (no new rollout; ``--grace`` for those in flight); a second SIGINT cancels them at
 once. The run then exits 130, 143 or 1, resumable with ``trollout resume OUT``, which reads the
 saved settings (B included, so the block folders are found again with any worker count).
@@ -37,19 +40,17 @@ directory (``ray start`` was run somewhere else), where a relative ``-o`` would 
 out of the driver's sight and a relative input would name no file.
 
 Rows in, rows out: after a run that was not stopped, the driver counts what it can read before
-it says done. The blocks' folders as the driver sees them must hold at least the rows the
-blocks reported landing in this invocation, and the merged OUT every row landed in them;
-otherwise the run fails (exit 1) saying how many rows are where, so a shards folder the driver
-does not share with the workers, or a merge that lost rows, is never an empty OUT with exit 0.
+it says done (`merge`). Telemetry, when asked for, is the driver's (`telemetry`): one trace,
+the run's summed counts.
 
-Design note: the rejected alternative gave each worker one static shard (``--shard i/N``, as
-the Slurm array does). Then the slowest shard sets the finish time, a worker that joins late
-has nothing to do, and a dead worker's shard waits for someone to notice. Blocks cost one
-planning pass over the input each (every shard plans the whole input, for its numbering), which
-is why there are only a few per worker (`_BLOCKS_PER_WORKER`). Rejected for the paths: making
-them absolute in each block (the worker's working directory is not the driver's, so it cannot
-know what the user meant) or changing the workers' working directory to the driver's (a node
-may not have that directory, and Ray's ``runtime_env`` ``working_dir`` uploads a copy).
+Design note: the rejected alternative gave each worker one static shard (``--shard i/N``, as the
+Slurm array does). Then the slowest shard sets the finish time, a worker that joins late has
+nothing to do, and a dead worker's shard waits for someone to notice. Each hand-out costs a task
+start and its folder's resume (its own rows read and hashed), which is why there are only a few
+blocks per worker (`_BLOCKS_PER_WORKER`). Rejected for the paths: making them absolute in each
+block (the worker's working directory is not the driver's, so it cannot know what the user
+meant) or changing the workers' working directory to the driver's (a node may not have that
+directory, and Ray's ``runtime_env`` ``working_dir`` uploads a copy).
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from functools import partial
-from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 import attrs
@@ -71,11 +73,8 @@ from ...collector.planning.plan import Plan, plan_rollouts
 from ...errors import (
     ConfigError,
     DeploymentError,
-    IncompleteEvaluationError,
     RunFolderError,
-    RunStoppedError,
 )
-from ...metrics import AggregateOptions, AggregateResult, aggregate_shards
 from ...records import RunManifest
 from ...recovery.layout import RunLayout
 from ...recovery.lock import RunLock
@@ -88,13 +87,20 @@ from ...recovery.manifest import (
 )
 from ...recovery.preflight import check_run_folder, check_run_paths
 from ...recovery.run_folder import input_sha256
+from ...run.checks import check_free_space
 from ...run.compose import RunResult
-from ...run.deployment import http_client, load_deployment
-from ...run.observe import RunObserver, StreamObserver, format_duration
+from ...run.deployment import load_deployment
+from ...run.observe import RunObserver, StreamObserver
 from ...run.state import sharded_status
-from ...settings import RunConfig, differences
-from ..layout import check_shards_root, shard_folders, shard_output
-from .handout import HandoutEnd, RayRun, drive, total_progress
+from ...settings import RunConfig
+from ...telemetry import TelemetrySettings, telemetry_settings
+from ..layout import check_shards_root, shard_folders
+from .handout import RayRun, drive
+from .merge import finish
+from .rows import write_blocks
+
+if TYPE_CHECKING:
+    from .telemetry import RayTelemetry
 
 __all__ = ["collect_on_ray"]
 
@@ -122,6 +128,7 @@ async def collect_on_ray(config: RunConfig, *, observer: RunObserver | None = No
     layout = RunLayout.for_output(config.output_jsonl_fpath)
     check_run_folder(layout, config, fresh=not config.resume_from_cache)
     check_shards_root(layout.output)
+    watching = telemetry_settings(config)  # the driver's: blocks export only their spans
     started = _connect(config)  # on this thread: Ray sets its signal handlers only there
     try:
         deployment = await load_deployment(config)
@@ -131,19 +138,47 @@ async def collect_on_ray(config: RunConfig, *, observer: RunObserver | None = No
         layout.output.parent.mkdir(parents=True, exist_ok=True)
         with RunLock.for_layout(layout):  # held through the merge: OUT is this run's to write
             run = await (_start(*fresh) if fresh else _resume(layout, config, deployment))
-            end = await drive(run, deployment, observer)
-            return await _finish(run, deployment, end, trio.current_time() - begun)
+            async with _telemetry(watching, run, observer) as telemetry:
+                end = await drive(run, deployment, observer, telemetry)
+                if telemetry is not None:
+                    telemetry.finish(end)
+                return await finish(run, deployment, end, trio.current_time() - begun)
     finally:
         if started:
             await trio.to_thread.run_sync(ray.shutdown)
+
+
+@asynccontextmanager
+async def _telemetry(
+    settings: TelemetrySettings | None, run: RayRun, observer: RunObserver
+) -> AsyncIterator[RayTelemetry | None]:
+    """Open the run's telemetry when asked for (OpenTelemetry is imported only then)."""
+    if settings is None:
+        yield None
+        return
+    try:
+        from .telemetry import open_ray_telemetry
+    except ImportError as exc:
+        raise ConfigError(
+            f"telemetry was asked for (--otlp-endpoint, --metrics-port or OTEL_*) but cannot "
+            f"load: {exc}; pip install 'trollout[telemetry]', or unset it"
+        ) from exc
+    async with open_ray_telemetry(settings, run, observer) as telemetry:
+        yield telemetry
 
 
 # --- the cluster --------------------------------------------------------------------------------
 
 
 def _connect(config: RunConfig) -> bool:
-    """Join (or start) the Ray cluster; return whether this call started a local one."""
+    """Join (or start) the Ray cluster; return whether this call started a local one.
+
+    ``--ray`` alone joins ``RAY_ADDRESS`` when it is set, as ``ray.init()`` does: a driver
+    started by ``ray job submit`` runs with it set to the job's cluster.
+    """
     address = config.ray_address
+    if address in (None, "local") and os.environ.get("RAY_ADDRESS"):
+        address = "auto"
     if address not in (None, "local", "auto"):
         check_reachable(address)
     if ray.is_initialized():  # an embedding driver's, or a test's, cluster
@@ -237,7 +272,8 @@ def check_fresh_shards(layout: RunLayout, *, overwrite: bool) -> None:
 async def _start(
     layout: RunLayout, config: RunConfig, deployment: Deployment, plan: Plan
 ) -> RayRun:
-    """Write the manifest of a new run (its commit marker); on overwrite, clear the old one."""
+    """Write the blocks' folders (`rows.write_blocks`), then the run's manifest (its commit
+    marker); on overwrite, clear the old run first."""
     assert config.ray_workers is not None
     blocks = config.ray_blocks or max(1, min(plan.tasks, _BLOCKS_PER_WORKER * config.ray_workers))
     config = attrs.evolve(config, ray_blocks=blocks)
@@ -245,8 +281,10 @@ async def _start(
     manifest = build_manifest(
         config, deployment, input_sha256=digest or "", expected=plan.expected, tasks=plan.tasks
     )
-    await trio.to_thread.run_sync(_write_start, layout, manifest, config.overwrite)
-    return RayRun(layout, config, plan.expected, plan.expected)
+    check_free_space(layout, plan)
+    write = partial(write_blocks, config, layout.output, plan, deployment)
+    await trio.to_thread.run_sync(_write_start, layout, manifest, config.overwrite, write)
+    return RayRun(layout, config, plan.expected, plan.expected, run_id=manifest.run_id)
 
 
 async def _resume(layout: RunLayout, config: RunConfig, deployment: Deployment) -> RayRun:
@@ -265,7 +303,8 @@ async def _resume(layout: RunLayout, config: RunConfig, deployment: Deployment) 
     doc = await trio.to_thread.run_sync(
         partial(sharded_status, layout, max_attempts=config.max_attempts)
     )
-    return RayRun(layout, config, manifest.expected_rollouts, doc["to_dispatch"])
+    to_dispatch = doc["to_dispatch"]
+    return RayRun(layout, config, manifest.expected_rollouts, to_dispatch, manifest.run_id, False)
 
 
 async def _digest(config: RunConfig) -> str | None:
@@ -275,122 +314,20 @@ async def _digest(config: RunConfig) -> str | None:
     return await input_sha256(path)
 
 
-def _write_start(layout: RunLayout, manifest: RunManifest, overwrite: bool) -> None:
-    """Write the manifest; on ``overwrite``, then clear the old run's files (ours only)."""
+def _write_start(
+    layout: RunLayout, manifest: RunManifest, overwrite: bool, write_blocks: Callable[[], object]
+) -> None:
+    """On ``overwrite``, clear the old run's files (ours only: its manifest first); write the
+    blocks' folders, then the manifest. Interrupted before the manifest, the blocks are
+    refused as a run's until --overwrite (`check_fresh_shards`)."""
     check_run_paths(layout)
     layout.output.parent.mkdir(parents=True, exist_ok=True)
-    write_manifest(layout, manifest)
     if overwrite:
         for folder in [layout, *(f.layout for f in shard_folders(layout.output))]:
             check_run_paths(folder)  # regular files only: never a link's target
+            folder.manifest.unlink(missing_ok=True)
             for path in folder.all_files():
-                if path != folder.manifest or folder is not layout:
-                    path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
+    write_blocks()
+    write_manifest(layout, manifest)
     layout.output.touch()
-
-
-# --- the end ------------------------------------------------------------------------------------
-
-
-async def _finish(
-    run: RayRun, deployment: Deployment, end: HandoutEnd, elapsed_s: float
-) -> RunResult:
-    if end.error is not None:
-        message, usage = end.error
-        raise (ConfigError if usage else RunStoppedError)(message)
-    progress, _ = total_progress({}, end)
-    interrupted = end.signal is not None or end.deadline_reached
-    aggregate = None
-    if not interrupted:
-        await _check_complete(run)
-        aggregate = await _merge(run, deployment)
-        await _check_rows_out(run, end, aggregate)
-    deaths = (
-        f"; workers died {len(end.deaths)} times ({', '.join(end.deaths)})" if end.deaths else ""
-    )
-    timing = (
-        f"ray: {run.blocks} blocks over {run.workers} workers, {end.handouts} hand-outs in "
-        f"{format_duration(elapsed_s)}{deaths}"
-    )
-    return RunResult(
-        layout=run.layout,
-        expected=run.to_dispatch,
-        progress=progress,
-        elapsed_s=elapsed_s,
-        max_resident=0,
-        timing=timing,
-        signal=end.signal,
-        deadline_reached=end.deadline_reached,
-        aggregate=aggregate,
-        differences=tuple(differences(run.config)),
-    )
-
-
-async def _check_complete(run: RayRun) -> None:
-    if not run.config.require_complete:
-        return
-    doc = await trio.to_thread.run_sync(
-        partial(sharded_status, run.layout, max_attempts=run.config.max_attempts)
-    )
-    unfinished = doc["expected"] - doc["landed"]
-    if unfinished:
-        raise IncompleteEvaluationError(
-            unfinished=unfinished, expected=doc["expected"], retryable=doc["retryable_remains"]
-        )
-
-
-async def _check_rows_out(run: RayRun, end: HandoutEnd, merged: AggregateResult | None) -> None:
-    """Check that the driver reads every row the blocks landed, and OUT holds them all.
-
-    Raises:
-        RunStoppedError: it does not (the message says how many rows are where).
-    """
-    reported = sum(report.progress.landed for report in end.reports.values())
-    doc = await trio.to_thread.run_sync(
-        partial(sharded_status, run.layout, max_attempts=run.config.max_attempts)
-    )
-    shards = f"{run.layout.output.name.removesuffix('.jsonl')}_shards"
-    where = str(run.layout.output.with_name(shards))
-    if doc["landed"] < reported:
-        raise RunStoppedError(
-            f"the blocks landed {reported} rollouts, but the driver reads {doc['landed']} in "
-            f"{where!r}: the workers wrote where this machine cannot read; the shards folder "
-            "must be on a file system the driver and every worker share, at the same path "
-            "(see the workers' logs for where they wrote)"
-        )
-    if merged is not None and merged.coverage.landed != doc["landed"]:
-        raise RunStoppedError(
-            f"the blocks in {where!r} hold {doc['landed']} landed rollouts, but the merged "
-            f"{str(run.layout.output)!r} holds {merged.coverage.landed}; the block folders are "
-            f"kept: merge them again with trollout aggregate '{where}/*/*.jsonl'"
-        )
-
-
-async def _merge(run: RayRun, deployment: Deployment) -> AggregateResult | None:
-    """Merge the blocks into OUT and aggregate them as one run (unless disabled)."""
-    if run.config.disable_aggregation:
-        return None
-    config = run.config
-    options = AggregateOptions.of_run(config)
-    shards = [shard_output(run.layout.output, b, run.blocks) for b in range(run.blocks)]
-    targets = deployment.aggregate_metrics_targets()
-    async with http_client(
-        connect_timeout_s=config.connect_timeout_s, read_timeout_s=600.0
-    ) as client:
-        return await aggregate_shards(
-            [s for s in shards if s.exists() and not _planned_nothing(s)],
-            output=run.layout.output,
-            options=options,
-            targets=targets,
-            client=client,
-        )
-
-
-def _planned_nothing(block_output: Path) -> bool:
-    """Whether a block folder's plan is empty (hashing may give a block no task): it holds no
-    row to merge, and aggregation refuses a shard that holds no row."""
-    inputs = RunLayout.for_output(block_output).materialized_inputs
-    try:
-        return inputs.stat().st_size == 0
-    except FileNotFoundError:
-        return False  # not planned, or damaged: aggregation says which

@@ -1,16 +1,18 @@
 """Handing a Ray run's blocks out: the queue, the watchers, the summed progress.
 
 `drive` runs beside the driver's watchers in one nursery: it keeps at most N blocks in flight
-(`block.run_block` tasks), gives the next block to whichever worker frees up first, puts a
+(`block.run_block` generator tasks), gives the next block to whichever worker frees up first, puts a
 lost block back at the front of the queue (its worker died, or something other than the driver
 stopped it before its end: a signal to the worker, as a node drain or a preemption sends; the
 hand-out's rows stay in its folder, which the next one resumes; `_MAX_CRASHES` losses of one
 block end the run), and stops handing out on the first SIGINT or SIGTERM, on ``--max-run-time``, or
-when a block fails, raising the `block.Control` actor's stop level so the running blocks
-wind down (a second SIGINT: cancel them). Progress goes to the caller's observer
-(`trollout.run.observe`) through `BlocksView`: every hand-out's progress, summed
-(`total_progress`): a block's report when it ended, else its last snapshot, fetched from the
-control actor a few times a second.
+when a block fails, raising the stop level in the run's stop file (`block.write_stop`) so
+the running blocks wind down (a second SIGINT: cancel them). Progress goes to the caller's
+observer (`trollout.run.observe`) through `BlocksView`: every hand-out's progress, summed
+(`total_progress`): a block's report when it ended, else the last snapshot it streamed.
+
+Everything that coordinates the run lives here, in the driver's process: nothing is lost with
+a worker node but the hand-outs running there (`block`'s module docstring).
 
 `ray.wait` and `ray.get` block, so they run in worker threads, ``ray.wait`` with a short
 timeout (`_WAIT_S`) so the loop stays cancellable.
@@ -23,7 +25,8 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, Final, Protocol
 
 import attrs
 import ray
@@ -35,14 +38,38 @@ from ...collector.engine.progress import Progress
 from ...recovery.layout import RunLayout
 from ...run.observe import RunObserver, Snapshot
 from ...settings import RunConfig
-from ..layout import shard_output
-from .block import CANCEL, WIND_DOWN, BlockReport, Control, run_block
+from .block import CANCEL, WIND_DOWN, BlockReport, BlockSnapshot, run_block, stop_file, write_stop
+from .rows import block_config
 
-__all__ = ["BlocksView", "HandoutEnd", "RayBlocks", "RayRun", "drive", "total_progress"]
+
+class HandoutWatcher(Protocol):
+    """What `_hand_out` tells about every hand-out (`telemetry.RayTelemetry`)."""
+
+    async def handing_out(self, key: tuple[int, int]) -> dict[str, str]:
+        """A hand-out is about to start; return the trace context to send with it."""
+        ...
+
+    def received(self, end: HandoutEnd) -> None:
+        """A running hand-out streamed a snapshot."""
+        ...
+
+    def ended(self, key: tuple[int, int], end: HandoutEnd, lost: str | None) -> None:
+        """A hand-out ended (``lost``: why it is to be handed out again)."""
+        ...
+
+
+__all__ = [
+    "BlocksView",
+    "HandoutEnd",
+    "HandoutWatcher",
+    "RayBlocks",
+    "RayRun",
+    "drive",
+    "total_progress",
+]
 
 _MAX_CRASHES: Final = 3  # hand-outs of one block that may die before the run gives up
 _WAIT_S: Final = 0.25  # how long one ray.wait blocks a worker thread
-_FETCH_S: Final = 0.25  # how often the blocks' progress is fetched from the control actor
 
 
 @attrs.frozen
@@ -53,6 +80,8 @@ class RayRun:
     config: RunConfig
     expected: int
     to_dispatch: int
+    run_id: str = ""
+    fresh: bool = True  # started now: no block folder holds a row yet
 
     @property
     def blocks(self) -> int:
@@ -76,80 +105,98 @@ class HandoutEnd:
     stopping: bool = False
     error: tuple[str, bool] | None = None  # (message, usage error)
     reports: dict[tuple[int, int], BlockReport] = attrs.field(factory=dict)
+    snapshots: dict[tuple[int, int], BlockSnapshot] = attrs.field(factory=dict)
     deaths: list[str] = attrs.field(factory=list)
     handouts: int = 0
 
 
-def _block_config(run: RayRun, block: int) -> RunConfig:
-    """Return block ``block``'s own settings: its folder, its shard, resumed if it exists."""
-    return attrs.evolve(
-        run.config,
-        output_jsonl_fpath=str(shard_output(run.layout.output, block, run.blocks)),
-        shard=f"{block}/{run.blocks}",
-        resume_from_cache=True,
-        overwrite=False,
-        disable_aggregation=True,
-        require_complete=False,
-        batch_manifest_fpath=None,
-        max_run_time_s=None,
-        ray_address=None,
-        ray_workers=None,
-        ray_blocks=None,
-    )
-
-
 class RayBlocks:
-    """The blocks' side on Ray: `run_block` tasks and the `Control` actor's stop level.
+    """The blocks' side on Ray: `run_block` generator tasks and the run's stop file.
 
     `_hand_out` sees only these four methods, so its queue is tested with a fake.
     """
 
-    def __init__(self, deployment: Deployment, control: Any) -> None:
+    def __init__(self, deployment: Deployment, stop_path: Path) -> None:
         self.deployment = deployment
-        self.control = control
+        self.stop_path = stop_path
 
-    def start(self, config: RunConfig, key: tuple[int, int]) -> Any:
-        """Start one hand-out of a block; return its handle (a Ray object ref)."""
+    def start(self, config: RunConfig, key: tuple[int, int], carrier: dict[str, str]) -> Any:
+        """Start one hand-out of a block (``carrier``: its span's trace context); return its
+        handle (a Ray object ref generator)."""
         servers, head_url = self.deployment.servers, self.deployment.head_url
-        return run_block.remote(config, servers, head_url, key, self.control)
+        return run_block.remote(config, servers, head_url, key, str(self.stop_path), carrier)
 
     async def wait(self, handles: list[Any]) -> list[Any]:
-        """Return the hand-outs that ended (none after `_WAIT_S`, so the caller can go on)."""
-        wait = partial(ray.wait, handles, num_returns=1, timeout=_WAIT_S)
-        ready, _ = await trio.to_thread.run_sync(wait)
-        return list(ready)
+        """Return the hand-outs that have an item (none after `_WAIT_S`, so the caller can
+        go on)."""
+        return await trio.to_thread.run_sync(_ready, handles)
 
-    async def report(self, handle: Any) -> BlockReport:
-        """Return an ended hand-out's report (raises Ray's error when its worker died)."""
-        report: BlockReport = await trio.to_thread.run_sync(ray.get, handle)
-        return report
+    async def next(self, handle: Any) -> BlockSnapshot | BlockReport | None:
+        """Return a hand-out's next item, None when it ended without a report (raises Ray's
+        error when its worker died)."""
+        item: BlockSnapshot | BlockReport | None = await trio.to_thread.run_sync(_next, handle)
+        return item
 
     async def stop(self, level: int, reason: str) -> None:
-        """Raise the stop level every running block reads (`ray_block.Control`)."""
-        await trio.to_thread.run_sync(ray.get, self.control.stop.remote(level, reason))
+        """Raise the stop level every running block reads (`block.write_stop`)."""
+        await trio.to_thread.run_sync(write_stop, self.stop_path, level, reason)
 
 
-async def drive(run: RayRun, deployment: Deployment, observer: RunObserver) -> HandoutEnd:
-    """Hand the blocks out beside the watchers (signals, deadline, progress)."""
+def _clear_stop(path: Path) -> None:
+    """Remove an earlier invocation's stop file (under the run's lock), so blocks go on."""
+    path.unlink(missing_ok=True)
+
+
+def _ready(handles: list[Any]) -> list[Any]:
+    ready, rest = ray.wait(handles, num_returns=1, timeout=_WAIT_S)
+    if ready and rest:  # the others ready by now too, in one call
+        more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+        ready += more
+    return list(ready)
+
+
+def _next(handle: Any) -> Any:
+    try:
+        ref = next(handle)
+    except StopIteration:
+        return None
+    return ray.get(ref)
+
+
+async def drive(
+    run: RayRun,
+    deployment: Deployment,
+    observer: RunObserver,
+    telemetry: HandoutWatcher | None = None,
+) -> HandoutEnd:
+    """Hand the blocks out beside the watchers (signals, deadline, progress), telling
+    ``telemetry`` about every hand-out."""
     end = HandoutEnd()
-    control = Control.remote()  # type: ignore[attr-defined]
-    blocks = RayBlocks(deployment, control)
+    stop_path = stop_file(run.layout.output)
+    await trio.to_thread.run_sync(_clear_stop, stop_path)
+    blocks = RayBlocks(deployment, stop_path)
     emit = observer.message
-    async with trio.open_nursery() as nursery:
-        if _on_main_thread():
-            nursery.start_soon(_watch_signals, end, blocks, run.config.grace_s, emit)
-        if run.config.max_run_time_s is not None:
-            nursery.start_soon(_watch_deadline, end, blocks, run.config.max_run_time_s)
-        view = BlocksView(run.to_dispatch, control, end)
-        nursery.start_soon(view.refresh)
-        nursery.start_soon(observer.watch, view)
-        await _hand_out(run, blocks, end, emit)
-        nursery.cancel_scope.cancel(reason="every block ended")
+    try:
+        async with trio.open_nursery() as nursery:
+            if _on_main_thread():
+                nursery.start_soon(_watch_signals, end, blocks, run.config.grace_s, emit)
+            if run.config.max_run_time_s is not None:
+                nursery.start_soon(_watch_deadline, end, blocks, run.config.max_run_time_s)
+            nursery.start_soon(observer.watch, BlocksView(run.to_dispatch, end))
+            await _hand_out(run, blocks, end, emit, telemetry)
+            nursery.cancel_scope.cancel(reason="every block ended")
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(partial(stop_path.unlink, missing_ok=True))
     return end
 
 
 async def _hand_out(
-    run: RayRun, blocks: RayBlocks, end: HandoutEnd, emit: Callable[[str], None]
+    run: RayRun,
+    blocks: RayBlocks,
+    end: HandoutEnd,
+    emit: Callable[[str], None],
+    telemetry: HandoutWatcher | None = None,
 ) -> None:
     pending = deque(range(run.blocks))
     running: dict[Any, tuple[int, int]] = {}
@@ -161,12 +208,20 @@ async def _hand_out(
             handouts[block] += 1
             end.handouts += 1
             key = (block, handouts[block])
-            running[blocks.start(_block_config(run, block), key)] = key
+            carrier = await telemetry.handing_out(key) if telemetry is not None else {}
+            config = block_config(run.config, run.layout.output, block)
+            running[blocks.start(config, key, carrier)] = key
         if not running:
             break
         for handle in await blocks.wait(list(running)):
-            key = running.pop(handle)
-            lost = await _settle(handle, key, end, blocks)
+            key = running[handle]
+            ended, lost = await _receive(handle, key, end, blocks)
+            if ended:
+                del running[handle]
+            if telemetry is not None and ended:
+                telemetry.ended(key, end, lost)
+            elif telemetry is not None:
+                telemetry.received(end)
             if lost is None:
                 continue
             block = key[0]
@@ -182,27 +237,33 @@ async def _hand_out(
             pending.appendleft(block)
 
 
-async def _settle(
+async def _receive(
     handle: Any, key: tuple[int, int], end: HandoutEnd, blocks: RayBlocks
-) -> str | None:
-    """Record a finished hand-out; return why it was lost (to hand it out again), or None.
+) -> tuple[bool, str | None]:
+    """Take a hand-out's next item; return whether it ended, and why it was lost (to hand it
+    out again), or None.
 
     A hand-out is lost when its worker died, or when something other than the driver (a
     signal to the worker: a node drain, a preemption) stopped it before its block's end.
     """
     try:
-        report = await blocks.report(handle)
+        item = await blocks.next(handle)
     except RayTaskError as exc:  # a bug in the block: Ray keeps the traceback
         await _fail(end, blocks, f"block {key[0]} failed: {exc}", False)
-        return None
+        return True, None
     except RayError as exc:
-        return f"its worker died: {type(exc).__name__}"
-    end.reports[key] = report
-    if report.error is not None:
-        await _fail(end, blocks, f"block {key[0]}: {report.error}", report.usage_error)
-    elif report.stopped is not None and not end.stopping:
-        return report.stopped
-    return None
+        return True, f"its worker died: {type(exc).__name__}"
+    if item is None:
+        return True, "its worker ended without a report"
+    if not isinstance(item, BlockReport):
+        end.snapshots[key] = item
+        return False, None
+    end.reports[key] = item
+    if item.error is not None:
+        await _fail(end, blocks, f"block {key[0]}: {item.error}", item.usage_error)
+    elif item.stopped is not None and not end.stopping:
+        return True, item.stopped
+    return True, None
 
 
 async def _fail(end: HandoutEnd, blocks: RayBlocks, message: str, usage: bool) -> None:
@@ -243,7 +304,7 @@ async def _watch_deadline(end: HandoutEnd, blocks: RayBlocks, max_run_time_s: fl
 # --- progress -----------------------------------------------------------------------------------
 
 
-_Snapshots = dict[tuple[int, int], tuple[Progress, int, int]]
+_Snapshots = dict[tuple[int, int], BlockSnapshot]
 
 
 def total_progress(snapshots: _Snapshots, end: HandoutEnd) -> tuple[Progress, int]:
@@ -266,38 +327,16 @@ def total_progress(snapshots: _Snapshots, end: HandoutEnd) -> tuple[Progress, in
 
 
 class BlocksView:
-    """The run's progress summed over blocks, as a `trollout.run.observe.RunView`.
+    """The run's progress summed over blocks, as a `trollout.run.observe.RunView`: the blocks'
+    reports and the snapshots they streamed (`total_progress`); never blocks."""
 
-    `refresh` fetches the control actor's snapshots every `_FETCH_S` seconds (in a worker
-    thread: ``ray.get`` blocks); `snapshot` returns the latest sum and never blocks.
-    """
-
-    def __init__(self, total: int, control: Any, end: HandoutEnd) -> None:
+    def __init__(self, total: int, end: HandoutEnd) -> None:
         self.total = total
-        self.control = control
         self.end = end
         self.started = trio.current_time()
-        self._last = Snapshot(Progress(started_at=self.started), 0)
 
     def snapshot(self) -> Snapshot:
-        """Return the summed progress and rollouts in flight as of the last fetch."""
-        return self._last
-
-    async def fetch(self) -> Snapshot:
-        """Fetch every hand-out's progress now, and return the sum."""
-        snapshots: _Snapshots = await trio.to_thread.run_sync(
-            ray.get, self.control.progress.remote()
-        )
-        progress, in_flight = total_progress(snapshots, self.end)
+        """Return the summed progress and rollouts in flight as of now."""
+        progress, in_flight = total_progress(self.end.snapshots, self.end)
         progress.started_at = self.started
-        self._last = Snapshot(progress, in_flight)
-        return self._last
-
-    async def refresh(self) -> None:
-        """Fetch every `_FETCH_S` seconds until cancelled.
-
-        Cancellation: this is how it stops.
-        """
-        while True:
-            await trio.sleep(_FETCH_S)
-            await self.fetch()
+        return Snapshot(progress, in_flight)
