@@ -329,24 +329,17 @@ def fsync_dir(folder: Path) -> None:
 
 
 def temp_files(layout: RunLayout) -> list[Path]:
-    """Return the temp files a crash left beside the run's files (our exact names only), from
-    one listing of each folder that holds one (inputs may be elsewhere; a glob per run file
-    cost ms per shard in a folder of shards)."""
+    """Return the temp files a crash left beside the run's files (our exact names only): one
+    listing per folder holding a run file (a glob per file cost ms per shard)."""
     wanted: dict[Path, set[str]] = {}
     for path in layout.all_files():
         wanted.setdefault(path.parent, set()).add(f".{path.name}")
     found = []
     for folder, prefixes in wanted.items():
-        try:
-            names = os.listdir(folder)
-        except FileNotFoundError:  # no folder yet
-            continue
-        found += [  # ".<run file name>" + ".<8 hex digits>.tmp": a 13-character suffix
-            folder / name
-            for name in names
-            if name.endswith(".tmp")
-            and name[:-13] in prefixes
-            and _TEMP_SUFFIX.fullmatch(name[-13:])
+        names = os.listdir(folder) if folder.is_dir() else []
+        # ".<run file name>" + ".<8 hex digits>.tmp": a 13-character suffix
+        found += [
+            folder / n for n in names if n[:-13] in prefixes and _TEMP_SUFFIX.fullmatch(n[-13:])
         ]
     return found
 
