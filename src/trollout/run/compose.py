@@ -193,10 +193,7 @@ async def _telemetry(
     try:
         from ..telemetry.runtime import open_telemetry
     except ImportError as exc:
-        raise ConfigError(
-            f"telemetry was asked for (--otlp-endpoint, --metrics-port or OTEL_*) but cannot "
-            f"load: {exc}; pip install 'trollout[telemetry]', or unset it"
-        ) from exc
+        raise telemetry_missing(exc) from exc
     stream = line_stream(observer)
     async with open_telemetry(settings, max_attempts=config.max_attempts, stream=stream) as t:
         yield t
@@ -204,3 +201,11 @@ async def _telemetry(
 
 def _warn(observer: RunObserver, text: str) -> None:
     observer.message(f"trollout: warning: {text}")
+
+
+def telemetry_missing(exc: ImportError) -> ConfigError:
+    """The error of a run that asked for telemetry OpenTelemetry cannot serve (Ray's too)."""
+    return ConfigError(
+        f"telemetry was asked for (--otlp-endpoint, --metrics-port or OTEL_*) but cannot "
+        f"load: {exc}; pip install 'trollout[telemetry]', or unset it"
+    )

@@ -88,7 +88,7 @@ from ...recovery.manifest import (
 from ...recovery.preflight import check_run_folder, check_run_paths
 from ...recovery.run_folder import input_sha256
 from ...run.checks import check_free_space
-from ...run.compose import RunResult
+from ...run.compose import RunResult, telemetry_missing
 from ...run.deployment import load_deployment
 from ...run.observe import RunObserver, StreamObserver
 from ...run.state import sharded_status
@@ -159,10 +159,7 @@ async def _telemetry(
     try:
         from .telemetry import open_ray_telemetry
     except ImportError as exc:
-        raise ConfigError(
-            f"telemetry was asked for (--otlp-endpoint, --metrics-port or OTEL_*) but cannot "
-            f"load: {exc}; pip install 'trollout[telemetry]', or unset it"
-        ) from exc
+        raise telemetry_missing(exc) from exc
     async with open_ray_telemetry(settings, run, observer) as telemetry:
         yield telemetry
 
