@@ -40,6 +40,44 @@ URLS = {AGENT: "http://127.0.0.1:1"}  # scripted transports never connect
 # --- rows, identities, outcomes -----------------------------------------------------------------
 
 
+def _tcp_ports_by_inode() -> dict[str, set[int]]:
+    """Each TCP socket's inode and its two ports, from /proc/self/net/tcp{,6}."""
+    ports: dict[str, set[int]] = {}
+    for table in ("tcp", "tcp6"):
+        with suppress(FileNotFoundError):
+            for line in Path(f"/proc/self/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                local, remote, inode = fields[1], fields[2], fields[9]
+                ports[inode] = {int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)}
+    return ports
+
+
+def network_descriptors(*, inodes: Iterable[int] = (), ports: Iterable[int] = ()) -> frozenset[str]:
+    """The epoll instances this process holds open, and the sockets the test names: by
+    inode (``os.fstat(sock.fileno()).st_ino``) or by a TCP port at either end.
+
+    Tests that check a mechanism closes what it opened compare these before and after, never
+    the count of every descriptor: another thread of the test process (the Slurm acceptance
+    session, tests/scaleout/slurm_session.py) opens pipes, files and HTTP connections of its
+    own at any moment. It opens no epoll.
+    """
+    wanted_inodes = {str(inode) for inode in inodes}
+    wanted_ports = set(ports)
+    tcp = _tcp_ports_by_inode() if wanted_ports else {}
+    links = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with suppress(FileNotFoundError):  # closed between the listing and the read
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            inode = link.removeprefix("socket:[").removesuffix("]")
+            if (
+                link == "anon_inode:[eventpoll]"
+                or inode in wanted_inodes
+                or tcp.get(inode, set()) & wanted_ports
+            ):
+                links.add(f"{fd}:{link}")
+    return frozenset(links)
+
+
 def row_body(task: int, rollout: int = 0, *, agent: str = AGENT, **extra: Any) -> dict[str, Any]:
     """Return the body of a materialized row of (task, rollout), asking ``q<task>``."""
     return {

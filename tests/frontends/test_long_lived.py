@@ -7,16 +7,16 @@ Trio tasks, open file descriptors and traced memory.
 from __future__ import annotations
 
 import gc
-import os
 import tracemalloc
 from collections import Counter
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
 import trollout
-from builders import HANG_GUARD_S
+from builders import HANG_GUARD_S, network_descriptors
 from trollout.collector.engine import timing
 from trollout.collector.engine.sink import ListSink
 from trollout.records import Landed, OmitReason, Omitted
@@ -56,10 +56,6 @@ async def test_hundred_batches_with_one_cancelled_stay_apart() -> None:
                 assert all(isinstance(o, Landed) for o in sink.outcomes)
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 async def _batches(rollouts: Any, rows: Any, n: int) -> None:
     for _ in range(n):
         async with rollouts.open_batch(rows) as batch:
@@ -90,14 +86,17 @@ async def test_two_thousand_batches_leave_no_task_fd_or_memory_behind() -> None:
         ):
             rows = rollouts.plan(ROWS)
             await _batches(rollouts, rows, 1100)
-            tasks, fds = trio.lowlevel.current_statistics().tasks_living, _fds()
+            tasks = trio.lowlevel.current_statistics().tasks_living
+            ports = {httpx.URL(url).port for url in fake.run_urls.values()}
+            sockets = network_descriptors(ports=ports)
             gc.collect()
             before = _traced_bytes(TIMING)
             await _batches(rollouts, rows, 900)
             gc.collect()
             grown = _traced_bytes(TIMING) - before
             assert trio.lowlevel.current_statistics().tasks_living == tasks
-            assert _fds() == fds
+            assert network_descriptors(ports=ports) == sockets
+            assert sockets  # the pooled connections are seen
     finally:
         tracemalloc.stop()
     print(f"\ntraced memory (timing report aside) after 900 more batches: {grown:+,} bytes")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import socket
 import struct
@@ -114,12 +115,14 @@ class PairTransport(Http11Transport):
         self.nursery = nursery
         self.serve = serve
         self.opened = 0
+        self.inodes: list[int] = []  # of every socket it made, both ends
 
     async def _open_stream(self, host: str, port: int) -> trio.SocketStream:
         self.opened += 1
         if self.serve is None:
             await trio.sleep_forever()  # a SYN nobody answers
         client, server = trio.socket.socketpair()
+        self.inodes += [os.fstat(client.fileno()).st_ino, os.fstat(server.fileno()).st_ino]
         self.nursery.start_soon(self._serve_one, self.serve, trio.SocketStream(server))
         return trio.SocketStream(client)
 

@@ -4,9 +4,7 @@ stray bytes, content decoding."""
 from __future__ import annotations
 
 import gzip
-import os
 import select
-from pathlib import Path
 
 import httpx
 import pytest
@@ -14,6 +12,7 @@ import trio
 import trio.testing
 from test_transport import echo, paired, read_request, replying, response, serving
 
+from builders import network_descriptors
 from trollout.collector.classify.outcomes import error_kind
 from trollout.collector.http.transport import (
     BodyReplyTimeout,
@@ -27,11 +26,6 @@ from trollout.records import Delivery
 
 URL = "http://agent:8000/run"
 MIB = 1024 * 1024
-
-
-def open_fds() -> int:
-    """Return how many file descriptors this process has open."""
-    return len(list(Path(f"/proc/{os.getpid()}/fd").iterdir()))
 
 
 # --- reply size --------------------------------------------------------------------------------
@@ -237,13 +231,14 @@ async def test_guard_early_200_then_stop_reading_fails_at_once(
         await stream.send_all(response(200, b'{"early": true}'))
         await trio.sleep_forever()
 
-    fds = open_fds()
+    epolls = network_descriptors()
     async with paired(early) as transport:
         with pytest.raises(httpx.RemoteProtocolError, match="HTTP 200 before") as caught:
             await transport.post(URL, b"x" * 50_000_000)
         assert trio.current_time() == 0.0
         assert transport.idle_connections() == 0
-    assert open_fds() == fds
+    assert transport.inodes
+    assert network_descriptors(inodes=transport.inodes) <= epolls
     assert delivery_of(caught.value) is Delivery.POSSIBLY_DELIVERED
 
 
@@ -271,12 +266,13 @@ async def test_guard_cancelled_while_blocked_sending_closes_everything(
     async def deaf(stream: trio.SocketStream) -> None:
         await trio.sleep_forever()
 
-    fds = open_fds()
+    epolls = network_descriptors()
     async with paired(deaf) as transport:
         with trio.move_on_after(5):
             await transport.post(URL, b"x" * 50_000_000)
         assert (trio.current_time(), transport.idle_connections()) == (5.0, 0)
-    assert open_fds() == fds
+    assert transport.inodes
+    assert network_descriptors(inodes=transport.inodes) <= epolls
 
 
 # --- bytes nobody asked for (loopback) ----------------------------------------------------------
