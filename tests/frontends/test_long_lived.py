@@ -87,7 +87,7 @@ async def test_two_thousand_batches_leave_no_task_fd_or_memory_behind() -> None:
             rows = rollouts.plan(ROWS)
             await _batches(rollouts, rows, 1100)
             tasks = trio.lowlevel.current_statistics().tasks_living
-            ports = {httpx.URL(url).port for url in fake.run_urls.values()}
+            ports = {httpx.URL(url).port or 80 for url in fake.run_urls.values()}
             sockets = network_descriptors(ports=ports)
             gc.collect()
             before = _traced_bytes(TIMING)
