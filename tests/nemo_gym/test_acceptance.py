@@ -3,8 +3,9 @@
 `nemo_gym_driver.drive` is written against NeMo Gym 0.7.0's API; it runs here through
 `trollout.nemo_gym` against the bundled fake (its own process, real loopback): preprocessing
 with ``agent_map`` and ``num_repeats``, a cut with ``aclose()``, ``aclose_and_drain()``,
-``run_outcomes`` with a run id, and a recorded shard, which ``trollout resume`` (the CLI, a
-real subprocess) then completes. The auditor confirms every accepted rollout settled once,
+``run_outcomes`` with a run id, and a recorded shard, which NeMo Gym's shard-resume recipe
+(``+input_jsonl_fpath=<shard's materialized inputs> +output_jsonl_fpath=<shard>
++resume_from_cache=true``, given to ``trollout collect`` in a real subprocess) then completes. The auditor confirms every accepted rollout settled once,
 against the files and the fake's own request log.
 """
 
@@ -70,12 +71,18 @@ def test_a_nemo_gym_driver_runs_unchanged_but_for_its_imports(
     assert all(row["_ng_rollout_id"].startswith("step-3-") for row, _ in outcomes)
     assert all(isinstance(result, dict) and "reward" in result for _, result in outcomes)
 
-    # The recorded step: four landed, four cut; trollout resume runs exactly those four.
+    # The recorded step: four landed, four cut; NeMo Gym's shard-resume recipe, given to
+    # trollout collect, runs exactly those four.
     assert keys(seen["recorded"]) == sorted(landing)
     shard = tmp_path / "rollouts-step-4.jsonl"
     assert len(shard.read_text().splitlines()) == 4
+    recipe = [
+        f"+input_jsonl_fpath={tmp_path / 'rollouts-step-4_materialized_inputs.jsonl'}",
+        f"+output_jsonl_fpath={shard}",
+        "+resume_from_cache=true",
+    ]
     resume = subprocess.run(
-        cli_command("resume", str(shard), "--no-aggregate"),
+        cli_command("collect", "--head-server", fake.head_url, *recipe, "--no-aggregate"),
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
