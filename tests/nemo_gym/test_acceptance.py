@@ -5,8 +5,9 @@
 with ``agent_map`` and ``num_repeats``, a cut with ``aclose()``, ``aclose_and_drain()``,
 ``run_outcomes`` with a run id, and a recorded shard, which NeMo Gym's shard-resume recipe
 (``+input_jsonl_fpath=<shard's materialized inputs> +output_jsonl_fpath=<shard>
-+resume_from_cache=true``, given to ``trollout collect`` in a real subprocess) then completes. The auditor confirms every accepted rollout settled once,
-against the files and the fake's own request log.
++resume_from_cache=true``, given to ``trollout collect`` in a real subprocess) then completes.
+The auditor confirms every accepted rollout settled once, against the files and the fake's own
+request log.
 """
 
 from __future__ import annotations
