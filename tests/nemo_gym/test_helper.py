@@ -20,7 +20,7 @@ import pytest
 import trollout
 from builders import read_jsonl
 from trollout import records
-from trollout.errors import RolloutRequestError, UnsupportedOptionError
+from trollout.errors import RolloutRequestError
 from trollout.nemo_gym import BaseServerConfig, RolloutCollectionHelper, constants
 from trollout.testing import FakeUrls, task_rows
 
@@ -257,14 +257,6 @@ def test_reuse_server_client_fetches_the_config_once(fake: FakeUrls) -> None:
     assert config_fetches() == before + 1
     run(lambda: twice(RolloutCollectionHelper()))
     assert config_fetches() == before + 3
-
-
-def test_enrich_results_is_refused_before_anything_is_sent(fake: FakeUrls) -> None:
-    before = runs_total(fake)
-    with pytest.raises(UnsupportedOptionError, match="observability"):
-        RolloutCollectionHelper().run_examples(rows(1), enrich_results=True)
-    assert isinstance(UnsupportedOptionError("x"), NotImplementedError)
-    assert runs_total(fake) == before
 
 
 def test_the_constants_are_nemo_gyms_and_trollouts() -> None:

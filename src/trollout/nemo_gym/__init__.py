@@ -65,10 +65,11 @@ Design notes.
   server is sent again (as a new attempt, on the ledger). That can run a mutating rollout
   twice; pass ``retry_requests=False`` (trollout's own default) for environments with side
   effects. docs/nemo-gym.md says so where the parameter is described.
-- ``enrich_results=True`` raises `UnsupportedOptionError` before anything is dispatched:
-  captured model calls, ``ng_trajectory`` and ``ng_perf`` arrive with trollout's
-  observability work, and silently returning unenriched results would look like enrichment
-  that found nothing.
+- Enrichment is the engine's own (`trollout.enrichment`, as collection enriches): the call's
+  batch is opened with ``enrich_results`` (implied by ``record_shard``), and the helper's
+  config says whether capture files are read (``observability_enabled``,
+  ``model_call_capture_dir``), as NeMo Gym's global config does. Off, the batch attaches
+  nothing, so results are exactly ``/run``'s replies even with observability on.
 """
 
 from __future__ import annotations

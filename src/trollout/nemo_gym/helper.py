@@ -185,24 +185,13 @@ class RolloutCollectionHelper:
         mutating ``/run`` twice.
 
         Raises:
-            UnsupportedOptionError: ``enrich_results=True``, or ``environment_server_name``
-                for rows that do not already name that server.
-            ConfigError: ``record_output_dir`` without ``record_shard`` or the reverse, or a
-                bad count.
+            UnsupportedOptionError: ``environment_server_name`` for rows that do not already
+                name that server.
+            ConfigError: ``record_output_dir`` without ``record_shard`` or the reverse, a bad
+                count, or ``delete_model_call_capture`` without the payloads kept.
             ArgumentTypeError: ``examples`` is not a list of JSON objects.
         """
-        del latency_tracker, include_model_call_payloads  # no model-call capture (see docs)
-        if enrich_results:
-            raise UnsupportedOptionError(
-                "run_examples(enrich_results=True): trollout does not enrich results yet "
-                "(captured model calls, ng_trajectory, ng_perf arrive with its observability "
-                "work); call without enrich_results to receive /run's replies as they are"
-            )
-        if delete_model_call_capture:
-            raise UnsupportedOptionError(
-                "run_examples(delete_model_call_capture=True) deletes captures that "
-                "enrichment merges, which trollout does not do yet; leave it False"
-            )
+        del latency_tracker
         if (record_output_dir is None) != (record_shard is None):
             raise ConfigError(
                 "run_examples: record_output_dir and record_shard go together (the shard "
@@ -212,25 +201,35 @@ class RolloutCollectionHelper:
         if environment_server_name is not None:
             _require_environment_server(rows, environment_server_name)
         recorded = record_shard is not None
+        enrich = bool(enrich_results) or recorded  # a recorded shard is what collection records
+        settings: dict[str, Any] = {
+            "retry_requests": bool(retry_requests),
+            "record_omitted_rollouts": bool(record_omitted_rollouts),
+            "drain_margin_s": drain_margin_s,
+            "include_model_call_payloads": bool(include_model_call_payloads),
+            "delete_model_call_capture": bool(delete_model_call_capture),
+        }
+        attrs.evolve(self.config, **settings).validate()  # refused here, before any send
+        given = rows
         rows, originals = _numbered(rows)
+        # Enriched, the pairs' rows are the copies dispatched (NeMo Gym's page), unless the
+        # rows were never preprocessed: those keep the caller's rows, as NeMo Gym's plain path.
+        dispatched_rows = recorded or (enrich and rows is given)
+        options: dict[str, Any] = {"enrich_results": enrich}
+        if recorded:
+            options |= {"record_shard": record_shard, "record_output_dir": record_output_dir}
         call = _Call(
             self,
             rows,
             head_server_config,
-            settings={
-                "retry_requests": bool(retry_requests),
-                "record_omitted_rollouts": bool(record_omitted_rollouts),
-                "drain_margin_s": drain_margin_s,
-            },
+            settings=settings,
             parallel=_parallel(semaphore, max_resident_tasks),
             budget_s=dispatch_budget_s,
-            batch_options={"record_shard": record_shard, "record_output_dir": record_output_dir}
-            if recorded
-            else {},
+            batch_options=options,
         )
 
         def pair_row(item_row: dict[str, Any]) -> dict[str, Any]:
-            if recorded:
+            if dispatched_rows:
                 return item_row
             return originals[(item_row[TASK_INDEX_KEY], item_row[ROLLOUT_INDEX_KEY])]
 
@@ -240,8 +239,8 @@ class RolloutCollectionHelper:
                 return Settled((row, dict(outcome.result)))
             if type(outcome) is Failed:
                 failure = outcome_to_row(outcome)
-                if route_failures_to_sidecar:
-                    return Settled((row, failure))
+                if route_failures_to_sidecar:  # enriched: the typed record, as run_outcomes'
+                    return Settled((row, outcome if enrich else failure))
                 return Settled(error=RolloutRequestError(item.row, failure))
             assert type(outcome) is Omitted
             if outcome.reason is OmitReason.DRAINED:
