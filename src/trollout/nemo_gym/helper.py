@@ -249,7 +249,9 @@ class RolloutCollectionHelper:
 
         def never_started(seen: set[tuple[int, int]], run_id: str) -> list[Settled]:
             return [
-                Settled((_stamped(row, run_id) if recorded else pair_row(row), _drained(row)))
+                Settled(
+                    (_stamped(row, run_id) if dispatched_rows else pair_row(row), _drained(row))
+                )
                 for row in rows
                 if (row[TASK_INDEX_KEY], row[ROLLOUT_INDEX_KEY]) not in seen
             ]
