@@ -630,6 +630,32 @@ async def test_store_exit_flushes_when_cancelled(layout: RunLayout, fsyncs: list
     assert not list(layout.output.parent.glob(".*.tmp"))
 
 
+async def test_store_close_fsyncs_rows_then_saves_the_status_in_one_thread_job(
+    layout: RunLayout, fsyncs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Close fsyncs the rows before the final status replaces the last one, both in a single
+    worker-thread job (a hop costs CPU that a trainer's shard pays every step)."""
+    jobs: list[str] = []
+    real = trio.to_thread.run_sync
+
+    async def counting(fn: Callable[..., Any], *args: Any, **options: Any) -> Any:
+        jobs.append(fn.__name__)
+        return await real(fn, *args, **options)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+    config = RunConfig(fsync=FsyncPolicy.BATCH, fsync_every_rows=1000, fsync_every_s=3600.0)
+    async with open_run_store(layout, config, expected=3) as store:
+        await store.write([landed(0), failed(1)])
+        fsyncs.clear()
+        jobs.clear()
+    folder = str(layout.output.parent)
+    assert len(jobs) == 1
+    assert fsyncs[:3] == [str(layout.rollouts), str(layout.failures), folder]
+    assert fsyncs[3].startswith(f"{folder}/.{layout.batch_status.name}.")  # the status's temp
+    assert fsyncs[4:] == [folder]
+    assert read_status(layout).closed
+
+
 async def test_store_exit_releases_lock_and_refuses_writes(layout: RunLayout) -> None:
     """After exit the lock is free for the next run and the store refuses writes."""
     async with open_run_store(layout, RunConfig(), expected=1) as store:
