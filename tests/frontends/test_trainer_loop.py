@@ -10,6 +10,7 @@ on disk.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,48 @@ async def test_numbers_shared_by_a_fed_back_row_and_a_fresh_one_get_a_hint_that_
     assert "fed back from batch 's0'" in message
     assert "start_task_index" in message
     assert "num_repeats" not in message
+
+
+class BodyTransport(ScriptedTransport):
+    """A scripted transport that keeps every body it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__(delay=lambda row: 1.0)
+        self.bodies: list[dict[str, Any]] = []
+
+    async def post(self, url: str, body: bytes, **options: Any) -> RawResponse:
+        self.bodies.append(orjson.loads(body))
+        return await super().post(url, body, **options)
+
+
+async def test_a_recorded_shard_holds_what_was_sent_and_still_refuses_a_repeated_rollout(
+    autojump_clock: Any, tmp_path: Path
+) -> None:
+    """A shard's rows are stamped once (`run.shards`): the materialized inputs are exactly the
+    rows sent and the rows delivered. A repeated (task, rollout) is still refused before the
+    folder is touched, even a returned row fed back twice under the run id it carries."""
+    transport = BodyTransport()
+    config = trollout.RunConfig(agent_name=AGENT)
+    async with trollout.open_rollouts(
+        URLS, config=config, transport=transport, record_output_dir=tmp_path
+    ) as ro:
+        outcomes = await ro.run_batch(
+            ro.plan(list(task_rows(3, seed=1))), record_shard="step-1", run_id="s1"
+        )
+        with pytest.raises(InputError, match="the same returned row was given twice") as refused:
+            await ro.run_batch(
+                [outcomes[0].row, outcomes[0].row], record_shard="step-2", run_id="s1"
+            )
+        (fed,) = await ro.run_batch([outcomes[0].row], record_shard="step-3", run_id="s1")
+    lines = (tmp_path / "rollouts-step-1_materialized_inputs.jsonl").read_bytes().splitlines()
+    inputs = [orjson.loads(line) for line in lines]
+    by_task = {row["_ng_task_index"]: row for row in inputs}
+    assert sorted(by_task) == [0, 1, 2]
+    assert sorted(transport.bodies[:3], key=lambda body: body["_ng_task_index"]) == inputs
+    assert all(item.row == by_task[item.row["_ng_task_index"]] for item in outcomes)
+    assert "rows[1]" in str(refused.value)
+    assert not any(name.startswith("rollouts-step-2") for name in os.listdir(tmp_path))
+    assert fed.row["_ng_rollout_id"] == f"s1-{outcomes[0].row['_ng_task_index']}-0"
 
 
 # --- (e) stop_admission on every front end -----------------------------------------------------

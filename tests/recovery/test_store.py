@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import threading
@@ -630,6 +631,32 @@ async def test_store_exit_flushes_when_cancelled(layout: RunLayout, fsyncs: list
     assert not list(layout.output.parent.glob(".*.tmp"))
 
 
+async def test_store_close_fsyncs_rows_then_saves_the_status_in_one_thread_job(
+    layout: RunLayout, fsyncs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Close fsyncs the rows before the final status replaces the last one, both in a single
+    worker-thread job (a hop costs CPU that a trainer's shard pays every step)."""
+    jobs: list[str] = []
+    real = trio.to_thread.run_sync
+
+    async def counting(fn: Callable[..., Any], *args: Any, **options: Any) -> Any:
+        jobs.append(fn.__name__)
+        return await real(fn, *args, **options)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+    config = RunConfig(fsync=FsyncPolicy.BATCH, fsync_every_rows=1000, fsync_every_s=3600.0)
+    async with open_run_store(layout, config, expected=3) as store:
+        await store.write([landed(0), failed(1)])
+        fsyncs.clear()
+        jobs.clear()
+    folder = str(layout.output.parent)
+    assert len(jobs) == 1
+    assert fsyncs[:3] == [str(layout.rollouts), str(layout.failures), folder]
+    assert fsyncs[3].startswith(f"{folder}/.{layout.batch_status.name}.")  # the status's temp
+    assert fsyncs[4:] == [folder]
+    assert read_status(layout).closed
+
+
 async def test_store_exit_releases_lock_and_refuses_writes(layout: RunLayout) -> None:
     """After exit the lock is free for the next run and the store refuses writes."""
     async with open_run_store(layout, RunConfig(), expected=1) as store:
@@ -700,6 +727,45 @@ async def test_store_writes_materialized_inputs(layout: RunLayout, fsyncs: list[
     assert read_rows(layout.materialized_inputs) == bodies
     assert fsyncs[0].startswith(f"{layout.output.parent}/.out_materialized_inputs.jsonl.")
     assert fsyncs[-1] == str(layout.output.parent)  # the rename is durable
+
+
+async def test_store_starts_a_run_in_one_thread_job_and_then_calls_then(
+    layout: RunLayout, fsyncs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh run starts in one worker-thread job: the inputs complete and synced, the new
+    rollouts file created before their rename (whose folder fsync makes its name durable), then
+    ``then`` with their sha256 (`run_folder` writes the manifest there). What ``then`` raises
+    is raised once the run has started, as a manifest written after would have."""
+    jobs: list[str] = []
+    real = trio.to_thread.run_sync
+
+    async def counting(fn: Callable[..., Any], *args: Any, **options: Any) -> Any:
+        jobs.append(fn.__name__)
+        return await real(fn, *args, **options)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+    seen: list[tuple[str, bytes, bool, list[str]]] = []
+
+    def then(sha256: str) -> None:
+        inputs = layout.materialized_inputs.read_bytes()
+        seen.append((sha256, inputs, layout.rollouts.exists(), list(fsyncs)))
+        raise RunFolderError("cannot write the manifest: disk full")
+
+    bodies = [{"_ng_task_index": i, "_ng_rollout_index": 0} for i in range(3)]
+    async with open_run_store(layout, RunConfig(), expected=3) as store:
+        fsyncs.clear()
+        with pytest.raises(RunFolderError, match="cannot write the manifest"):
+            await store.write_materialized_inputs(
+                (MaterializedRow.from_body(b) for b in bodies), then=then
+            )
+        assert len(jobs) == 1
+        ((sha256, inputs, rollouts_there, synced),) = seen
+        assert sha256 == hashlib.sha256(inputs).hexdigest() == store.materialized_sha256
+        assert rollouts_there
+        assert synced[-1] == str(layout.output.parent)  # the inputs' rename is durable
+        assert fsyncs == synced  # and so is the rollouts file's name: no folder fsync of its own
+        await store.write([landed(0)])  # the run has started
+    assert read_status(layout).completed == 1
 
 
 async def test_store_counts_summarize_the_run(layout: RunLayout) -> None:

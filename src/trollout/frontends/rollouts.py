@@ -169,8 +169,12 @@ class Rollouts:
                 label=record_shard,
                 run_id=run_id,
             ) as shard,
-            self.collector.open_batch(
-                shard.rows, run_id=run_id, sink=shard.store, enrich_results=enrich_results
+            self.collector.open_batch(  # the shard's copies, stamped once (`run_ids`)
+                shard.rows,
+                run_id=run_id,
+                sink=shard.store,
+                enrich_results=enrich_results,
+                stamped=True,
             ) as batch,
         ):
             yield batch

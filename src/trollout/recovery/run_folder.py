@@ -211,35 +211,42 @@ async def _start(
     source: RowSource,
     run_id: str | None,
 ) -> RunManifest:
-    """Write the materialized inputs, then the manifest (both fsynced) of a new run.
+    """Write the materialized inputs, then the manifest (both fsynced) of a new run, in one
+    worker-thread job (`RunStore.write_materialized_inputs`'s ``then``).
 
     The input is hashed before its rows are materialized, and its size and modification time
     must be the same once they all are: the manifest's hash is of the input the rows came from.
     """
     path = config.input_jsonl_fpath
     stamp = _stamp(path) if path is not None else None
+    digest: str | None = None
     # Read-only, so a Ctrl-C may abandon it at once.
     if path is not None:
         digest = await trio.to_thread.run_sync(sha256_file, path, abandon_on_cancel=True)
-    await store.write_materialized_inputs(_checked_rows(source, path, stamp))
-    if path is None:  # the rows are the input: the manifest names their file
-        path = str(store.layout.materialized_inputs)
-        config = attrs.evolve(config, input_jsonl_fpath=path)
-        written = store.materialized_sha256  # hashed as written: not read back
-        if written is not None:
-            digest = written
-        else:
-            digest = await trio.to_thread.run_sync(sha256_file, path, abandon_on_cancel=True)
-    manifest = build_manifest(
-        config,
-        deployment,
-        input_sha256=digest,
-        expected=source.expected,
-        tasks=source.tasks,
-        run_id=run_id,
+    else:  # the rows are the input: the manifest names their file
+        config = attrs.evolve(config, input_jsonl_fpath=str(store.layout.materialized_inputs))
+    expected, tasks = source.expected, source.tasks
+    written: list[RunManifest] = []
+
+    def manifest_after_inputs(inputs_sha256: str) -> None:
+        # In the inputs' worker thread, once they are in place: the manifest is written after
+        # them, as before, without a thread hop of its own. Rows that are the input are hashed
+        # as written, not read back.
+        manifest = build_manifest(
+            config,
+            deployment,
+            input_sha256=digest if digest is not None else inputs_sha256,
+            expected=expected,
+            tasks=tasks,
+            run_id=run_id,
+        )
+        write_manifest(store.layout, manifest)
+        written.append(manifest)
+
+    await store.write_materialized_inputs(
+        _checked_rows(source, path, stamp), then=manifest_after_inputs
     )
-    await trio.to_thread.run_sync(write_manifest, store.layout, manifest)
-    return manifest
+    return written[0]
 
 
 def _stamp(path: str) -> tuple[int, int] | None:

@@ -51,6 +51,13 @@ the shard is, and every resume (the recipe, ``resume``, a Store's) then checks o
 
 Shards of a training run aggregate without collisions: every rollout id carries its shard's run
 id (`collector.batch.shard_rollout_id`), so step 3's task 0 is never step 4's task 0.
+
+Rows are stamped once: `open_shard` copies and stamps them (`RowStamper`, refusing a repeated
+(task, rollout) before a file is touched), writes those copies as the materialized inputs, and
+the front end opens the batch on `Shard.rows` with ``stamped=True``, so the batch dispatches, and
+hands the consumer, the very copies recorded (`collector.engine.run_ids` says why). After the
+batch opens, the shard reads only the rows' identities (`settle_never_started`), never their
+bodies, which belong to the consumer once delivered.
 """
 
 from __future__ import annotations
@@ -81,7 +88,8 @@ SHARD_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 @attrs.frozen
 class Shard:
-    """An open shard: its store (the batch's sink) and the rows it records."""
+    """An open shard: its store (the batch's sink) and the rows it records: the stamped
+    copies, which the batch dispatches as they are (``open_batch(..., stamped=True)``)."""
 
     layout: RunLayout
     store: RunStore

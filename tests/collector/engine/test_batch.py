@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from builders import ScriptedTransport, materialized_row, row_body, scripted_collector
-from trollout.collector.engine.batch import shard_rollout_id
+from trollout.collector.engine.batch import RowStamper, shard_rollout_id
 from trollout.collector.engine.sink import ListSink
 from trollout.errors import ConfigError, InputError, RunFolderWriteError, UnknownAgentError
 from trollout.records import OmitReason, Omitted, Outcome
@@ -191,6 +191,43 @@ async def test_batch_run_id_must_fit_rollout_ids() -> None:
     async with scripted_collector() as collector:
         with pytest.raises(ConfigError, match=r"run_id must match.*got 'a b'"):
             await consume(collector, [row_body(0)], run_id="a b")
+
+
+async def test_batch_of_stamped_rows_dispatches_those_very_copies(autojump_clock: Any) -> None:
+    """stamped=True (a recorded shard's rows, `run_ids`): the batch sends and yields the copies
+    its run's RowStamper made, without copying or stamping them again."""
+    stamped = list(RowStamper("step7").all([row_body(t) for t in range(3)]))
+    transport = ScriptedTransport()
+    async with scripted_collector(transport) as collector:
+        items = await consume(collector, stamped, run_id="step7", stamped=True)
+    delivered = {item.row["_ng_task_index"]: item.row for item in items}
+    assert all(delivered[row.identity.task_index] is row.body for row in stamped)
+    assert delivered[1]["_ng_rollout_id"] == "step7-1-0"
+    assert sorted(transport.requests) == [(0, 0), (1, 0), (2, 0)]
+
+
+@pytest.mark.parametrize(
+    ("rows", "run_id", "needle"),
+    [
+        (
+            lambda: list(RowStamper("other").all([row_body(0)])),
+            "step7",
+            r"rows\[0\] was not stamped for run 'step7' \(got 'other'\)",
+        ),
+        (lambda: [row_body(0)], "step7", r"rows\[0\] was not stamped .*got 'dict'"),
+        (lambda: [materialized_row(0)], None, r"stamped=True\) needs the run_id"),
+    ],
+)
+async def test_batch_refuses_stamped_rows_it_was_not_given_stamped(
+    autojump_clock: Any, rows: Any, run_id: str | None, needle: str
+) -> None:
+    """stamped=True vouches for rows a RowStamper of the batch's run made; anything else is
+    refused (one ConfigError naming the row) and nothing is sent."""
+    transport = ScriptedTransport()
+    async with scripted_collector(transport) as collector:
+        with pytest.raises(ConfigError, match=needle):
+            await consume(collector, rows(), run_id=run_id, stamped=True)
+    assert transport.requests == []
 
 
 class FailingSink(ListSink):

@@ -14,8 +14,10 @@ what settled but was not consumed; `Batch.stop_admission` lets rollouts in fligh
 The dispatch budget (``dispatch_budget_s``) counts per batch, from its opening: each batch's
 pool has a window of its own (`window.DispatchWindow.for_batch`; its design note says why).
 
-Rollout ids: each row is copied and stamped with the batch's run id (`run_ids.RowStamper`);
-the names of `run_ids` are re-exported here, where the front ends import them from.
+Rollout ids: each row is copied and stamped with the batch's run id (`run_ids.RowStamper`),
+unless the caller stamped them already and says so (``stamped=True``: a recorded shard's rows,
+stamped once; `run_ids` says why); the names of `run_ids` are re-exported here, where the
+front ends import them from.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, Protocol
 import trio
 from attrs import frozen
 
+from ...errors import ConfigError
 from ...records import (
     Identity,
     Landed,
@@ -36,7 +39,14 @@ from ...records import (
     Outcome,
 )
 from .pool import SHIELDED_FLUSH_S, Pool, PoolHost
-from .run_ids import BatchRows, RowStamper, check_run_id, new_run_id, shard_rollout_id
+from .run_ids import (
+    BatchRows,
+    RowStamper,
+    check_run_id,
+    check_stamped,
+    new_run_id,
+    shard_rollout_id,
+)
 from .sink import AttemptReserver, OutcomeSink
 
 __all__ = [
@@ -46,6 +56,7 @@ __all__ = [
     "BatchRows",
     "RowStamper",
     "check_run_id",
+    "check_stamped",
     "new_run_id",
     "open_batch",
     "shard_rollout_id",
@@ -280,6 +291,7 @@ async def open_batch(
     run_id: str | None = None,
     sink: OutcomeSink | None = None,
     enrich_results: bool = True,
+    stamped: bool = False,
 ) -> AsyncIterator[Batch]:
     """Open a batch of rollouts on a collector; leaving the block closes it (`Batch.aclose`).
 
@@ -290,9 +302,12 @@ async def open_batch(
         run_id: the batch's run id (default: a fresh one); it prefixes every rollout id.
         sink: where the batch's outcomes go (default: the collector's sink).
         enrich_results: enrich each landed outcome as the collector does (False: as replied).
+        stamped: ``rows`` are the `MaterializedRow` copies a `RowStamper` of ``run_id`` made
+            (the run layer's recorded shard): dispatched as they are, not copied or checked
+            for repeats again (`run_ids.check_stamped`). Needs ``run_id``.
 
     Raises:
-        ConfigError: ``run_id`` cannot prefix rollout ids.
+        ConfigError: ``run_id`` cannot prefix rollout ids, or ``stamped`` without it.
         RunStoppedError: the collector's run was stopped.
         InputError, UnknownAgentError, ConfigError: a row could not be dispatched; raised
             from the iteration (once), or at exit if not iterated.
@@ -302,6 +317,8 @@ async def open_batch(
     (bounded by 30 s): every row the batch accepted has settled and reached its sink when the
     block is left, however it is left.
     """
+    if stamped and run_id is None:
+        raise ConfigError("open_batch(stamped=True) needs the run_id the rows were stamped with")
     batch = Batch(
         collector,
         run_id=check_run_id(run_id) if run_id is not None else new_run_id(),
@@ -309,11 +326,11 @@ async def open_batch(
     )
     if not enrich_results:
         batch.pool.enrich = None
-    stamp = RowStamper(batch.run_id)
+    taken = check_stamped(rows, batch.run_id) if stamped else RowStamper(batch.run_id).all(rows)
     await collector.start_pool(batch.pool)
     collector.begin_dispatch()
     batch.pool.window.begin()  # the batch's budget counts from here (`window.for_batch`)
-    batch.pool.start_soon(batch.feed, stamp.all(rows))
+    batch.pool.start_soon(batch.feed, taken)
     try:
         yield batch
     finally:

@@ -259,6 +259,7 @@ class Collector:
         run_id: str | None = None,
         sink: OutcomeSink | None = None,
         enrich_results: bool = True,
+        stamped: bool = False,
     ) -> AbstractAsyncContextManager[Batch]:
         """Open a batch of rollouts: ``async with collector.open_batch(rows) as batch``.
 
@@ -266,7 +267,9 @@ class Collector:
         """
         from .batch import open_batch
 
-        return open_batch(self, rows, run_id=run_id, sink=sink, enrich_results=enrich_results)
+        return open_batch(
+            self, rows, run_id=run_id, sink=sink, enrich_results=enrich_results, stamped=stamped
+        )
 
     async def next_outcome(self) -> Outcome:
         """Wait for and return the oldest settled outcome not yet consumed.
