@@ -196,3 +196,23 @@ def test_enriched_a_routed_failure_is_the_typed_record(fake: FakeUrls, capture_d
     plain = failure(False)
     assert isinstance(plain, dict)
     assert plain["_ng_failure_class"] == typed.failure_class
+
+
+def test_rows_never_preprocessed_keep_the_plain_path(fake: FakeUrls, capture_dir: Path) -> None:
+    """Rows with no rollout identity (no indices) keep NeMo Gym's plain dispatch even with
+    enrich_results: the pairs' rows are the caller's own and a routed failure is the row."""
+    given = [{**r, "agent_ref": {"name": "math_agent"}} for r in task_rows(2, seed=18)]
+    given[1]["fake_fault"] = {"kind": "status", "status": 500, "body": "boom"}
+    assert not any("_ng_task_index" in row for row in given)
+    pairs = collect(
+        helper(capture_dir).run_examples(
+            given,
+            head_server_config=head(fake),
+            route_failures_to_sidecar=True,
+            enrich_results=True,
+        )
+    )
+    assert sorted(id(row) for row, _ in pairs) == sorted(map(id, given))
+    (failed,) = [result for row, result in pairs if row is given[1]]
+    assert isinstance(failed, dict)
+    assert failed["_ng_failure_class"]

@@ -821,3 +821,30 @@ async def test_store_start_failure_releases_the_lock(
             await store.write([landed(0)])
     with RunLock.for_layout(layout) as lock:
         assert lock.held
+
+
+async def test_a_retried_start_after_a_failed_rename_records_into_the_rollouts_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """write_materialized_inputs is safe to retry: a first try whose inputs' rename fails
+    (after the new rollouts file was opened) leaves no descriptor on a removed file, so the
+    retried run's rows land in the rollouts file on disk."""
+    layout = RunLayout.for_output(tmp_path / "runs" / "out.jsonl")
+    real = os.replace
+    failures = [OSError(errno.EIO, "Input/output error")]
+
+    def flaky(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if failures and str(dst) == str(layout.materialized_inputs):
+            raise failures.pop()
+        real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", flaky)
+    body = {"_ng_task_index": 0, "_ng_rollout_index": 0}
+    async with open_run_store(layout, RunConfig(), expected=1) as store:
+        with pytest.raises(RunFolderError):
+            await store.write_materialized_inputs([MaterializedRow.from_body(body)])
+        await store.write_materialized_inputs([MaterializedRow.from_body(body)])
+        await store.write([landed(0)])
+    assert [
+        orjson.loads(line)["_ng_task_index"] for line in layout.rollouts.read_bytes().splitlines()
+    ] == [0]

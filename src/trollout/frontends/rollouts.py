@@ -170,11 +170,7 @@ class Rollouts:
                 run_id=run_id,
             ) as shard,
             self.collector.open_batch(  # the shard's copies, stamped once (`run_ids`)
-                shard.rows,
-                run_id=run_id,
-                sink=shard.store,
-                enrich_results=enrich_results,
-                stamped=True,
+                shard.rows, run_id=run_id, sink=shard.store, enrich_results=enrich_results
             ) as batch,
         ):
             yield batch

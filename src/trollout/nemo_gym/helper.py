@@ -177,10 +177,13 @@ class RolloutCollectionHelper:
         Nothing starts until the first awaitable is awaited. A row that ran resolves to the
         ``/run`` reply (trollout's identity stamps left on the row, not the result); a failed
         ``/run`` raises `RolloutRequestError` unless ``route_failures_to_sidecar`` (then the
-        result is the typed failure row); a row the dispatch budget never started resolves to
+        result is the failure row); a row the dispatch budget never started resolves to
         the drained result (``_ng_failure_class: cancelled``, ``_ng_dispatch_drained``,
-        ``_ng_no_persist``). The returned rows are the caller's own, or with a recorded shard
-        the copies stamped with the shard's run and rollout ids. docs/nemo-gym.md describes
+        ``_ng_no_persist``). The returned rows are the caller's own, or, enriched (a recorded
+        shard always is), the copies dispatched, stamped with the call's run and rollout ids;
+        then a routed failure is the typed record (`trollout.Failed`), as ``run_outcomes``
+        returns it. Rows never preprocessed (no indices) keep the plain path: the caller's own
+        rows and the failure row. docs/nemo-gym.md describes
         every parameter; ``retry_requests`` defaults to True as in NeMo Gym, which may run a
         mutating ``/run`` twice.
 
@@ -240,7 +243,7 @@ class RolloutCollectionHelper:
             if type(outcome) is Failed:
                 failure = outcome_to_row(outcome)
                 if route_failures_to_sidecar:  # enriched: the typed record, as run_outcomes'
-                    return Settled((row, outcome if enrich else failure))
+                    return Settled((row, outcome if dispatched_rows else failure))
                 return Settled(error=RolloutRequestError(item.row, failure))
             assert type(outcome) is Omitted
             if outcome.reason is OmitReason.DRAINED:

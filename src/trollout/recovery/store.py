@@ -317,7 +317,10 @@ class RunStore:
 
         def replace(temp: Path) -> None:  # in the worker thread, the new inputs complete
             _clear_run_files(self.layout, snapshot, temp)
-            self._rollouts.open()  # before the rename, whose folder fsync covers its name
+            # Before the rename, whose folder fsync covers its name. Closed first: an earlier
+            # try that failed after this point left its descriptor on the file just removed.
+            self._rollouts.close()
+            self._rollouts.open()
             if self.layout.relocated:  # that fsync is of another folder
                 fsync_dir(self.layout.output.parent)
 

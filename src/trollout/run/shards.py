@@ -52,12 +52,13 @@ the shard is, and every resume (the recipe, ``resume``, a Store's) then checks o
 Shards of a training run aggregate without collisions: every rollout id carries its shard's run
 id (`collector.batch.shard_rollout_id`), so step 3's task 0 is never step 4's task 0.
 
-Rows are stamped once: `open_shard` copies and stamps them (`RowStamper`, refusing a repeated
-(task, rollout) before a file is touched), writes those copies as the materialized inputs, and
-the front end opens the batch on `Shard.rows` with ``stamped=True``, so the batch dispatches, and
-hands the consumer, the very copies recorded (`collector.engine.run_ids` says why). After the
-batch opens, the shard reads only the rows' identities (`settle_never_started`), never their
-bodies, which belong to the consumer once delivered.
+Rows are stamped once: `open_shard` copies and stamps them (`RowStamper.stamp_all`, refusing a
+repeated (task, rollout) before a file is touched), writes those copies as the materialized
+inputs, and the front end opens the batch on `Shard.rows` (`StampedRows` of the batch's run
+id), so the batch dispatches, and hands the consumer, the very copies recorded
+(`collector.engine.run_ids` says why). After the batch opens, the shard reads only the rows'
+identities (`settle_never_started`), never their bodies, which belong to the consumer once
+delivered.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ import attrs
 import trio
 
 from ..collector.deployment.discovery import AGENTS, Deployment
-from ..collector.engine.batch import BatchRows, RowStamper
+from ..collector.engine.batch import BatchRows, RowStamper, StampedRows
 from ..errors import ConfigError, TrolloutError
 from ..records import MaterializedRow, OmitReason, Omitted
 from ..recovery.layout import AUXILIARY_SUFFIXES, RunLayout
@@ -89,11 +90,11 @@ SHARD_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 @attrs.frozen
 class Shard:
     """An open shard: its store (the batch's sink) and the rows it records: the stamped
-    copies, which the batch dispatches as they are (``open_batch(..., stamped=True)``)."""
+    copies, which a batch of ``run_id`` dispatches as they are (`StampedRows`)."""
 
     layout: RunLayout
     store: RunStore
-    rows: list[MaterializedRow]
+    rows: StampedRows
     run_id: str
 
 
@@ -160,7 +161,7 @@ async def open_shard(
     outcome and releases the lock, shielded.
     """
     layout = shard_layout(output_dir, label)
-    stamped = list(RowStamper(run_id).all(rows))  # refused rows: before a file is touched
+    stamped = RowStamper(run_id).stamp_all(rows)  # refused rows: before a file is touched
     if not stamped:
         raise ConfigError(f"shard {label!r} has no rows; a batch records at least one rollout")
     settings = shard_config(config, deployment, layout)

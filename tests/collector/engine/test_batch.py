@@ -15,7 +15,7 @@ from builders import ScriptedTransport, materialized_row, row_body, scripted_col
 from trollout.collector.engine.batch import RowStamper, shard_rollout_id
 from trollout.collector.engine.sink import ListSink
 from trollout.errors import ConfigError, InputError, RunFolderWriteError, UnknownAgentError
-from trollout.records import OmitReason, Omitted, Outcome
+from trollout.records import MaterializedRow, OmitReason, Omitted, Outcome
 
 
 def slow_rows(delays: Sequence[float]) -> ScriptedTransport:
@@ -194,12 +194,12 @@ async def test_batch_run_id_must_fit_rollout_ids() -> None:
 
 
 async def test_batch_of_stamped_rows_dispatches_those_very_copies(autojump_clock: Any) -> None:
-    """stamped=True (a recorded shard's rows, `run_ids`): the batch sends and yields the copies
-    its run's RowStamper made, without copying or stamping them again."""
-    stamped = list(RowStamper("step7").all([row_body(t) for t in range(3)]))
+    """StampedRows of the batch's run id (a recorded shard's rows, `run_ids`): the batch sends
+    and yields the copies its run's RowStamper made, without copying or stamping them again."""
+    stamped = RowStamper("step7").stamp_all([row_body(t) for t in range(3)])
     transport = ScriptedTransport()
     async with scripted_collector(transport) as collector:
-        items = await consume(collector, stamped, run_id="step7", stamped=True)
+        items = await consume(collector, stamped, run_id="step7")
     delivered = {item.row["_ng_task_index"]: item.row for item in items}
     assert all(delivered[row.identity.task_index] is row.body for row in stamped)
     assert delivered[1]["_ng_rollout_id"] == "step7-1-0"
@@ -207,27 +207,42 @@ async def test_batch_of_stamped_rows_dispatches_those_very_copies(autojump_clock
 
 
 @pytest.mark.parametrize(
-    ("rows", "run_id", "needle"),
+    "rows",
     [
-        (
-            lambda: list(RowStamper("other").all([row_body(0)])),
-            "step7",
-            r"rows\[0\] was not stamped for run 'step7' \(got 'other'\)",
-        ),
-        (lambda: [row_body(0)], "step7", r"rows\[0\] was not stamped .*got 'dict'"),
-        (lambda: [materialized_row(0)], None, r"stamped=True\) needs the run_id"),
+        lambda: RowStamper("other").stamp_all([row_body(0)]),  # stamped for another run
+        lambda: list(RowStamper("step7").stamp_all([row_body(0)])),  # not the stamper's tuple
+        lambda: [MaterializedRow.from_body({**row_body(0), "_ng_run_id": "step7"})],  # made up
+        lambda: None,  # no run id given: a fresh one, never the rows'
     ],
 )
-async def test_batch_refuses_stamped_rows_it_was_not_given_stamped(
-    autojump_clock: Any, rows: Any, run_id: str | None, needle: str
+async def test_only_the_stampers_own_rows_of_the_batchs_run_skip_the_copy(
+    autojump_clock: Any, rows: Any
 ) -> None:
-    """stamped=True vouches for rows a RowStamper of the batch's run made; anything else is
-    refused (one ConfigError naming the row) and nothing is sent."""
+    """Anything but `StampedRows` of the batch's run id is copied and stamped anew: the rows
+    delivered are new objects carrying the batch's run id."""
+    given = rows() or RowStamper("step7").stamp_all([row_body(0)])
+    run_id = None if rows() is None else "step7"
     transport = ScriptedTransport()
     async with scripted_collector(transport) as collector:
-        with pytest.raises(ConfigError, match=needle):
-            await consume(collector, rows(), run_id=run_id, stamped=True)
-    assert transport.requests == []
+        (item,) = await consume(collector, given, run_id=run_id)
+    assert item.row is not given[0].body
+    assert item.row["_ng_run_id"] == (run_id or item.row["_ng_run_id"])
+    assert item.row["_ng_rollout_id"] == f"{item.row['_ng_run_id']}-0-0"
+    assert transport.requests == [(0, 0)]
+
+
+async def test_replayed_rows_with_the_same_run_id_are_checked_for_repeats(
+    autojump_clock: Any,
+) -> None:
+    """Rows a batch of run ``step7`` returned, fed back twice to another batch of ``step7``,
+    are copied and checked like any rows: the repeat is refused, nothing of it sent twice."""
+    transport = ScriptedTransport()
+    async with scripted_collector(transport) as collector:
+        first = await consume(collector, [row_body(t) for t in range(2)], run_id="step7")
+        again = [MaterializedRow.from_body(item.row) for item in first]
+        with pytest.raises(InputError, match="rows\\[2\\]"):
+            await consume(collector, again + again, run_id="step7")
+    assert sorted(transport.requests).count((0, 0)) <= 2
 
 
 class FailingSink(ListSink):

@@ -15,8 +15,8 @@ The dispatch budget (``dispatch_budget_s``) counts per batch, from its opening: 
 pool has a window of its own (`window.DispatchWindow.for_batch`; its design note says why).
 
 Rollout ids: each row is copied and stamped with the batch's run id (`run_ids.RowStamper`),
-unless the caller stamped them already and says so (``stamped=True``: a recorded shard's rows,
-stamped once; `run_ids` says why); the names of `run_ids` are re-exported here, where the
+unless they are `StampedRows` of the batch's run id (a recorded shard's rows, stamped once;
+`run_ids` says why); the names of `run_ids` are re-exported here, where the
 front ends import them from.
 """
 
@@ -30,7 +30,6 @@ from typing import Any, Protocol
 import trio
 from attrs import frozen
 
-from ...errors import ConfigError
 from ...records import (
     Identity,
     Landed,
@@ -42,8 +41,8 @@ from .pool import SHIELDED_FLUSH_S, Pool, PoolHost
 from .run_ids import (
     BatchRows,
     RowStamper,
+    StampedRows,
     check_run_id,
-    check_stamped,
     new_run_id,
     shard_rollout_id,
 )
@@ -55,8 +54,8 @@ __all__ = [
     "BatchOutcome",
     "BatchRows",
     "RowStamper",
+    "StampedRows",
     "check_run_id",
-    "check_stamped",
     "new_run_id",
     "open_batch",
     "shard_rollout_id",
@@ -291,23 +290,20 @@ async def open_batch(
     run_id: str | None = None,
     sink: OutcomeSink | None = None,
     enrich_results: bool = True,
-    stamped: bool = False,
 ) -> AsyncIterator[Batch]:
     """Open a batch of rollouts on a collector; leaving the block closes it (`Batch.aclose`).
 
     Args:
         collector: the long-lived collector whose limiter, transport and writer it shares.
         rows: materialized rows (`plan_rows`), or rows an earlier batch returned; each is
-            copied and stamped (module docstring). Read lazily, as workers free up.
+            copied and stamped (module docstring), but `StampedRows` of this run id, which
+            are dispatched as they are (`run_ids`). Read lazily, as workers free up.
         run_id: the batch's run id (default: a fresh one); it prefixes every rollout id.
         sink: where the batch's outcomes go (default: the collector's sink).
         enrich_results: enrich each landed outcome as the collector does (False: as replied).
-        stamped: ``rows`` are the `MaterializedRow` copies a `RowStamper` of ``run_id`` made
-            (the run layer's recorded shard): dispatched as they are, not copied or checked
-            for repeats again (`run_ids.check_stamped`). Needs ``run_id``.
 
     Raises:
-        ConfigError: ``run_id`` cannot prefix rollout ids, or ``stamped`` without it.
+        ConfigError: ``run_id`` cannot prefix rollout ids.
         RunStoppedError: the collector's run was stopped.
         InputError, UnknownAgentError, ConfigError: a row could not be dispatched; raised
             from the iteration (once), or at exit if not iterated.
@@ -317,8 +313,6 @@ async def open_batch(
     (bounded by 30 s): every row the batch accepted has settled and reached its sink when the
     block is left, however it is left.
     """
-    if stamped and run_id is None:
-        raise ConfigError("open_batch(stamped=True) needs the run_id the rows were stamped with")
     batch = Batch(
         collector,
         run_id=check_run_id(run_id) if run_id is not None else new_run_id(),
@@ -326,7 +320,8 @@ async def open_batch(
     )
     if not enrich_results:
         batch.pool.enrich = None
-    taken = check_stamped(rows, batch.run_id) if stamped else RowStamper(batch.run_id).all(rows)
+    stamped = type(rows) is StampedRows and rows.run_id == batch.run_id
+    taken = rows if stamped else RowStamper(batch.run_id).all(rows)
     await collector.start_pool(batch.pool)
     collector.begin_dispatch()
     batch.pool.window.begin()  # the batch's budget counts from here (`window.for_batch`)

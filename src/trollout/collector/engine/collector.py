@@ -259,7 +259,6 @@ class Collector:
         run_id: str | None = None,
         sink: OutcomeSink | None = None,
         enrich_results: bool = True,
-        stamped: bool = False,
     ) -> AbstractAsyncContextManager[Batch]:
         """Open a batch of rollouts: ``async with collector.open_batch(rows) as batch``.
 
@@ -267,9 +266,7 @@ class Collector:
         """
         from .batch import open_batch
 
-        return open_batch(
-            self, rows, run_id=run_id, sink=sink, enrich_results=enrich_results, stamped=stamped
-        )
+        return open_batch(self, rows, run_id=run_id, sink=sink, enrich_results=enrich_results)
 
     async def next_outcome(self) -> Outcome:
         """Wait for and return the oldest settled outcome not yet consumed.

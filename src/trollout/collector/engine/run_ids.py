@@ -15,14 +15,15 @@ rejected alternative copied at delivery, which reads rows the caller may have ch
 Stamped once. A batch recorded as a shard (`run.shards.open_shard`) stamps its rows before the
 batch opens: the shard's materialized inputs are those copies, written before anything is
 dispatched, and its refusals (a repeated (task, rollout) among them) come before a file is
-touched. The run layer then opens the batch with ``stamped=True`` (`batch.open_batch`), which
-dispatches those very copies instead of stamping them a second time (an orjson round trip per
-row, about a sixth of a shard's CPU). What the shard recorded is then exactly what was sent and
-what the consumer gets. `check_stamped` still checks what such a batch is given, cheaply: each
-row is a `MaterializedRow` stamped with the batch's run id. Rejected: recognising stamped rows by
-their contents (a row carrying the batch's ``_ng_run_id``): a user may feed back a returned row
-with the same run id (a replayed step), and that row must be copied and checked like any other;
-only the caller that stamped the rows can say so, explicitly.
+touched. `RowStamper.stamp_all` returns them as `StampedRows`, a tuple that carries the run id
+it was stamped for, and a batch of that run id given that very tuple (`batch.open_batch`)
+dispatches its copies instead of stamping them a second time (an orjson round trip per row,
+about a sixth of a shard's CPU). What the shard recorded is then exactly what was sent and what
+the consumer gets. The proof is the object, made only by a stamper that refused repeats:
+nothing else can pass for it. Rejected: recognising stamped rows by their contents (a row
+carrying the batch's ``_ng_run_id``): a user may feed back a returned row with the same run id
+(a replayed step), twice even, and those rows must be copied and checked like any other; and a
+``stamped=True`` flag on the batch, which any caller could set over rows of its own.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ from ...records import (
 __all__ = [
     "BatchRows",
     "RowStamper",
+    "StampedRows",
     "check_run_id",
-    "check_stamped",
     "new_run_id",
     "shard_rollout_id",
 ]
@@ -137,24 +138,21 @@ class RowStamper:
         for index, item in enumerate(rows):
             yield self(item, index)
 
+    def stamp_all(self, rows: BatchRows) -> StampedRows:
+        """Stamp every row now; a batch of this run id dispatches the result as it is."""
+        return StampedRows(self.all(rows), self.run_id)
 
-def check_stamped(rows: Iterable[Any], run_id: str) -> Iterator[MaterializedRow]:
-    """Yield rows a `RowStamper` of ``run_id`` already stamped (a shard's: module docstring),
-    checking each is one, as they are read.
 
-    Raises:
-        ConfigError: a row is not a `MaterializedRow` stamped with ``run_id`` (the caller
-            passed ``stamped=True`` with rows it did not stamp for this batch).
-    """
-    for index, row in enumerate(rows):
-        if type(row) is not MaterializedRow or row.body.get(RUN_ID) != run_id:
-            got = row.body.get(RUN_ID) if type(row) is MaterializedRow else type(row).__name__
-            raise ConfigError(
-                f"rows[{index}] was not stamped for run {run_id!r} (got {got!r}); open_batch"
-                "(stamped=True) takes only the rows RowStamper(run_id) returned; pass the rows "
-                "without stamped=True to have them copied and stamped"
-            )
-        yield row
+class StampedRows(tuple[MaterializedRow, ...]):
+    """Rows one `RowStamper` copied and stamped for run ``run_id``, each (task, rollout) once
+    (module docstring); made only by `RowStamper.stamp_all`."""
+
+    run_id: str
+
+    def __new__(cls, rows: Iterable[MaterializedRow], run_id: str) -> StampedRows:
+        made = super().__new__(cls, rows)
+        made.run_id = run_id
+        return made
 
 
 def _repeated(
