@@ -28,11 +28,11 @@ def fake_spec() -> DeploymentSpec:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the selected Slurm scenarios now, beside the suite (`slurm_session`)."""
-    from slurm_scenarios import REQUEUE, requeue_scenario
+    from slurm_scenarios import SCENARIOS
     from slurm_session import start_in_background
 
-    if any(item.name == REQUEUE for item in session.items):
-        start_in_background(REQUEUE, requeue_scenario)
+    selected = {item.name for item in session.items}
+    start_in_background([name for name in SCENARIOS if name in selected])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

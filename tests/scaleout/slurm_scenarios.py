@@ -1,16 +1,18 @@
-"""Slurm scenarios that run beside the suite (`slurm_session.start_in_background`).
+"""Slurm scenarios that run beside the suite, in `slurm_session`'s child process.
 
 `requeue_scenario` is the issue's acceptance run: an array of 4 submitted by ``trollout sbatch
 --submit``, one task stopped by ``scancel -b --signal=TERM``, one by its 3-minute ``--time``;
 both must requeue themselves (Slurm counts a restart, no task ends FAILED), the merge job must
 run after the array, and the merged run must equal the one-machine run. It returns what its
 test (tests/scaleout/test_slurm_real.py) asserts on, and asserts nothing itself but that each
-command it runs succeeded, so a failure is reported by that test, with the logs.
+command it runs succeeded, so a failure is reported by that test, with the logs. What it returns
+is JSON (it crosses from the child process as a file): sorted lists, never sets.
 """
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +29,16 @@ SPEC = DeploymentSpec(
 )
 
 
-def outcome_keys(run: Path) -> tuple[set[tuple[int, int, float]], set[tuple[int, int, str]]]:
-    """Return a run's landed (task, rollout, reward) and failed (task, rollout, class) sets."""
+def outcome_keys(run: Path) -> list[list[list[Any]]]:
+    """Return a run's landed [task, rollout, reward] and failed [task, rollout, class], each
+    sorted and without repeats."""
     landed = {(r["_ng_task_index"], r["_ng_rollout_index"], r["reward"]) for r in read_jsonl(run)}
     side = run.with_name(run.stem + "_failures.jsonl")
     failed = {
         (r["_ng_task_index"], r["_ng_rollout_index"], r["_ng_failure_class"])
         for r in (read_jsonl(side) if side.exists() else [])
     }
-    return landed, failed
+    return [[list(key) for key in sorted(landed)], [list(key) for key in sorted(failed)]]
 
 
 def hangs(head_url: str) -> int:
@@ -95,7 +98,10 @@ def requeue_scenario() -> dict[str, Any]:
         "tasks": tasks,
         "merge_job": job,
         "logs": logs,
-        "seen": seen,
+        "seen": list(seen),
         "merged": outcome_keys(out),
         "one_machine": outcome_keys(reference),
     }
+
+
+SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {REQUEUE: requeue_scenario}
