@@ -24,6 +24,8 @@ from trollout.collector.planning.task_selection import task_shard
 from trollout.testing import AgentSpec, DeploymentSpec, Latency, spawn_fake_deployment, task_rows
 
 REQUEUE = "test_sbatch_submit_stopped_tasks_requeue_and_the_merge_job_equals_one_machine"
+HANG = {"kind": "hang", "attempts": [0]}  # the first try hangs until its task is stopped
+FAIL = {"kind": "status", "status": 500}
 SPEC = DeploymentSpec(
     agents=(AgentSpec(name="math_agent"),), latency=Latency(fixed_s=0.02), record_runs=False
 )
@@ -62,15 +64,23 @@ def requeue_scenario() -> dict[str, Any]:
     folder = scratch() / "requeue"
     folder.mkdir()
     rows = list(task_rows(24, seed=7))
-    shard_of = [task_shard(row, 4) for row in rows]
-    cancelled = next(i for i, s in enumerate(shard_of) if s == 0)
-    timed = next(i for i, s in enumerate(shard_of) if s == 1)
-    failing = next(i for i, s in enumerate(shard_of) if s == 1 and i != timed)
-    rows[failing]["fake_fault"] = {"kind": "status", "status": 500}
+
+    def first_in(shard: int, fault: dict[str, Any], *taken: int) -> int:
+        # A task's shard is a hash of its row as written, fault included (`task_shard`).
+        return next(
+            i
+            for i, row in enumerate(rows)
+            if i not in taken and task_shard({**row, "fake_fault": fault}, 4) == shard
+        )
+
+    cancelled, timed = first_in(0, HANG), first_in(1, HANG)
+    failing = first_in(1, FAIL, cancelled, timed)
+    rows[failing]["fake_fault"] = FAIL
     plain = write_jsonl(folder / "plain.jsonl", rows)  # the one-machine reference: no hangs
     for index in (cancelled, timed):
-        rows[index] = {**rows[index], "fake_fault": {"kind": "hang", "attempts": [0]}}
+        rows[index] = {**rows[index], "fake_fault": HANG}
     source = write_jsonl(folder / "tasks.jsonl", rows)
+    placed = [task_shard(rows[i], 4) for i in (cancelled, timed, failing)]
     with spawn_fake_deployment(SPEC) as fake:
         common = ["--head-server", fake.head_url, "--agent", "math_agent", "--num-repeats", "1",
                   "--concurrency", "2", "--grace", "0"]  # fmt: skip
@@ -99,6 +109,7 @@ def requeue_scenario() -> dict[str, Any]:
         "merge_job": job,
         "logs": logs,
         "seen": list(seen),
+        "placed": placed,
         "merged": outcome_keys(out),
         "one_machine": outcome_keys(reference),
     }

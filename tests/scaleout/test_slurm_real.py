@@ -70,6 +70,9 @@ def test_sbatch_submit_stopped_tasks_requeue_and_the_merge_job_equals_one_machin
     background = started(REQUEUE)
     found = background.result(10 * 60) if background is not None else requeue_scenario()
     array, tasks, logs = found["array"], found["tasks"], found["logs"]
+    # The hanging rollouts are in tasks 0 (stopped by scancel) and 1 (by its time limit), the
+    # failing one in task 1: a task with no hanging rollout may end before any signal.
+    assert found["placed"] == [0, 1, 1]
     assert sorted(r["JobState"] for r in tasks) == ["COMPLETED"] * 4, logs
     restarts = {int(r["ArrayTaskId"]): int(r["Restarts"]) for r in tasks}
     assert restarts[0] >= 1, (restarts, found["seen"], logs)  # requeued by Slurm
