@@ -95,7 +95,8 @@ async def test_two_thousand_batches_leave_no_task_fd_or_memory_behind() -> None:
             gc.collect()
             grown = _traced_bytes(TIMING) - before
             assert trio.lowlevel.current_statistics().tasks_living == tasks
-            assert network_descriptors(ports=ports) == sockets
+            # As many as after the warm-up (a pooled connection may be replaced, never added).
+            assert len(network_descriptors(ports=ports)) == len(sockets)
             assert sockets  # the pooled connections are seen
     finally:
         tracemalloc.stop()
