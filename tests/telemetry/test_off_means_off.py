@@ -50,8 +50,9 @@ def test_off_means_off_collect_imports_no_telemetry_module(tmp_path: Path, fake:
 
 
 def test_off_means_off_probe_sees_telemetry_when_asked(tmp_path: Path, fake: FakeUrls) -> None:
-    """The guard on the guard: with --metrics-port the same probe does see them load."""
-    loaded = run_probe(tmp_path, fake, "--metrics-port", "0")
+    """The guard on the guard: with --metrics-port the same probe does see them load (no
+    linger after the run: the endpoint's 60 s default would only make the test wait)."""
+    loaded = run_probe(tmp_path, fake, "--metrics-port", "0", "--metrics-linger", "0")
     assert "opentelemetry.sdk.metrics" in loaded
     assert "prometheus_client" in loaded
 
