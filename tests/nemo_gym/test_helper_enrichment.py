@@ -67,6 +67,15 @@ def collect(completions: Any) -> list[tuple[dict[str, Any], Any]]:
     return asyncio.run(main())
 
 
+def run_examples(
+    fake: FakeUrls, capture_dir: Path, given: list[dict[str, Any]], **options: Any
+) -> list[tuple[dict[str, Any], Any]]:
+    """Every pair of one `run_examples` call through the capturing `helper`."""
+    return collect(
+        helper(capture_dir).run_examples(given, head_server_config=head(fake), **options)
+    )
+
+
 def calls(result: dict[str, Any]) -> list[dict[str, Any]]:
     return list(result["ng_model_call_capture"]["calls"])
 
@@ -81,9 +90,7 @@ def test_enrich_results_attaches_what_collection_records(fake: FakeUrls, capture
     """Every result carries its two captured calls (with payloads), the trajectory and perf;
     reward and the reply's own fields are untouched; rows are the copies dispatched."""
     given = rows(3, seed=11)
-    pairs = collect(
-        helper(capture_dir).run_examples(given, head_server_config=head(fake), enrich_results=True)
-    )
+    pairs = run_examples(fake, capture_dir, given, enrich_results=True)
     assert len(pairs) == 3
     for row, result in pairs:
         assert all(key in result for key in ENRICHMENT), sorted(result)
@@ -102,7 +109,7 @@ def test_without_enrich_results_the_result_is_the_reply_as_it_came(
     """Observability on in the helper's config, enrich_results off (NeMo Gym's default):
     nothing is attached, and the pairs' rows are the caller's own."""
     given = rows(3, seed=12)
-    pairs = collect(helper(capture_dir).run_examples(given, head_server_config=head(fake)))
+    pairs = run_examples(fake, capture_dir, given)
     assert len(pairs) == 3
     for row, result in pairs:
         assert "ng_model_call_capture" not in result
@@ -115,26 +122,16 @@ def test_payloads_left_out_and_captures_deleted_on_request(
 ) -> None:
     """include_model_call_payloads=False keeps call metadata only; delete_model_call_capture
     removes each rollout's capture file once merged (with the payloads kept)."""
-    lean = collect(
-        helper(capture_dir).run_examples(
-            rows(2, seed=13),
-            head_server_config=head(fake),
-            enrich_results=True,
-            include_model_call_payloads=False,
-        )
+    lean = run_examples(
+        fake, capture_dir, rows(2, seed=13), enrich_results=True, include_model_call_payloads=False
     )
     for _, result in lean:
         assert len(calls(result)) == 2
         assert all(body is None for body in bodies(result))
         assert not any("request" in call or "response" in call for call in calls(result))
     kept = {p.name for p in capture_dir.iterdir()}
-    deleted = collect(
-        helper(capture_dir).run_examples(
-            rows(2, seed=14),
-            head_server_config=head(fake),
-            enrich_results=True,
-            delete_model_call_capture=True,
-        )
+    deleted = run_examples(
+        fake, capture_dir, rows(2, seed=14), enrich_results=True, delete_model_call_capture=True
     )
     for _, result in deleted:
         assert len(calls(result)) == 2
@@ -158,13 +155,8 @@ def test_deleting_captures_without_payloads_is_refused_before_anything_is_sent(
 def test_a_recorded_shard_is_enriched(fake: FakeUrls, capture_dir: Path, tmp_path: Path) -> None:
     """record_shard implies enrich_results (NeMo Gym's page): the pairs and the shard's rows
     carry the enrichment collection would record."""
-    pairs = collect(
-        helper(capture_dir).run_examples(
-            rows(2, seed=16),
-            head_server_config=head(fake),
-            record_output_dir=tmp_path,
-            record_shard="step-1",
-        )
+    pairs = run_examples(
+        fake, capture_dir, rows(2, seed=16), record_output_dir=tmp_path, record_shard="step-1"
     )
     assert all(all(key in result for key in ENRICHMENT) for _, result in pairs)
     recorded = read_jsonl(tmp_path / "rollouts-step-1.jsonl")
@@ -179,13 +171,8 @@ def test_enriched_a_routed_failure_is_the_typed_record(fake: FakeUrls, capture_d
     given[1]["fake_fault"] = {"kind": "status", "status": 500, "body": "boom"}
 
     def failure(enrich: bool) -> Any:
-        pairs = collect(
-            helper(capture_dir).run_examples(
-                given,
-                head_server_config=head(fake),
-                route_failures_to_sidecar=True,
-                enrich_results=enrich,
-            )
+        pairs = run_examples(
+            fake, capture_dir, given, route_failures_to_sidecar=True, enrich_results=enrich
         )
         (failed,) = [result for row, result in pairs if row["_ng_task_index"] == 1]
         return failed
@@ -204,13 +191,8 @@ def test_rows_never_preprocessed_keep_the_plain_path(fake: FakeUrls, capture_dir
     given = [{**r, "agent_ref": {"name": "math_agent"}} for r in task_rows(2, seed=18)]
     given[1]["fake_fault"] = {"kind": "status", "status": 500, "body": "boom"}
     assert not any("_ng_task_index" in row for row in given)
-    pairs = collect(
-        helper(capture_dir).run_examples(
-            given,
-            head_server_config=head(fake),
-            route_failures_to_sidecar=True,
-            enrich_results=True,
-        )
+    pairs = run_examples(
+        fake, capture_dir, given, route_failures_to_sidecar=True, enrich_results=True
     )
     assert sorted(id(row) for row, _ in pairs) == sorted(map(id, given))
     (failed,) = [result for row, result in pairs if row is given[1]]

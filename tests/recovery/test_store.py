@@ -101,6 +101,20 @@ def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.fixture
+def jobs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the name of every function the store hands to a worker thread (one job each)."""
+    names: list[str] = []
+    real = trio.to_thread.run_sync
+
+    async def counting(fn: Callable[..., Any], *args: Any, **options: Any) -> Any:
+        names.append(fn.__name__)
+        return await real(fn, *args, **options)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+    return names
+
+
+@pytest.fixture
 def inline_io(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the store's file work on the loop thread, so the fake clock stays exact."""
 
@@ -632,18 +646,10 @@ async def test_store_exit_flushes_when_cancelled(layout: RunLayout, fsyncs: list
 
 
 async def test_store_close_fsyncs_rows_then_saves_the_status_in_one_thread_job(
-    layout: RunLayout, fsyncs: list[str], monkeypatch: pytest.MonkeyPatch
+    layout: RunLayout, fsyncs: list[str], jobs: list[str]
 ) -> None:
     """Close fsyncs the rows before the final status replaces the last one, both in a single
     worker-thread job (a hop costs CPU that a trainer's shard pays every step)."""
-    jobs: list[str] = []
-    real = trio.to_thread.run_sync
-
-    async def counting(fn: Callable[..., Any], *args: Any, **options: Any) -> Any:
-        jobs.append(fn.__name__)
-        return await real(fn, *args, **options)
-
-    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
     config = RunConfig(fsync=FsyncPolicy.BATCH, fsync_every_rows=1000, fsync_every_s=3600.0)
     async with open_run_store(layout, config, expected=3) as store:
         await store.write([landed(0), failed(1)])
@@ -730,20 +736,12 @@ async def test_store_writes_materialized_inputs(layout: RunLayout, fsyncs: list[
 
 
 async def test_store_starts_a_run_in_one_thread_job_and_then_calls_then(
-    layout: RunLayout, fsyncs: list[str], monkeypatch: pytest.MonkeyPatch
+    layout: RunLayout, fsyncs: list[str], jobs: list[str]
 ) -> None:
     """A fresh run starts in one worker-thread job: the inputs complete and synced, the new
     rollouts file created before their rename (whose folder fsync makes its name durable), then
     ``then`` with their sha256 (`run_folder` writes the manifest there). What ``then`` raises
     is raised once the run has started, as a manifest written after would have."""
-    jobs: list[str] = []
-    real = trio.to_thread.run_sync
-
-    async def counting(fn: Callable[..., Any], *args: Any, **options: Any) -> Any:
-        jobs.append(fn.__name__)
-        return await real(fn, *args, **options)
-
-    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
     seen: list[tuple[str, bytes, bool, list[str]]] = []
 
     def then(sha256: str) -> None:
