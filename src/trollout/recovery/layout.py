@@ -13,14 +13,6 @@ beside the output (the manifest is written right after a relocated file, and a r
 started afresh). Rejected: a link or a copy beside the output (a link is what the run-folder
 checks refuse, `preflight`; a copy is two files to keep equal), and an option on every reader
 (each would have to be given the path again, and a reader given none would call the run broken).
-
-Each path is computed once per layout and kept on it (`RunLayout` is frozen, so a path never
-changes): a recorded shard asks its layout for paths some forty times as it opens (the checks,
-the lock, the store, the manifest), and each ``pathlib`` computation costs microseconds, which a
-training step's shard paid in the tens of milliseconds of CPU per minute. Rejected:
-``functools.cached_property`` (needs a ``__dict__``, which the slotted attrs class has not) and
-computing every path in ``__init__`` (most layouts, such as those `preflight` builds to compare
-with, are asked for one or two paths).
 """
 
 from __future__ import annotations
@@ -29,7 +21,7 @@ import os
 from pathlib import Path
 
 import orjson
-from attrs import field, frozen
+from attrs import frozen
 
 from ..settings.derived import materialized_jsonl_fpath, output_stem
 
@@ -50,8 +42,6 @@ class RunLayout:
 
     output: Path
     inputs: Path | None = None
-    # Paths computed so far, by suffix (module docstring); not part of the value.
-    _paths: dict[str, Path] = field(init=False, factory=dict, eq=False, repr=False)
 
     @classmethod
     def for_output(
@@ -78,10 +68,7 @@ class RunLayout:
         return output_stem(self.output)
 
     def _sibling(self, suffix: str) -> Path:
-        path = self._paths.get(suffix)
-        if path is None:
-            path = self._paths[suffix] = self.output.with_name(self.stem + suffix)
-        return path
+        return self.output.with_name(self.stem + suffix)
 
     @property
     def rollouts(self) -> Path:
@@ -96,12 +83,7 @@ class RunLayout:
     @property
     def materialized_inputs(self) -> Path:
         """Every materialized row, written before the first dispatch (`settings.derived`)."""
-        if self.inputs is not None:
-            return self.inputs
-        path = self._paths.get("")
-        if path is None:
-            path = self._paths[""] = materialized_jsonl_fpath(self.output)
-        return path
+        return self.inputs if self.inputs is not None else materialized_jsonl_fpath(self.output)
 
     @property
     def relocated(self) -> bool:
