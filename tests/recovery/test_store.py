@@ -215,10 +215,12 @@ async def test_store_rows_have_reference_keys(layout: RunLayout) -> None:
 
 
 def stale_run(layout: RunLayout) -> dict[Path, bytes]:
-    """Fill the folder with an old run's files, a leftover temp file and a stranger's file."""
+    """Fill the folder with an old run's files, a leftover temp file and a stranger's file,
+    and the lock record of the writer that died leaving them (`RunLock.inherited`)."""
     layout.output.parent.mkdir(parents=True, exist_ok=True)
     for path in layout.all_files():
         path.write_text('{"stale": true}\n')
+    layout.lock.write_text('{"pid": 1, "host": "gone", "started_at": 0.0, "token": "dead"}\n')
     (layout.output.parent / f".{layout.batch_status.name}.deadbeef.tmp").write_text("{")
     (layout.output.parent / f".{layout.batch_status.name}.mine.tmp").write_text("mine")
     (layout.output.parent / "other.jsonl").write_text("{}\n")
@@ -234,9 +236,11 @@ def folder_bytes(folder: Path) -> dict[Path, bytes]:
     }
 
 
-def without_lock(layout: RunLayout) -> dict[Path, bytes]:
-    """The folder's files but the lock (whose owner record a store writes while it runs)."""
-    return {p: b for p, b in folder_bytes(layout.output.parent).items() if p != layout.lock}
+def without_lock(layout: RunLayout, files: dict[Path, bytes] | None = None) -> dict[Path, bytes]:
+    """The folder's files (or ``files``) but the lock (whose owner record a store writes while
+    it runs)."""
+    files = folder_bytes(layout.output.parent) if files is None else files
+    return {p: b for p, b in files.items() if p != layout.lock}
 
 
 async def test_store_fresh_run_over_a_run_is_refused_untouched(layout: RunLayout) -> None:
@@ -256,7 +260,7 @@ async def test_store_overwrite_clears_old_files_only_once_the_new_inputs_are_wri
     leftover = layout.output.parent / f".{layout.batch_status.name}.deadbeef.tmp"
     rows = [MaterializedRow.from_body({"_ng_task_index": 0, "_ng_rollout_index": 0, "q": 1})]
     async with open_run_store(layout, RunConfig(overwrite=True), expected=1) as store:
-        assert without_lock(layout) == before
+        assert without_lock(layout) == without_lock(layout, before)
         with pytest.raises(RunFolderError, match="has not started"):
             await store.write([landed(0)])
         assert await store.write_materialized_inputs(rows) == 1
@@ -292,7 +296,7 @@ async def test_store_overwrite_interrupted_while_writing_inputs_keeps_the_old_ru
                 await trio.to_thread.run_sync(started.wait)
                 nursery.cancel_scope.cancel()
         assert not scope.cancelled_caught  # stopped by our cancel, not by the hang guard
-    assert without_lock(layout) == before
+    assert without_lock(layout) == without_lock(layout, before)
 
 
 async def test_store_new_run_interrupted_while_writing_inputs_leaves_no_run(
@@ -339,7 +343,7 @@ async def test_store_resume_keeps_files_and_repairs_tails_once_seeded(layout: Ru
     layout.failures.write_bytes(b'{"_ng_task_index": 1}')
     before = folder_bytes(layout.output.parent)
     async with open_run_store(layout, RunConfig(), expected=3, fresh=False) as store:
-        assert without_lock(layout) == before
+        assert without_lock(layout) == without_lock(layout, before)
         store.seed(expected=4, landed=set(), statuses=[])
         await store.write([landed(2), failed(3)])
     assert [r["_ng_task_index"] for r in read_rows(layout.rollouts)] == [0, 2]

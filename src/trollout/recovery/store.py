@@ -18,6 +18,9 @@ in a new folder fed no inputs (a driver recording outcomes alone) starts at its 
 a resume starts in `RunStore.seed`, after the caller's checks, which repairs torn tails and hands
 the store what the folder holds (landed keys, latest states, the whole run's ``expected``), so a
 refused resume leaves the folder byte for byte as it was, and a resumed one reports the whole run.
+Temp files a crash left are removed when the run starts: by a resume always, by a fresh start
+when the lock held a dead writer's record (`lock.RunLock.inherited`: only a writer that died
+holding the lock can have left one, and a shards folder is too big to list at every step).
 
 Attempts: the store is also the engine's `AttemptReserver`: `RunStore.reserve` appends the
 number of each attempt a worker is about to send to the ledger (`ledger`), and `write` appends a
@@ -316,7 +319,8 @@ class RunStore:
         snapshot = self.snapshot()
 
         def replace(temp: Path) -> None:  # in the worker thread, the new inputs complete
-            _clear_run_files(self.layout, snapshot, temp)
+            _clear_run_files(self.layout, snapshot, temp, temps=self._leftovers())
+            self._leftovers_removed()
             # Before the rename, whose folder fsync covers its name. Closed first: an earlier
             # try that failed after this point left its descriptor on the file just removed.
             self._rollouts.close()
@@ -354,7 +358,8 @@ class RunStore:
             RunFolderError: a torn tail cannot be repaired.
         """
         self._check_open()
-        remove_temp_files(self.layout)
+        remove_temp_files(self.layout)  # a resume lists the folder whatever the lock says
+        self._leftovers_removed()
         for path in (self.layout.rollouts, self.layout.failures, self.layout.attempts):
             with os_errors(path, "repair the tail of"):
                 jsonl.repair_tail(path)
@@ -554,8 +559,18 @@ class RunStore:
         writes its inputs starts in `write_materialized_inputs` before its first outcome.
         """
         with os_errors(self.layout.output, "start the run in"):
-            _clear_run_files(self.layout, self.snapshot(), None)
+            _clear_run_files(self.layout, self.snapshot(), None, temps=self._leftovers())
+        self._leftovers_removed()
         self._opened(status_at=trio.current_time())
+
+    def _leftovers(self) -> bool:
+        """Whether a writer may have left temp files here: the lock holds the record of one
+        that died holding it (`lock.RunLock.inherited`), or there is no lock to tell."""
+        return self._lock is None or self._lock.inherited
+
+    def _leftovers_removed(self) -> None:
+        if self._lock is not None:
+            self._lock.crash_handled()
 
     def _opened(self, *, status_at: float, folder_synced: bool = False) -> None:
         """Open the rollouts file and start saving status: the run has begun.
@@ -830,13 +845,17 @@ def _write_inputs(
     return count, None
 
 
-def _clear_run_files(layout: RunLayout, status: BatchStatus, new_inputs: Path | None) -> None:
-    """Remove an old run's files and leftover temp files; save a first status.
+def _clear_run_files(
+    layout: RunLayout, status: BatchStatus, new_inputs: Path | None, *, temps: bool
+) -> None:
+    """Remove an old run's files and (``temps``: a writer died here) leftover temp files;
+    save a first status.
 
     ``new_inputs`` is the temp file of the new materialized inputs, renamed into place next
     (None: there are none yet, so the old ones go too).
     """
-    remove_temp_files(layout, keep=new_inputs)
+    if temps:  # lists the folder: a shards folder holds thousands of files
+        remove_temp_files(layout, keep=new_inputs)
     for path in layout.all_files():
         if not (new_inputs is not None and path == layout.materialized_inputs):
             with suppress(FileNotFoundError):
