@@ -23,6 +23,10 @@ subprocess, one after the other, and sends ``batches x rows`` rollouts:
   beside; each call opens and closes its own collector thread (the drop-in's design), so
   this is ``aio`` plus that per-step cost and an awaitable per rollout.
 
+``--prior-shards N`` starts the shard clients' folder with N earlier steps' files (empty, six
+per step, as a long training run's folder holds), to show that a shard's cost does not grow with
+the steps before it.
+
 Reported per client: client CPU milliseconds per rollout (user+system of the whole client
 process, every thread, measured around the collection only, so interpreter start and imports
 are left out), peak RSS (VmHWM), and for the asyncio clients the worst gap of a task that
@@ -319,12 +323,22 @@ def client_main(argv: list[str]) -> None:
 
 def run_client(kind: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="trollout-bench-") as folder:
+        if kind.endswith("+shards"):
+            prior_shards(Path(folder), args.prior_shards)
         command = [sys.executable, __file__, "--client", kind, url]
         command += [str(args.batches), str(args.rows), str(args.concurrency), folder]
         proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} client failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def prior_shards(folder: Path, steps: int) -> None:
+    """Fill ``folder`` with the files of ``steps`` earlier shards (empty: only names matter)."""
+    endings = (".jsonl", ".lock", "_attempts.jsonl", "_batch_status.json", "_manifest.json")
+    for step in range(steps):
+        for ending in (*endings, "_materialized_inputs.jsonl"):
+            (folder / f"rollouts-earlier-{step:06d}{ending}").touch()
 
 
 def report(kind: str, n: int, r: dict[str, Any]) -> str:
@@ -345,12 +359,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--prior-shards", type=int, default=0, metavar="N")
     args = parser.parse_args()
     from trollout.testing import AgentSpec, DeploymentSpec, spawn_fake_deployment
 
     spec = DeploymentSpec(agents=(AgentSpec(name=AGENT),), record_runs=False)
     n = args.batches * args.rows
     print(f"{n} rollouts ({args.batches} batches of {args.rows}), {args.concurrency} in flight")
+    if args.prior_shards:
+        print(f"shard folders start with {args.prior_shards} earlier steps' files")
     with spawn_fake_deployment(spec, record_runs=False) as fake:
         url = fake.run_urls[AGENT]
         for _ in range(args.repeat):
