@@ -269,10 +269,11 @@ async def test_store_overwrite_clears_old_files_only_once_the_new_inputs_are_wri
         assert not layout.manifest.exists()
         assert not leftover.exists()
         assert [r["q"] for r in read_rows(layout.materialized_inputs)] == [1]
-        assert attrs.evolve(read_status(layout), updated_at=0.0) == attrs.evolve(
-            store.snapshot(), updated_at=0.0
-        )
+        assert not layout.batch_status.exists()  # the old run's; the new one's comes later
         await store.write([landed(0)])
+    assert attrs.evolve(read_status(layout), updated_at=0.0) == attrs.evolve(
+        store.snapshot(finished=True), updated_at=0.0
+    )
     assert (layout.output.parent / "other.jsonl").read_text() == "{}\n"
     assert (layout.output.parent / f".{layout.batch_status.name}.mine.tmp").read_text() == "mine"
 
@@ -430,7 +431,9 @@ async def test_store_status_interval_on_fake_clock(
     inline_io: None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The status is saved when the run starts, at most every status_interval_s, and at close.
+    """The status is saved status_interval_s after the run starts, at most every
+    status_interval_s after that, and at close (a run shorter than the interval, a training
+    step's shard, saves it once).
 
     A fresh run in a new folder, fed no inputs, starts at its first outcome (0.5 s).
     """
@@ -451,12 +454,30 @@ async def test_store_status_interval_on_fake_clock(
         await trio.sleep_until(12.0)
         nursery.cancel_scope.cancel()
     assert saved == [
-        (0.5, 0, False),
         (2.5, 2, False),
         (4.5, 3, False),
         (9.0, 4, False),  # quiet for longer than the interval: saved at once
         (12.0, 4, True),
     ]
+
+
+async def test_store_first_status_of_a_quiet_run_comes_one_interval_after_its_start(
+    layout: RunLayout, autojump_clock: trio.testing.MockClock, inline_io: None
+) -> None:
+    """A run whose first outcome is long in coming still shows a status (nothing settled yet)
+    status_interval_s after it started; not before: a shorter run saves its status once."""
+    row = MaterializedRow.from_body({"_ng_task_index": 0, "_ng_rollout_index": 0})
+    config = RunConfig(status_interval_s=2.0)
+    async with open_run_store(layout, config, expected=1) as store, trio.open_nursery() as nursery:
+        await nursery.start(store.run_housekeeping)
+        await store.write_materialized_inputs([row])
+        await trio.sleep(1.9)
+        assert not layout.batch_status.exists()
+        await trio.sleep(0.2)
+        status = read_status(layout)
+        assert (status.completed, status.not_started, status.closed) == (0, 1, False)
+        nursery.cancel_scope.cancel()
+    assert read_status(layout).closed
 
 
 # --- atomic replace ---------------------------------------------------------------------------

@@ -282,10 +282,11 @@ class RunStore:
         thread (streaming: memory does not grow with it), so it must not touch Trio. The file
         appears complete or not at all. In a store that has not started yet (a fresh run, or a
         resume of a folder holding no run), this starts the run: once the new inputs are
-        complete and synced, and only then, the old run's files (if any) are removed, the first
-        status is saved, the new (empty) rollouts file is created and the new inputs take their
-        place; the folder's fsync after that rename makes the rollouts file's name durable too
-        (inputs kept in another folder: the output's folder is fsynced before the rename).
+        complete and synced, and only then, the old run's files (if any) are removed, the new
+        (empty) rollouts file is created and the new inputs take their place; the folder's fsync
+        after that rename makes the rollouts file's name durable too (inputs kept in another
+        folder: the output's folder is fsynced before the rename). The first status is saved
+        ``status_interval_s`` later, or at close if that comes first (a shard's step).
 
         Args:
             rows: the materialized rows.
@@ -316,10 +317,9 @@ class RunStore:
                 f"{str(self.layout.output)!r} holds a run being resumed; its materialized inputs "
                 "are what it dispatches and are never replaced; collect into a new output file"
             )
-        snapshot = self.snapshot()
 
         def replace(temp: Path) -> None:  # in the worker thread, the new inputs complete
-            _clear_run_files(self.layout, snapshot, temp, temps=self._leftovers())
+            _clear_run_files(self.layout, temp, temps=self._leftovers())
             self._leftovers_removed()
             # Before the rename, whose folder fsync covers its name. Closed first: an earlier
             # try that failed after this point left its descriptor on the file just removed.
@@ -559,7 +559,7 @@ class RunStore:
         writes its inputs starts in `write_materialized_inputs` before its first outcome.
         """
         with os_errors(self.layout.output, "start the run in"):
-            _clear_run_files(self.layout, self.snapshot(), None, temps=self._leftovers())
+            _clear_run_files(self.layout, None, temps=self._leftovers())
         self._leftovers_removed()
         self._opened(status_at=trio.current_time())
 
@@ -580,6 +580,8 @@ class RunStore:
         """
         self._status_at = status_at
         self._status_enabled = True
+        self._status_dirty = True  # the first status: due status_interval_s after status_at
+        self._changed.set()
         self._started = True
         self._rollouts.open()
         self._rollouts.created = False
@@ -845,11 +847,9 @@ def _write_inputs(
     return count, None
 
 
-def _clear_run_files(
-    layout: RunLayout, status: BatchStatus, new_inputs: Path | None, *, temps: bool
-) -> None:
-    """Remove an old run's files and (``temps``: a writer died here) leftover temp files;
-    save a first status.
+def _clear_run_files(layout: RunLayout, new_inputs: Path | None, *, temps: bool) -> None:
+    """Remove an old run's files (its status too: the new run's first follows) and
+    (``temps``: a writer died here) leftover temp files.
 
     ``new_inputs`` is the temp file of the new materialized inputs, renamed into place next
     (None: there are none yet, so the old ones go too).
@@ -860,4 +860,3 @@ def _clear_run_files(
         if not (new_inputs is not None and path == layout.materialized_inputs):
             with suppress(FileNotFoundError):
                 os.unlink(path)
-    status_file.write_status_file(layout.batch_status, status)
