@@ -21,6 +21,7 @@ import trio.testing
 
 import builders
 from builders import identity
+from trollout.collector.deployment.discovery import Deployment
 from trollout.errors import RunFolderError, RunFolderLockedError, RunFolderWriteError
 from trollout.records import (
     BatchStatus,
@@ -38,6 +39,7 @@ from trollout.recovery import store as store_mod
 from trollout.recovery.files import replace_atomically
 from trollout.recovery.layout import RunLayout
 from trollout.recovery.lock import RunLock
+from trollout.recovery.run_folder import MaterializedRows, open_run_folder
 from trollout.recovery.store import open_run_store
 from trollout.settings import FsyncPolicy, RunConfig
 
@@ -440,9 +442,9 @@ async def test_store_status_interval_on_fake_clock(
     saved: list[tuple[float, int, bool]] = []
     real = status_mod.write_status_file
 
-    def recording(path: Path, status: BatchStatus) -> None:
+    def recording(path: Path, status: BatchStatus, **options: Any) -> None:
         saved.append((trio.current_time(), status.completed, status.closed))
-        real(path, status)
+        real(path, status, **options)
 
     monkeypatch.setattr(status_mod, "write_status_file", recording)
     config = RunConfig(status_interval_s=2.0)
@@ -686,6 +688,40 @@ async def test_store_close_fsyncs_rows_then_saves_the_status_in_one_thread_job(
     assert fsyncs[3].startswith(f"{folder}/.{layout.batch_status.name}.")  # the status's temp
     assert fsyncs[4:] == [folder]
     assert read_status(layout).closed
+
+
+@pytest.mark.parametrize("policy", list(FsyncPolicy))
+async def test_store_never_means_no_fsync_of_any_run_file(
+    tmp_path: Path, fsyncs: list[str], policy: FsyncPolicy
+) -> None:
+    """Under ``never`` a run fsyncs nothing: not the rows, nor the inputs, manifest, status or
+    folder (a shard per training step pays no fsync); every other policy fsyncs each of them.
+    The files are the same either way."""
+    rows = [
+        MaterializedRow.from_body({"_ng_task_index": i, "_ng_rollout_index": 0}) for i in (0, 1)
+    ]
+    config = RunConfig(
+        fsync=policy,
+        status_interval_s=0.001,
+        input_jsonl_fpath=None,
+        output_jsonl_fpath=str(tmp_path / "run" / "out.jsonl"),
+        agent_urls={"math_agent": "http://127.0.0.1:9/run"},
+    )
+    deployment = Deployment.from_agent_urls(config.agent_urls)
+    async with open_run_folder(config, deployment, plan=MaterializedRows(rows)) as run:
+        await run.store.write([landed(0), failed(1)])
+    layout = run.layout
+    synced = {Path(p).name.split(".")[1] if Path(p).name.startswith(".") else p for p in fsyncs}
+    if policy is FsyncPolicy.NEVER:
+        assert fsyncs == []
+    else:
+        for name in ("out_materialized_inputs", "out_manifest", "out_batch_status"):
+            assert name in synced  # each one's temp file, before its rename
+        assert {str(layout.rollouts), str(layout.failures), str(layout.output.parent)} <= synced
+    assert read_status(layout).closed
+    assert [r["_ng_task_index"] for r in read_rows(layout.materialized_inputs)] == [0, 1]
+    assert orjson.loads(layout.manifest.read_bytes())["expected_rollouts"] == 2
+    assert len(read_rows(layout.rollouts)) == len(read_rows(layout.failures)) == 1
 
 
 async def test_store_exit_releases_lock_and_refuses_writes(layout: RunLayout) -> None:

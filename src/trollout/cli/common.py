@@ -137,7 +137,9 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
     "fsync": click.option(
         "--fsync",
         type=click.Choice(["row", "batch", "never"]),
-        help="When appended rows are fsynced (default batch).",
+        help="When appended rows are fsynced (default batch); never: nothing the collector "
+        "writes is fsynced, not even the inputs, manifest or status (a kill loses nothing; a "
+        "power loss may).",
     ),
     "fail-fast": click.option(
         "--fail-fast/--no-fail-fast",

@@ -141,10 +141,13 @@ class AtomicFile:
     Args:
         path: the file to replace (a symlink there is replaced, never followed; the temp file
             is created with ``O_EXCL``, so a link planted under its name is never written).
+        durable: fsync the new content and the folder (False: a run under ``--fsync never``;
+            the replace is still atomic, and survives the process being killed).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, durable: bool = True) -> None:
         self.path = path
+        self.durable = durable
         self.temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
         fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self.file: IO[bytes] = open(fd, "wb", buffering=1 << 20)  # noqa: SIM115
@@ -167,7 +170,8 @@ class AtomicFile:
         except BaseException:
             self.discard()
             raise
-        fsync_dir(self.path.parent)
+        if self.durable:
+            fsync_dir(self.path.parent)
 
     def close(self) -> None:
         """Finish the new content: flush, fsync and close the temp file (once; `commit` calls
@@ -175,7 +179,8 @@ class AtomicFile:
         if not self.file.closed:
             try:
                 self.file.flush()
-                os.fsync(self.file.fileno())
+                if self.durable:
+                    os.fsync(self.file.fileno())
             finally:
                 self.file.close()
 
@@ -188,13 +193,13 @@ class AtomicFile:
 
 @contextmanager
 def atomic_write(
-    path: Path, *, before_replace: Callable[[Path], None] | None = None
+    path: Path, *, before_replace: Callable[[Path], None] | None = None, durable: bool = True
 ) -> Iterator[IO[bytes]]:
     """Yield a file object whose content replaces ``path`` atomically when the block ends.
 
     An error in the block (`WriteStoppedError` included) discards the new content; see `AtomicFile`.
     """
-    new = AtomicFile(path)
+    new = AtomicFile(path, durable=durable)
     try:
         yield new.file
     except BaseException:
@@ -204,7 +209,11 @@ def atomic_write(
 
 
 def replace_atomically(
-    path: Path, chunks: Iterable[bytes], *, before_replace: Callable[[Path], None] | None = None
+    path: Path,
+    chunks: Iterable[bytes],
+    *,
+    before_replace: Callable[[Path], None] | None = None,
+    durable: bool = True,
 ) -> None:
     """Replace ``path`` with ``chunks``: temp file beside it, fsync, rename, fsync the folder.
 
@@ -214,8 +223,9 @@ def replace_atomically(
         path: the file to replace (see `AtomicFile`).
         chunks: the new content.
         before_replace: as for `AtomicFile.commit`.
+        durable: as for `AtomicFile` (False: no fsync).
     """
-    with atomic_write(path, before_replace=before_replace) as f:
+    with atomic_write(path, before_replace=before_replace, durable=durable) as f:
         for chunk in chunks:
             f.write(chunk)
 
@@ -281,6 +291,7 @@ def write_materialized(
     stop: threading.Event | None = None,
     before_replace: Callable[[Path], None] | None = None,
     digest: Any = None,
+    durable: bool = True,
 ) -> int:
     """Write the materialized-inputs file atomically; return the row count.
 
@@ -291,6 +302,7 @@ def write_materialized(
             row with `WriteStoppedError` and removes its temp file.
         before_replace: as for `replace_atomically`.
         digest: a ``hashlib`` object updated with every byte written (no read-back to hash).
+        durable: as for `AtomicFile` (False: no fsync).
     """
     count = 0
 
@@ -307,7 +319,7 @@ def write_materialized(
             yield line
 
     with os_errors(path, "write"):
-        replace_atomically(path, lines(), before_replace=before_replace)
+        replace_atomically(path, lines(), before_replace=before_replace, durable=durable)
     return count
 
 

@@ -153,11 +153,12 @@ def build_manifest(
     )
 
 
-def write_manifest(layout: RunLayout, manifest: RunManifest) -> None:
-    """Write the manifest atomically and fsync it (blocking: call from a worker thread)."""
+def write_manifest(layout: RunLayout, manifest: RunManifest, *, durable: bool = True) -> None:
+    """Write the manifest atomically and (``durable``) fsync it (blocking: call from a worker
+    thread)."""
     data = orjson.dumps(converter.unstructure(manifest), option=orjson.OPT_INDENT_2)
     try:
-        replace_atomically(layout.manifest, [data, b"\n"])
+        replace_atomically(layout.manifest, [data, b"\n"], durable=durable)
     except OSError as exc:
         raise RunFolderError(
             f"cannot write the manifest {str(layout.manifest)!r}: {exc.strerror}; check free "

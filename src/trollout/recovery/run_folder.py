@@ -240,7 +240,7 @@ async def _start(
             tasks=tasks,
             run_id=run_id,
         )
-        write_manifest(store.layout, manifest)
+        write_manifest(store.layout, manifest, durable=store.durable)
         written.append(manifest)
 
     await store.write_materialized_inputs(

@@ -79,16 +79,21 @@ def build_status(
 
 
 def save_status(
-    path: Path, expected: int, completed: int, pending: list[RolloutStatus], closed: bool
+    path: Path,
+    expected: int,
+    completed: int,
+    pending: list[RolloutStatus],
+    closed: bool,
+    durable: bool = True,
 ) -> None:
     """Count the rollouts (`build_status`) and replace the status file."""
-    write_status_file(path, build_status(expected, completed, pending, closed))
+    write_status_file(path, build_status(expected, completed, pending, closed), durable=durable)
 
 
-def write_status_file(path: Path, status: BatchStatus) -> None:
-    """Replace the status file atomically with ``status``."""
+def write_status_file(path: Path, status: BatchStatus, *, durable: bool = True) -> None:
+    """Replace the status file atomically with ``status`` (``durable``: and fsync it)."""
     data = orjson.dumps(converter.unstructure(status), option=orjson.OPT_INDENT_2)
-    replace_atomically(path, [data, b"\n"])
+    replace_atomically(path, [data, b"\n"], durable=durable)
 
 
 def identity_key(identity: Identity) -> RolloutKey:

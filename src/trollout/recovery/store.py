@@ -37,6 +37,10 @@ Durability: rows are written with plain ``os.write`` on the event loop (they lan
 cache, so they survive the process being killed), and ``fsync`` follows `RunConfig.fsync`: after
 every batch (``row``: each acknowledged row is on disk when `write` returns), when
 ``fsync_every_rows`` rows or ``fsync_every_s`` seconds have gone unsynced (``batch``), or never.
+``never`` means nothing at all: the materialized inputs, the manifest and the status are
+replaced atomically but not fsynced either (`RunStore.durable`), so a run under ``never`` (a
+trainer recording a shard per step, which replays a step a power loss cut) pays no fsync; a
+kill loses nothing, a power loss may leave files that resume refuses, naming them.
 fsync and the status file run in a worker thread so the event loop keeps serving rollouts. The
 batch status is replaced atomically (temp file, fsync, rename, fsync the folder) at most every
 ``status_interval_s`` and once at close with ``closed=True`` (``finished`` too when every
@@ -116,6 +120,8 @@ __all__ = ["RunStore", "StoreCounts", "check_run_folder", "open_run_store"]
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _STOP_WAIT_S = 10.0  # how long a cancelled whole-file write may take to stop and clean up
+# `status.save_status`'s arguments: expected, completed, pending, closed, durable.
+_StatusArgs = tuple[int, int, list[RolloutStatus], bool, bool]
 
 
 @frozen
@@ -228,6 +234,8 @@ class RunStore:
         self._reserved = 0  # reservation lines appended (``row``: fsynced up to _reserved_synced)
         self._reserved_synced = 0
         self._fsync_each = config.fsync is FsyncPolicy.ROW  # a reservation waits for its fsync
+        # Under ``never`` nothing is fsynced: rows, inputs, manifest, status (module docstring).
+        self.durable = config.fsync is not FsyncPolicy.NEVER
         self._failure_rows = 0
         self._duplicates = 0
         self._unsynced_rows = 0
@@ -307,7 +315,7 @@ class RunStore:
         digest = hashlib.sha256()
         if self._started:
             count, failed = await _off_loop_stoppable(
-                _write_inputs, path, rows, digest=digest, then=then
+                _write_inputs, path, rows, digest=digest, then=then, durable=self.durable
             )
             if failed is not None:
                 raise failed
@@ -325,11 +333,17 @@ class RunStore:
             # try that failed after this point left its descriptor on the file just removed.
             self._rollouts.close()
             self._rollouts.open()
-            if self.layout.relocated:  # that fsync is of another folder
+            if self.layout.relocated and self.durable:  # that fsync is of another folder
                 fsync_dir(self.layout.output.parent)
 
         count, failed = await _off_loop_stoppable(
-            _write_inputs, path, rows, before_replace=replace, digest=digest, then=then
+            _write_inputs,
+            path,
+            rows,
+            before_replace=replace,
+            digest=digest,
+            then=then,
+            durable=self.durable,
         )
         self.materialized_sha256 = digest.hexdigest()
         self.expected = count
@@ -585,7 +599,7 @@ class RunStore:
         self._started = True
         self._rollouts.open()
         self._rollouts.created = False
-        if not folder_synced:
+        if not folder_synced and self.durable:
             fsync_dir(self.layout.output.parent)
 
     def _check_open(self) -> None:
@@ -758,17 +772,14 @@ class RunStore:
             with self._mid_run(path, "save the batch status"):
                 await _off_loop(status_file.save_status, path, *args)
 
-    def _take_status(self, *, finished: bool) -> tuple[int, int, list[RolloutStatus], bool]:
+    def _take_status(self, *, finished: bool) -> _StatusArgs:
         """Copy the status's state on the loop (sorting and serializing happen in the thread),
-        counted as saved. Call under ``_status_lock``."""
+        counted as saved: `status.save_status`'s arguments. Call under ``_status_lock``."""
         self._status_dirty, self._status_at = False, trio.current_time()
-        return (self.expected, len(self._landed), list(self._pending.values()), finished)
+        pending = list(self._pending.values())
+        return (self.expected, len(self._landed), pending, finished, self.durable)
 
-    def _flush_and_save(
-        self,
-        sync: list[int | None] | None,
-        status: tuple[int, int, list[RolloutStatus], bool] | None,
-    ) -> None:
+    def _flush_and_save(self, sync: list[int | None] | None, status: _StatusArgs | None) -> None:
         """Fsync ``sync``, then save ``status`` (either may be None): `aclose`'s thread job."""
         if sync is not None:
             with self._mid_run(self.layout.output, "fsync the run files of"):
@@ -834,10 +845,13 @@ def _write_inputs(
     digest: Any,
     before_replace: Callable[[Path], None] | None = None,
     then: Callable[[str], None] | None = None,
+    durable: bool = True,
 ) -> tuple[int, Exception | None]:
     """Write the materialized inputs (`files.write_materialized`), then call ``then`` with their
     sha256 unless the caller stopped meanwhile; return the count and what ``then`` raised."""
-    count = write_materialized(path, rows, stop=stop, before_replace=before_replace, digest=digest)
+    count = write_materialized(
+        path, rows, stop=stop, before_replace=before_replace, digest=digest, durable=durable
+    )
     if then is None or stop.is_set():
         return count, None
     try:

@@ -74,7 +74,7 @@ class FsyncPolicy(enum.Enum):
 
     ROW = "row"  # after every row: safest, slowest
     BATCH = "batch"  # every fsync_every_rows rows or fsync_every_s seconds (default)
-    NEVER = "never"  # leave it to the OS
+    NEVER = "never"  # leave it to the OS: nothing the collector writes (inputs, manifest, status)
 
 
 class OutagePolicy(enum.Enum):
