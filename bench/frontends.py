@@ -23,6 +23,7 @@ subprocess, one after the other, and sends ``batches x rows`` rollouts:
   beside; each call opens and closes its own collector thread (the drop-in's design), so
   this is ``aio`` plus that per-step cost and an awaitable per rollout.
 
+``--fsync never`` runs the trio and aio clients under that policy (a shard then fsyncs nothing).
 ``--prior-shards N`` starts the shard clients' folder with N earlier steps' files (empty, six
 per step, as a long training run's folder holds), to show that a shard's cost does not grow with
 the steps before it.
@@ -121,13 +122,13 @@ def run_cli(url: str, batches: int, rows: int, concurrency: int, folder: Path) -
 
 
 def run_trio(
-    url: str, batches: int, rows: int, concurrency: int, folder: Path | None
+    url: str, batches: int, rows: int, concurrency: int, folder: Path | None, fsync: str = "batch"
 ) -> dict[str, Any]:
     import trio
 
     import trollout
 
-    config = trollout.RunConfig(num_samples_in_parallel=concurrency)
+    config = trollout.RunConfig(num_samples_in_parallel=concurrency, fsync=fsync)
     work = steps(batches, rows)
 
     async def main() -> int:
@@ -148,11 +149,17 @@ def run_trio(
 
 
 def run_aio(
-    url: str, batches: int, rows: int, concurrency: int, guest: bool, folder: Path | None = None
+    url: str,
+    batches: int,
+    rows: int,
+    concurrency: int,
+    guest: bool,
+    folder: Path | None = None,
+    fsync: str = "batch",
 ) -> dict[str, Any]:
     import trollout
 
-    config = trollout.RunConfig(num_samples_in_parallel=concurrency)
+    config = trollout.RunConfig(num_samples_in_parallel=concurrency, fsync=fsync)
     work = steps(batches, rows)
 
     async def main() -> dict[str, Any]:
@@ -286,7 +293,7 @@ def run_nemo_gym(url: str, batches: int, rows: int, concurrency: int) -> dict[st
 
 
 def client_main(argv: list[str]) -> None:
-    kind, url, batches_s, rows_s, concurrency_s, folder_s = argv
+    kind, url, batches_s, rows_s, concurrency_s, folder_s, fsync = argv
     batches, rows, concurrency, folder = (
         int(batches_s),
         int(rows_s),
@@ -297,7 +304,7 @@ def client_main(argv: list[str]) -> None:
         result = run_cli(url, batches, rows, concurrency, folder)
     elif kind in ("trio", "trio+shards"):
         result = run_trio(
-            url, batches, rows, concurrency, folder if kind == "trio+shards" else None
+            url, batches, rows, concurrency, folder if kind == "trio+shards" else None, fsync
         )
     elif kind in ("aio", "aio-guest", "aio+shards"):
         result = run_aio(
@@ -307,6 +314,7 @@ def client_main(argv: list[str]) -> None:
             concurrency,
             guest=kind == "aio-guest",
             folder=folder if kind == "aio+shards" else None,
+            fsync=fsync,
         )
     elif kind == "trio-asyncio":
         result = run_trio_asyncio(url, batches, rows, concurrency)
@@ -326,7 +334,7 @@ def run_client(kind: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
         if kind.endswith("+shards"):
             prior_shards(Path(folder), args.prior_shards)
         command = [sys.executable, __file__, "--client", kind, url]
-        command += [str(args.batches), str(args.rows), str(args.concurrency), folder]
+        command += [str(args.batches), str(args.rows), str(args.concurrency), folder, args.fsync]
         proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} client failed:\n{proc.stderr[-3000:]}")
@@ -360,6 +368,7 @@ def main() -> None:
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--prior-shards", type=int, default=0, metavar="N")
+    parser.add_argument("--fsync", default="batch", choices=("row", "batch", "never"))
     args = parser.parse_args()
     from trollout.testing import AgentSpec, DeploymentSpec, spawn_fake_deployment
 
