@@ -676,7 +676,8 @@ async def test_store_close_fsyncs_rows_then_saves_the_status_in_one_thread_job(
     layout: RunLayout, fsyncs: list[str], jobs: list[str]
 ) -> None:
     """Close fsyncs the rows before the final status replaces the last one, both in a single
-    worker-thread job (a hop costs CPU that a trainer's shard pays every step)."""
+    worker-thread job (a hop costs CPU that a trainer's shard pays every step); the folder
+    once, after the status's rename (it covers the sidecar's new name too)."""
     config = RunConfig(fsync=FsyncPolicy.BATCH, fsync_every_rows=1000, fsync_every_s=3600.0)
     async with open_run_store(layout, config, expected=3) as store:
         await store.write([landed(0), failed(1)])
@@ -684,9 +685,9 @@ async def test_store_close_fsyncs_rows_then_saves_the_status_in_one_thread_job(
         jobs.clear()
     folder = str(layout.output.parent)
     assert len(jobs) == 1
-    assert fsyncs[:3] == [str(layout.rollouts), str(layout.failures), folder]
-    assert fsyncs[3].startswith(f"{folder}/.{layout.batch_status.name}.")  # the status's temp
-    assert fsyncs[4:] == [folder]
+    assert fsyncs[:2] == [str(layout.rollouts), str(layout.failures)]
+    assert fsyncs[2].startswith(f"{folder}/.{layout.batch_status.name}.")  # the status's temp
+    assert fsyncs[3:] == [folder]
     assert read_status(layout).closed
 
 

@@ -780,8 +780,15 @@ class RunStore:
         return (self.expected, len(self._landed), pending, finished, self.durable)
 
     def _flush_and_save(self, sync: list[int | None] | None, status: _StatusArgs | None) -> None:
-        """Fsync ``sync``, then save ``status`` (either may be None): `aclose`'s thread job."""
-        if sync is not None:
+        """Fsync ``sync``, then save ``status`` (either may be None): `aclose`'s thread job.
+
+        A durable status's save ends with a fsync of the folder, after its rename: that one
+        also makes the names of files created since the last folder fsync durable, so the
+        folder is not fsynced twice (the rows' data is on disk before the status is renamed).
+        """
+        if sync is not None and status is not None and status[-1]:
+            sync = [fd for fd in sync if fd is not None]
+        if sync:
             with self._mid_run(self.layout.output, "fsync the run files of"):
                 fsync_all(sync, self.layout.output.parent)
         if status is not None:
