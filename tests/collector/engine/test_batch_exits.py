@@ -10,10 +10,10 @@ as a `trollout.testing` fault script says; afterwards
 - a bystander batch running beside it is untouched by a batch-local exit;
 - no request is left in flight.
 
-Twice: in memory under Trio's fake clock (`FaultScriptTransport`), so 500 examples run in
-seconds; and through the bundled fake deployment in its own process, over loopback, following
-the same scripts as a `FaultScript` file (each example's entries keyed by its batch's run id),
-where resets, hangs and closed connections are real sockets.
+Twice: in memory under Trio's fake clock (`FaultScriptTransport`), an example in milliseconds;
+and through the bundled fake deployment in its own process, over loopback, following the same
+scripts as a `FaultScript` file (each example's entries keyed by its batch's run id), where
+resets, hangs and closed connections are real sockets.
 """
 
 from __future__ import annotations
@@ -160,7 +160,9 @@ async def run_level_exit(collector: Any, how: str, at: float, second_s: float) -
         await collector.wind_down("the driver winds down", grace_s=0.5 * second_s)
 
 
-@settings(max_examples=500, deadline=None)
+# The project's profile's count (tests/conftest.py: 50 in CI, 25 else), not 500: a batch exit
+# that cancelled the bystander's rollouts failed it in every one of 14 runs at 50 and at 25.
+@settings(deadline=None)
 @given(
     script=fault_scripts(tasks=ROWS, kinds=KINDS, max_attempts=1, run_id="main"),
     delays=st.lists(st.integers(0, 3), min_size=1, max_size=5),
