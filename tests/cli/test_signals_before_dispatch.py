@@ -140,10 +140,18 @@ def materializing(folder: Path) -> bool:
     return any(p.stat().st_size for p in folder.glob(".r_materialized_inputs.jsonl.*.tmp"))
 
 
+@pytest.fixture(scope="module")
+def big_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """200,000 example rows (~25 MB, seconds to write), read and never changed by the tests."""
+    path = tmp_path_factory.mktemp("big") / "in.jsonl"
+    path.write_bytes(b"".join(jsonl.dumps(r) for r in task_rows(200_000, seed=5)))
+    return path
+
+
 @pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="needs Linux's /proc")
 @pytest.mark.parametrize("phase", ["planning", "materializing"])
 def test_sigterm_before_dispatch_exits_143_when_sigint_is_ignored(
-    tmp_path: Path, fake: FakeUrls, phase: str
+    tmp_path: Path, fake: FakeUrls, big_source: Path, phase: str
 ) -> None:
     """SIGTERM ends a run before dispatch even when SIGINT is ignored (``cmd &`` in a script).
 
@@ -152,8 +160,7 @@ def test_sigterm_before_dispatch_exits_143_when_sigint_is_ignored(
     once), materializing waits for a worker thread inside Trio (the run is cancelled); either
     way nothing is dispatched and no run is left behind.
     """
-    source = tmp_path / "in.jsonl"
-    source.write_bytes(b"".join(jsonl.dumps(r) for r in task_rows(200_000, seed=5)))
+    source = big_source
     out = tmp_path / "run" / "r.jsonl"
     argv = builders.cli_command(
         "collect", str(source), "-o", str(out), "--agent", "math_agent", "--num-repeats", "2",

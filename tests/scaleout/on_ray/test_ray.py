@@ -504,15 +504,18 @@ def test_ray_block_that_fails_ends_the_run_naming_the_block(
 # --- a cluster started with `ray start --head`, from another working directory -------------------
 
 
-@pytest.fixture
-def head_elsewhere(tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def head_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Ray head started with ``ray start --head --block`` (2 CPUs, loopback only) whose
-    working directory is not the test's; yields its address, then stops it by its pid
-    (`ray_harness.RayNode`)."""
-    elsewhere = tmp_path / "ray_node_cwd"
+    working directory is not the tests'; yields its address, then stops it by its pid
+    (`ray_harness.RayNode`). One for the module: its tests each run a driver of their own from
+    a folder of their own, and nothing of a run outlives it in the head; the check that no
+    block wrote under the head's directory covers every run on it."""
+    folder = tmp_path_factory.mktemp("head_elsewhere")
+    elsewhere = folder / "ray_node_cwd"
     elsewhere.mkdir()
     args = ["--head", "--port=0", "--include-dashboard=false", "--num-cpus=2"]
-    head = RayNode(args, elsewhere, tmp_path / "ray_head.log", ray_env())
+    head = RayNode(args, elsewhere, folder / "ray_head.log", ray_env())
     try:
         yield head.address()
     finally:
