@@ -8,6 +8,7 @@ a temp-named file nobody died writing is not its business.
 
 from __future__ import annotations
 
+import selectors
 import signal
 import subprocess
 import sys
@@ -64,18 +65,37 @@ trio.run(main)
 """
 
 
+# An aggregation of a run, killed while it replaces the run's metrics file.
+AGGREGATION = """
+import sys, time, trio
+from trollout.recovery import files
+from trollout.recovery.layout import RunLayout
+from trollout.metrics.aggregate import aggregate_run
+
+def stuck_commit(self, *args, **kwargs):
+    print("writing", flush=True)
+    time.sleep(60)
+
+files.AtomicFile.commit = stuck_commit
+trio.run(aggregate_run, RunLayout.for_output(sys.argv[1]))
+"""
+
+
 @pytest.fixture
 def layout(tmp_path: Path) -> RunLayout:
     return RunLayout.for_output(tmp_path / "shards" / "rollouts-step-0001.jsonl")
 
 
-def kill_while_writing(layout: RunLayout, what: str) -> None:
+def kill_while_writing(layout: RunLayout, what: str, script: str = WRITER) -> None:
     """Run a writer of ``what`` and SIGKILL it once it is writing its temp file."""
     with subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(layout.output), what], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, str(layout.output), what], stdout=subprocess.PIPE, text=True
     ) as proc:
         try:
             assert proc.stdout is not None
+            with selectors.DefaultSelector() as ready:  # a child that never says so fails
+                ready.register(proc.stdout, selectors.EVENT_READ)
+                assert ready.select(timeout=120), "the writer never started writing"
             assert proc.stdout.readline() == "writing\n"
         finally:
             proc.send_signal(signal.SIGKILL)
@@ -133,6 +153,16 @@ def test_a_fresh_start_after_a_clean_close_does_not_list_the_folder(layout: RunL
     stranger.write_text("not ours to remove")
     start_fresh(layout)
     assert stranger.read_text() == "not ours to remove"
+
+
+def test_a_killed_aggregation_leaves_no_temp_file_to_the_next_run(layout: RunLayout) -> None:
+    """Aggregation writes into the run folder under its lock (when free), so a kill leaves
+    the record that sends the next run to clean up."""
+    start_fresh(layout)
+    kill_while_writing(layout, "", AGGREGATION)
+    assert temp_files(layout), "the kill left no temp file: the test would prove nothing"
+    start_fresh(layout)
+    assert stray_temps(layout.output.parent) == []
 
 
 def test_lock_reports_the_record_a_dead_holder_left(layout: RunLayout) -> None:

@@ -137,9 +137,7 @@ _RUN_OPTIONS: dict[str, Callable[[Any], Any]] = {
     "fsync": click.option(
         "--fsync",
         type=click.Choice(["row", "batch", "never"]),
-        help="When appended rows are fsynced (default batch); never: nothing the collector "
-        "writes is fsynced, not even the inputs, manifest or status (a kill loses nothing; a "
-        "power loss may).",
+        help="When rows are fsynced (default batch); never: no file is, not even the manifest.",
     ),
     "fail-fast": click.option(
         "--fail-fast/--no-fail-fast",

@@ -38,8 +38,9 @@ import httpx
 import trio
 from attrs import frozen
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunFolderError, RunFolderLockedError
 from ..recovery.layout import RunLayout
+from ..recovery.lock import RunLock
 from ..settings import DEFAULT_MAX_INPUT_LINE_BYTES, RunConfig, default_max_attempts
 from .batch import read_batch_manifest, status_path, write_batch_status
 from .coverage import GroupKey
@@ -189,6 +190,10 @@ async def aggregate_shards(
     if options.batch_manifest is not None:
         members = await trio.to_thread.run_sync(read_batch_manifest, options.batch_manifest)
     merge = MergeWriter(layout) if merged else None
+    # The output folder's lock, while it is free: a writer killed holding it leaves its record,
+    # which sends the folder's next run to remove the temp files left (`recovery.lock`). A live
+    # collector's folder is aggregated as before, without it.
+    lock = await trio.to_thread.run_sync(_lock_if_free, layout)
     try:
         collection, summaries = await trio.to_thread.run_sync(
             _compute, shards, merge, options, bool(targets), plan
@@ -202,6 +207,9 @@ async def aggregate_shards(
         if merge is not None:
             merge.discard()
         raise
+    finally:
+        if lock is not None:
+            lock.release()  # before the shards' statuses are marked, each under its lock
     warnings += await trio.to_thread.run_sync(
         refresh_shard_status, statuses, result.metrics_path, result.server_errors
     )
@@ -329,3 +337,14 @@ def _write(
     if merge is not None:
         merge.commit()
     return result
+
+
+def _lock_if_free(layout: RunLayout) -> RunLock | None:
+    """Take the lock of the folder aggregation writes into, or None when a collector holds it
+    (or the folder cannot be locked: writing there reports the problem)."""
+    lock = RunLock.for_layout(layout)
+    try:
+        lock.acquire()
+    except (RunFolderLockedError, RunFolderError):
+        return None
+    return lock

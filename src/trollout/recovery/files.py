@@ -1,25 +1,22 @@
 """The run folder's file operations: appends, atomic replaces, fsyncs, clear errors.
 
-Synchronous on purpose: the store runs the slow ones (fsync, whole-file writes) in worker
-threads. Every OS error is translated once, here, into a `RunFolderError` (opening, clearing:
-the folder cannot be used) or a `RunFolderWriteError` (writing mid-run: the run stops) that
-names the file, the action, the free space when the disk is full, and the remedy.
+Synchronous: the store runs the slow ones in worker threads. Every OS error is translated once,
+here, into a `RunFolderError` (the folder cannot be used) or a `RunFolderWriteError` (mid-run:
+the run stops) naming the file, the action, the free space when the disk is full, the remedy.
 
 Nothing here follows a symlink to write: run files are opened with ``O_NOFOLLOW`` and temp files
-with ``O_EXCL``, so a link planted in the folder can never redirect a write (or a truncation)
-to a file outside it. A failed append is cut back to where it began, so a full disk never
-leaves a torn row behind.
+with ``O_EXCL``, so a planted link never redirects a write. A failed append is cut back to where
+it began, so a full disk never leaves a torn row behind.
 
 One atomic replace for every file trollout writes whole (the run folder's status, inputs and
 manifest, the aggregation's metrics file, report and merged files, ``sbatch`` scripts):
 `AtomicFile` writes a temp file beside the target (``.<name>.<8 hex digits>.tmp``, opened with
 ``O_EXCL``), then `AtomicFile.commit` fsyncs it, renames it into place and fsyncs the folder,
 or `AtomicFile.discard` removes it. `atomic_write` (a file object to stream into) and
-`replace_atomically` (chunks) are the two ways to use it. Without both fsyncs a crash soon
-after the rename can leave an empty or absent file where the old one was, so no writer skips
-them. Rejected alternatives: a copy per module (four existed, three without fsync, with
-pid-named temp files the next run's cleanup did not recognise); a leaf module for it, which
-nothing needs: every writer of whole files already imports `recovery`.
+`replace_atomically` (chunks) are the two ways to use it. Without both fsyncs a power loss
+soon after the rename can leave an empty or absent file where the old one was, so only a run
+under ``--fsync never`` skips them (``durable=False``). Rejected: a copy per module (four
+existed, three without fsync, with temp names the next run's cleanup did not recognise).
 
 One refusal of links, likewise: `check_replaceable` is the rule for every path trollout is about
 to write, a file (run files, ``sbatch --script``) or a folder it writes into (the shards folder):
@@ -129,6 +126,7 @@ class Appender:
             os.close(fd)
 
 
+_Hook = Callable[[Path], None] | None  # called with a complete temp file before its rename
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -136,13 +134,12 @@ class AtomicFile:
     """A file being replaced atomically: written to a temp file beside it, then committed.
 
     A reader sees the old file or the new one, never a part; a crash leaves at most a temp file
-    named ``.<name>.<8 hex digits>.tmp``, which the next run on the folder removes.
+    named ``.<name>.<8 hex digits>.tmp``, which the folder's next run removes (`recovery.lock`).
 
     Args:
         path: the file to replace (a symlink there is replaced, never followed; the temp file
             is created with ``O_EXCL``, so a link planted under its name is never written).
-        durable: fsync the new content and the folder (False: a run under ``--fsync never``;
-            the replace is still atomic, and survives the process being killed).
+        durable: fsync the new content and the folder (False: ``--fsync never``; still atomic).
     """
 
     def __init__(self, path: Path, *, durable: bool = True) -> None:
@@ -152,7 +149,7 @@ class AtomicFile:
         fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self.file: IO[bytes] = open(fd, "wb", buffering=1 << 20)  # noqa: SIM115
 
-    def commit(self, *, before_replace: Callable[[Path], None] | None = None) -> None:
+    def commit(self, *, before_replace: _Hook = None) -> None:
         """Fsync the new content (`close`), rename it over ``path``, fsync the folder.
 
         Any error removes the temp file and leaves ``path`` as it was (until the rename).
@@ -174,8 +171,7 @@ class AtomicFile:
             fsync_dir(self.path.parent)
 
     def close(self) -> None:
-        """Finish the new content: flush, fsync and close the temp file (once; `commit` calls
-        it too, so a writer may close early and commit later)."""
+        """Flush, fsync and close the temp file (once; `commit` calls it too)."""
         if not self.file.closed:
             try:
                 self.file.flush()
@@ -193,7 +189,7 @@ class AtomicFile:
 
 @contextmanager
 def atomic_write(
-    path: Path, *, before_replace: Callable[[Path], None] | None = None, durable: bool = True
+    path: Path, *, before_replace: _Hook = None, durable: bool = True
 ) -> Iterator[IO[bytes]]:
     """Yield a file object whose content replaces ``path`` atomically when the block ends.
 
@@ -209,11 +205,7 @@ def atomic_write(
 
 
 def replace_atomically(
-    path: Path,
-    chunks: Iterable[bytes],
-    *,
-    before_replace: Callable[[Path], None] | None = None,
-    durable: bool = True,
+    path: Path, chunks: Iterable[bytes], *, before_replace: _Hook = None, durable: bool = True
 ) -> None:
     """Replace ``path`` with ``chunks``: temp file beside it, fsync, rename, fsync the folder.
 
@@ -222,8 +214,7 @@ def replace_atomically(
     Args:
         path: the file to replace (see `AtomicFile`).
         chunks: the new content.
-        before_replace: as for `AtomicFile.commit`.
-        durable: as for `AtomicFile` (False: no fsync).
+        before_replace, durable: as for `AtomicFile`.
     """
     with atomic_write(path, before_replace=before_replace, durable=durable) as f:
         for chunk in chunks:
@@ -289,7 +280,7 @@ def write_materialized(
     rows: Iterable[MaterializedRow | Mapping[str, Any]],
     *,
     stop: threading.Event | None = None,
-    before_replace: Callable[[Path], None] | None = None,
+    before_replace: _Hook = None,
     digest: Any = None,
     durable: bool = True,
 ) -> int:
@@ -300,9 +291,8 @@ def write_materialized(
         rows: the rows, or their bodies (what the file holds), consumed once.
         stop: when set (by a cancelled caller in another thread), the write stops at the next
             row with `WriteStoppedError` and removes its temp file.
-        before_replace: as for `replace_atomically`.
+        before_replace, durable: as for `replace_atomically`.
         digest: a ``hashlib`` object updated with every byte written (no read-back to hash).
-        durable: as for `AtomicFile` (False: no fsync).
     """
     count = 0
 
@@ -326,10 +316,7 @@ def write_materialized(
 def fsync_all(fds: list[int | None], folder: Path) -> None:
     """Fsync each descriptor (None stands for the folder itself)."""
     for fd in fds:
-        if fd is None:
-            fsync_dir(folder)
-        else:
-            os.fsync(fd)
+        os.fsync(fd) if fd is not None else fsync_dir(folder)
 
 
 def fsync_dir(folder: Path) -> None:
@@ -342,8 +329,8 @@ def fsync_dir(folder: Path) -> None:
 
 
 def temp_files(layout: RunLayout) -> list[Path]:
-    """Return the temp files a crash left beside the run's files (our names only): one listing
-    per folder holding a run file, searched in one regex pass (a shards folder has thousands)."""
+    """Return the temp files a crash left beside the run's files (our names only), one listing
+    per folder in one regex pass; `recovery.lock` says when a run calls it."""
     wanted: dict[Path, set[str]] = {}
     for path in layout.all_files():
         wanted.setdefault(path.parent, set()).add(f".{path.name}")

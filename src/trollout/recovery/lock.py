@@ -27,9 +27,10 @@ and would let two owners lock two different inodes. Caveats: a forked child inhe
 A dead writer's record is its crash report. `RunLock.release` empties the record, so a lock file
 that holds one when it is taken was held by a process that died holding it (`RunLock.inherited`).
 Only such a writer can have left temp files beside the run's files (every writer of a run's
-files holds its lock), so the next writer lists the folder for them only then
-(`store.open_run_store`): a shards folder of 10,000 steps holds 60,000 files, and listing it at
-every step's open made each step's cost grow with the steps before it. A holder that does not
+files holds its lock; aggregation takes it when no collector holds it), so the next writer
+lists the folder for them only then (`store.open_run_store`): a shards folder of 10,000 steps
+holds 60,000 files, and listing it at every step's open made each step's cost grow with the
+steps before it. A holder that does not
 clean up after the dead writer (aggregation marking a status file) puts the record back at
 release, so the report stays until a writer acts on it (`RunLock.crash_handled`).
 Rejected: listing the folder at every open (what this replaced: 2.5 ms per shard opened beside

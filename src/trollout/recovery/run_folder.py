@@ -5,8 +5,8 @@
 lock (`store.open_run_store`) it either
 
 - **starts a new run**: writes the materialized inputs (atomically; only then is an old run
-  replaced, and only with ``overwrite``), then the manifest (`manifest`), both fsynced, before
-  anything can be dispatched; or
+  replaced, and only with ``overwrite``), then the manifest (`manifest`), both fsynced (but
+  under ``--fsync never``), before anything can be dispatched; or
 - **resumes** (``resume_from_cache`` or a resubmit) a folder that holds a run: the manifest's
   fingerprints are checked against the input, the plan settings and the agent set, then
   `resume.scan_run` decides what to send with which attempt numbers, and the store is seeded
@@ -24,6 +24,7 @@ checks and dispatches exactly those rows (NeMo Gym resumes a shard the same way,
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -211,8 +212,8 @@ async def _start(
     source: RowSource,
     run_id: str | None,
 ) -> RunManifest:
-    """Write the materialized inputs, then the manifest (both fsynced) of a new run, in one
-    worker-thread job (`RunStore.write_materialized_inputs`'s ``then``).
+    """Write the materialized inputs, then the manifest (both fsynced, but under ``never``) of
+    a new run, in one worker-thread job (`RunStore.write_materialized_inputs`'s ``then``).
 
     The input is hashed before its rows are materialized, and its size and modification time
     must be the same once they all are: the manifest's hash is of the input the rows came from.
@@ -320,7 +321,9 @@ async def _resume(
         manifest = build_manifest(
             config, deployment, input_sha256=digest or "", expected=tally.expected, tasks=0
         )
-        await trio.to_thread.run_sync(write_manifest, layout, manifest)
+        await trio.to_thread.run_sync(
+            functools.partial(write_manifest, layout, manifest, durable=store.durable)
+        )
     return manifest, resumed
 
 
