@@ -84,6 +84,7 @@ def save_status(
     completed: int,
     pending: list[RolloutStatus],
     closed: bool,
+    *,
     durable: bool = True,
 ) -> None:
     """Count the rollouts (`build_status`) and replace the status file."""

@@ -64,6 +64,7 @@ every rollout that has an outcome but has not landed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -120,8 +121,8 @@ __all__ = ["RunStore", "StoreCounts", "check_run_folder", "open_run_store"]
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _STOP_WAIT_S = 10.0  # how long a cancelled whole-file write may take to stop and clean up
-# `status.save_status`'s arguments: expected, completed, pending, closed, durable.
-_StatusArgs = tuple[int, int, list[RolloutStatus], bool, bool]
+# `status.save_status`'s arguments: expected, completed, pending, closed.
+_StatusArgs = tuple[int, int, list[RolloutStatus], bool]
 
 
 @frozen
@@ -770,14 +771,14 @@ class RunStore:
             args = self._take_status(finished=finished)
             path = self.layout.batch_status
             with self._mid_run(path, "save the batch status"):
-                await _off_loop(status_file.save_status, path, *args)
+                save = functools.partial(status_file.save_status, durable=self.durable)
+                await _off_loop(save, path, *args)
 
     def _take_status(self, *, finished: bool) -> _StatusArgs:
         """Copy the status's state on the loop (sorting and serializing happen in the thread),
         counted as saved: `status.save_status`'s arguments. Call under ``_status_lock``."""
         self._status_dirty, self._status_at = False, trio.current_time()
-        pending = list(self._pending.values())
-        return (self.expected, len(self._landed), pending, finished, self.durable)
+        return (self.expected, len(self._landed), list(self._pending.values()), finished)
 
     def _flush_and_save(self, sync: list[int | None] | None, status: _StatusArgs | None) -> None:
         """Fsync ``sync``, then save ``status`` (either may be None): `aclose`'s thread job.
@@ -786,14 +787,14 @@ class RunStore:
         also makes the names of files created since the last folder fsync durable, so the
         folder is not fsynced twice (the rows' data is on disk before the status is renamed).
         """
-        if sync is not None and status is not None and status[-1]:
+        if sync is not None and status is not None and self.durable:
             sync = [fd for fd in sync if fd is not None]
         if sync:
             with self._mid_run(self.layout.output, "fsync the run files of"):
                 fsync_all(sync, self.layout.output.parent)
         if status is not None:
             with self._mid_run(self.layout.batch_status, "save the batch status"):
-                status_file.save_status(self.layout.batch_status, *status)
+                status_file.save_status(self.layout.batch_status, *status, durable=self.durable)
 
     @contextmanager
     def _mid_run(self, path: Path, action: str) -> Iterator[None]:
